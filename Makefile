@@ -1,0 +1,29 @@
+# The two commands of the README:
+#   make test   set up the machine (Debian packages, Python venv), build, run every test
+#   make demo   set up, build, run the demo
+SHELL := /bin/bash
+BUILD ?= build
+BUILD_TYPE ?= RelWithDebInfo
+CMAKE_ARGS ?=
+
+.PHONY: all setup configure build test demo clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+configure: setup
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_ARGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD)
+
+test: build
+	@cd $(BUILD) && ctest --output-on-failure --no-label-summary -j2
+
+demo: build
+	@echo "rpg: make demo: the demo (issue #10) is not implemented yet" >&2; exit 1
+
+clean:
+	rm -rf $(BUILD)

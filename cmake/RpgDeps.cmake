@@ -1,0 +1,81 @@
+# Third-party libraries. libtorch and Arrow/Parquet come from the venv's torch and
+# pyarrow wheels; everything else from Debian packages. Nothing is downloaded here.
+
+if(NOT EXISTS "${RPG_PYTHON}")
+  message(FATAL_ERROR "rpg: no Python at RPG_PYTHON=${RPG_PYTHON}; run scripts/setup.sh first")
+endif()
+
+execute_process(
+  COMMAND "${RPG_PYTHON}" -c [=[
+import os, torch, pyarrow
+t = os.path.dirname(torch.__file__)
+print(torch.__version__)
+print(os.path.join(t, "include"))
+print(os.path.join(t, "lib"))
+print(pyarrow.get_include())
+print(pyarrow.get_library_dirs()[0])
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
+]=]
+  OUTPUT_VARIABLE py_out RESULT_VARIABLE py_rc ERROR_VARIABLE py_err
+  OUTPUT_STRIP_TRAILING_WHITESPACE)
+if(NOT py_rc EQUAL 0)
+  message(FATAL_ERROR "rpg: cannot import torch and pyarrow with ${RPG_PYTHON}: ${py_err}")
+endif()
+string(REPLACE "\n" ";" py_out "${py_out}")
+list(GET py_out 0 RPG_TORCH_VERSION)
+list(GET py_out 1 torch_include)
+list(GET py_out 2 RPG_TORCH_LIB_DIR)
+list(GET py_out 3 arrow_include)
+list(GET py_out 4 RPG_ARROW_LIB_DIR)
+list(GET py_out 5 torch_cxx11_abi)
+message(STATUS "rpg: torch ${RPG_TORCH_VERSION} from ${RPG_TORCH_LIB_DIR}")
+
+# libtorch. We link libtorch_cpu + libc10 directly instead of find_package(Torch): the
+# wheel's TorchConfig.cmake insists on a CUDA toolkit at configure time although a CPU
+# build never touches it. With RPG_CUDA the CUDA backend library is linked as well so
+# its kernels register at load time; device selection stays a runtime decision.
+add_library(rpg_torch INTERFACE)
+target_include_directories(rpg_torch SYSTEM INTERFACE
+  "${torch_include}" "${torch_include}/torch/csrc/api/include")
+target_compile_definitions(rpg_torch INTERFACE _GLIBCXX_USE_CXX11_ABI=${torch_cxx11_abi})
+set(torch_libs "${RPG_TORCH_LIB_DIR}/libtorch_cpu.so" "${RPG_TORCH_LIB_DIR}/libc10.so")
+if(RPG_CUDA)
+  foreach(lib torch_cuda c10_cuda)
+    if(NOT EXISTS "${RPG_TORCH_LIB_DIR}/lib${lib}.so")
+      message(FATAL_ERROR "rpg: RPG_CUDA=ON but ${RPG_TORCH_LIB_DIR}/lib${lib}.so is missing (CPU-only torch?)")
+    endif()
+  endforeach()
+  target_compile_definitions(rpg_torch INTERFACE RPG_WITH_CUDA=1)
+  # --no-as-needed: nothing references libtorch_cuda symbols directly; it must still load.
+  list(APPEND torch_libs "-Wl,--no-as-needed" "${RPG_TORCH_LIB_DIR}/libtorch_cuda.so"
+       "${RPG_TORCH_LIB_DIR}/libc10_cuda.so" "-Wl,--as-needed")
+endif()
+target_link_libraries(rpg_torch INTERFACE ${torch_libs})
+add_library(rpg::torch ALIAS rpg_torch)
+
+# Arrow / Parquet C++ from pyarrow. The wheel ships only versioned sonames
+# (libarrow.so.NNNN); we link those files by full path rather than creating symlinks
+# inside site-packages. arrow_python is never linked: it needs libpython.
+function(rpg_find_versioned_lib out name)
+  file(GLOB candidates "${RPG_ARROW_LIB_DIR}/lib${name}.so.[0-9]*")
+  list(FILTER candidates EXCLUDE REGEX "\\.so\\.[0-9]+\\.[0-9]")
+  list(LENGTH candidates n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "rpg: expected one lib${name}.so.N in ${RPG_ARROW_LIB_DIR}, found: ${candidates}")
+  endif()
+  set(${out} "${candidates}" PARENT_SCOPE)
+endfunction()
+rpg_find_versioned_lib(arrow_lib arrow)
+rpg_find_versioned_lib(parquet_lib parquet)
+add_library(rpg_arrow INTERFACE)
+target_include_directories(rpg_arrow SYSTEM INTERFACE "${arrow_include}")
+target_link_libraries(rpg_arrow INTERFACE "${parquet_lib}" "${arrow_lib}")
+add_library(rpg::arrow ALIAS rpg_arrow)
+
+find_package(yaml-cpp REQUIRED)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(Threads REQUIRED)
+if(RPG_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  include(GoogleTest)
+endif()

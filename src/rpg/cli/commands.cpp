@@ -1,0 +1,44 @@
+#include "rpg/cli/commands.h"
+
+#include <iostream>
+
+#include "rpg/core/args.h"
+#include "rpg/core/build_info.h"
+#include "rpg/core/config.h"
+#include "rpg/core/log.h"
+#include "rpg/train/config.h"
+
+namespace rpg::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      {"config show", "print the resolved training configuration (file + overrides + defaults)", run_config_show},
+      {"version", "print rpg's version and the versions of its libraries", run_version},
+  };
+  return table;
+}
+
+int run_config_show(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string file;
+  std::vector<std::string> overrides;
+  ArgParser parser(full_name,
+                   "Loads a training config (YAML), applies key=value overrides in order, fills in the\n"
+                   "defaults and prints the result. Unknown keys and wrong types are errors.");
+  parser.positional("CONFIG", &file, "YAML file ('-' for defaults only)")
+      .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.optim.lr=1e-6")
+      .epilog("example: rpg config show recipes/rpg_reinforce_ufkl.yaml data.train_batch_size=64");
+  if (!parser.parse(args)) return 0;
+  auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
+  for (const auto& notice : loaded.notices) log_info(notice);
+  std::cout << config_to_yaml(loaded.value);
+  return 0;
+}
+
+int run_version(const std::string& full_name, const std::vector<std::string>& args) {
+  ArgParser parser(full_name, "Prints the versions of rpg and of the libtorch it was built against.");
+  if (!parser.parse(args)) return 0;
+  std::cout << "rpg " << RPG_VERSION_STRING << " (libtorch " << RPG_TORCH_VERSION_STRING << ")\n";
+  return 0;
+}
+
+}  // namespace rpg::cli

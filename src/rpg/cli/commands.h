@@ -1,0 +1,22 @@
+// The `rpg` command table. Each command is a thin entry point: it parses its arguments
+// and calls library code. Commands with two words ("config show") are one entry.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace rpg::cli {
+
+struct Command {
+  std::string name;     // "config show"
+  std::string summary;  // one line for `rpg --help`
+  int (*run)(const std::string& full_name, const std::vector<std::string>& args);
+};
+
+// Every command, in the order `rpg --help` lists them.
+const std::vector<Command>& commands();
+
+int run_config_show(const std::string& full_name, const std::vector<std::string>& args);
+int run_version(const std::string& full_name, const std::vector<std::string>& args);
+
+}  // namespace rpg::cli

@@ -1,0 +1,109 @@
+// `rpg <command> [args]`. The one place that catches rpg's exceptions: a failure prints
+// one line `rpg: error: <message>` on stderr and exits 2 (usage) or 1 (anything else).
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "rpg/cli/commands.h"
+#include "rpg/core/build_info.h"
+#include "rpg/core/config.h"
+#include "rpg/core/error.h"
+
+namespace {
+
+void print_help() {
+  std::cout << "usage: rpg <command> [args]\n\n"
+               "rpg: KL-regularized policy-gradient RL post-training for LLM reasoning (RPG, GRPO, DAPO,\n"
+               "REINFORCE++) in one C++ program.\n\ncommands:\n";
+  for (const auto& c : rpg::cli::commands()) {
+    std::string name = "  " + c.name;
+    if (name.size() < 22) name.resize(22, ' ');
+    std::cout << name << c.summary << "\n";
+  }
+  std::cout << "\n'rpg <command> --help' describes a command.  rpg --version prints versions.\n";
+}
+
+std::string first_line(const char* what) {
+  std::string s = what ? what : "";
+  // libtorch errors carry a backtrace after the first line.
+  if (auto nl = s.find('\n'); nl != std::string::npos) s.resize(nl);
+  return s;
+}
+
+int fail(int code, const std::string& message) {
+  std::cout.flush();
+  std::fprintf(stderr, "rpg: error: %s\n", message.c_str());
+  return code;
+}
+
+int dispatch(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    print_help();
+    return 2;
+  }
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_help();
+    return 0;
+  }
+  if (args[0] == "--version") return rpg::cli::run_version("rpg --version", {});
+
+  // Longest command name that the arguments start with.
+  const rpg::cli::Command* best = nullptr;
+  size_t best_words = 0;
+  for (const auto& c : rpg::cli::commands()) {
+    std::vector<std::string> words;
+    size_t start = 0;
+    while (start <= c.name.size()) {
+      size_t sp = c.name.find(' ', start);
+      words.push_back(c.name.substr(start, sp == std::string::npos ? std::string::npos : sp - start));
+      if (sp == std::string::npos) break;
+      start = sp + 1;
+    }
+    if (words.size() > args.size() || words.size() <= best_words) continue;
+    bool match = true;
+    for (size_t i = 0; i < words.size() && match; ++i) match = words[i] == args[i];
+    if (match) best = &c, best_words = words.size();
+  }
+  if (!best) {
+    // A group word alone ("rpg config") lists its subcommands.
+    std::vector<std::string> names, group;
+    for (const auto& c : rpg::cli::commands()) {
+      names.push_back(c.name);
+      names.push_back(c.name.substr(0, c.name.find(' ')));  // group word of "config show"
+      if (c.name.starts_with(args[0] + " ")) group.push_back(c.name);
+    }
+    if (!group.empty()) {
+      std::string list;
+      for (const auto& g : group) list += (list.empty() ? "" : ", ") + ("'rpg " + g + "'");
+      throw rpg::UsageError(rpg::str("'rpg ", args[0], "' needs a subcommand: ", list));
+    }
+    std::string hint = rpg::nearest(args[0], names);
+    throw rpg::UsageError(rpg::str("unknown command '", args[0], "'",
+                                   hint.empty() ? "" : rpg::str("; did you mean '", hint, "'?"),
+                                   " (see 'rpg --help')"));
+  }
+  std::vector<std::string> rest(args.begin() + static_cast<std::ptrdiff_t>(best_words), args.end());
+  return best->run("rpg " + best->name, rest);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return dispatch(args);
+  } catch (const rpg::UsageError& e) {
+    return fail(2, e.what());
+  } catch (const rpg::Error& e) {
+    return fail(1, e.what());
+  } catch (const std::bad_alloc&) {
+    return fail(1, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(1, "internal: " + first_line(e.what()));
+  } catch (...) {
+    return fail(1, "internal: unknown exception");
+  }
+}

@@ -1,0 +1,124 @@
+#include "rpg/core/io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "rpg/core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace rpg {
+namespace {
+
+std::string unique_suffix() {
+  static thread_local std::mt19937_64 gen(std::random_device{}() ^ static_cast<uint64_t>(::getpid()));
+  return str(".tmp.", ::getpid(), ".", gen() % 1000000007ull);
+}
+
+[[noreturn]] void throw_errno(std::string_view what, const fs::path& path) {
+  throw IoError(str(what, " ", path.string(), ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str("cannot open ", path.string(), ": ", std::strerror(errno)));
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (in.bad()) throw IoError(str("cannot read ", path.string()));
+  return out.str();
+}
+
+void fsync_path(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("cannot open for fsync", path);
+  int rc = ::fsync(fd);
+  int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (rc != 0) throw_errno("cannot fsync", path);
+}
+
+void write_file_atomic(const fs::path& path, std::string_view data) {
+  fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw IoError(str("cannot create directory ", parent.string(), ": ", ec.message()));
+  fs::path tmp = path;
+  tmp += unique_suffix();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("cannot create", tmp);
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int saved = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      errno = saved;
+      throw_errno("cannot write", path);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    throw_errno("cannot flush", path);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int saved = errno;
+    ::unlink(tmp.c_str());
+    errno = saved;
+    throw_errno("cannot rename into place", path);
+  }
+  fsync_path(parent);
+}
+
+AtomicDir::AtomicDir(fs::path final_path) : final_(std::move(final_path)) {
+  if (final_.filename().empty()) final_ = final_.parent_path();
+  tmp_ = final_;
+  tmp_ += unique_suffix();
+  std::error_code ec;
+  fs::create_directories(tmp_, ec);
+  if (ec) throw IoError(str("cannot create directory ", tmp_.string(), ": ", ec.message()));
+}
+
+AtomicDir::~AtomicDir() {
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+}
+
+void AtomicDir::commit() {
+  // Make the contents durable before the name that publishes them.
+  for (const auto& entry : fs::recursive_directory_iterator(tmp_))
+    if (entry.is_regular_file() || entry.is_directory()) fsync_path(entry.path());
+  fsync_path(tmp_);
+  std::error_code ec;
+  fs::path old;
+  if (fs::exists(final_)) {
+    old = final_;
+    old += unique_suffix() + ".old";
+    fs::rename(final_, old, ec);
+    if (ec) throw IoError(str("cannot move aside ", final_.string(), ": ", ec.message()));
+  }
+  fs::rename(tmp_, final_, ec);
+  if (ec) throw IoError(str("cannot rename ", tmp_.string(), " to ", final_.string(), ": ", ec.message()));
+  committed_ = true;
+  fsync_path(final_.parent_path().empty() ? fs::path(".") : final_.parent_path());
+  if (!old.empty()) fs::remove_all(old, ec);
+}
+
+}  // namespace rpg

@@ -1,0 +1,82 @@
+#include "rpg/train/config.h"
+
+#include <algorithm>
+#include <initializer_list>
+
+#include "rpg/core/error.h"
+
+namespace rpg {
+namespace {
+
+void require(bool ok, const std::string& key, const std::string& message) {
+  if (!ok) throw ConfigError(str(key, ": ", message));
+}
+
+void require_one_of(const std::string& value, std::initializer_list<const char*> allowed, const std::string& key) {
+  for (const char* a : allowed)
+    if (value == a) return;
+  std::string list;
+  for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+  throw ConfigError(str(key, ": got '", value, "', expected one of ", list));
+}
+
+}  // namespace
+
+void DataConfig::validate() const {
+  require(max_prompt_length > 0, "data.max_prompt_length", str("must be > 0, got ", max_prompt_length));
+  require(max_response_length > 0, "data.max_response_length", str("must be > 0, got ", max_response_length));
+  require(train_batch_size > 0, "data.train_batch_size", str("must be > 0, got ", train_batch_size));
+  require(!gen_batch_size || *gen_batch_size > 0, "data.gen_batch_size", "must be > 0");
+  require_one_of(truncation, {"error", "left", "right", "middle"}, "data.truncation");
+}
+
+void ActorConfig::validate() const {
+  const std::string p = "actor_rollout_ref.actor.";
+  require(ppo_mini_batch_size > 0, p + "ppo_mini_batch_size", str("must be > 0, got ", ppo_mini_batch_size));
+  require(ppo_epochs > 0, p + "ppo_epochs", str("must be > 0, got ", ppo_epochs));
+  require(clip_ratio >= 0, p + "clip_ratio", str("must be >= 0, got ", clip_ratio));
+  require(!clip_ratio_low || *clip_ratio_low >= 0, p + "clip_ratio_low", "must be >= 0");
+  require(!clip_ratio_high || *clip_ratio_high >= 0, p + "clip_ratio_high", "must be >= 0");
+  require(clip_ratio_c > 1.0, p + "clip_ratio_c", str("the dual-clip constant must be > 1, got ", clip_ratio_c));
+  require_one_of(loss_agg_mode, {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"},
+                 p + "loss_agg_mode");
+  require(grad_clip > 0, p + "grad_clip", str("must be > 0, got ", grad_clip));
+  require(ref_update_freq > 0, p + "ref_update_freq", str("must be > 0, got ", ref_update_freq));
+  require(optim.lr >= 0, p + "optim.lr", str("must be >= 0, got ", optim.lr));
+  require(optim.betas.size() == 2, p + "optim.betas", "expected two values [beta1, beta2]");
+  require_one_of(optim.optim_type, {"adamw", "schedule_free_adamw"}, p + "optim.optim_type");
+  require_one_of(optim.warmup_style.value_or(optim.lr_scheduler_type), {"constant", "cosine"},
+                 p + (optim.warmup_style ? "optim.warmup_style" : "optim.lr_scheduler_type"));
+}
+
+void TrainConfig::validate() const {
+  data.validate();
+  actor_rollout_ref.actor.validate();
+  const auto& r = actor_rollout_ref.rollout;
+  const std::string p = "actor_rollout_ref.rollout.";
+  require(r.n >= 1, p + "n", str("must be >= 1, got ", r.n));
+  require(r.temperature >= 0, p + "temperature", str("must be >= 0, got ", r.temperature));
+  require(r.top_p > 0 && r.top_p <= 1, p + "top_p", str("must be in (0, 1], got ", r.top_p));
+  require(r.top_k == -1 || r.top_k > 0, p + "top_k", str("must be -1 or > 0, got ", r.top_k));
+  require(r.val_kwargs.top_p > 0 && r.val_kwargs.top_p <= 1, p + "val_kwargs.top_p",
+          str("must be in (0, 1], got ", r.val_kwargs.top_p));
+  require(r.val_kwargs.n >= 1, p + "val_kwargs.n", str("must be >= 1, got ", r.val_kwargs.n));
+  const int64_t mini = actor_rollout_ref.actor.ppo_mini_batch_size;
+  require(mini <= data.train_batch_size && data.train_batch_size % mini == 0,
+          "actor_rollout_ref.actor.ppo_mini_batch_size",
+          str("got ", mini, ", must divide data.train_batch_size (", data.train_batch_size, ")"));
+  require_one_of(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
+  require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len > 0,
+          "reward_model.overlong_buffer.len", "must be > 0 when the overlong buffer is enabled");
+  require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len < data.max_response_length,
+          "reward_model.overlong_buffer.len", "must be < data.max_response_length");
+  require_one_of(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
+  require(trainer.resume_mode != "resume_path" || trainer.resume_path, "trainer.resume_path",
+          "required when trainer.resume_mode=resume_path");
+  require_one_of(trainer.device, {"auto", "cpu", "cuda"}, "trainer.device");
+  require(trainer.total_epochs > 0, "trainer.total_epochs", str("must be > 0, got ", trainer.total_epochs));
+  require(!trainer.total_training_steps || *trainer.total_training_steps > 0, "trainer.total_training_steps",
+          "must be > 0");
+}
+
+}  // namespace rpg

@@ -1,0 +1,372 @@
+// The configuration of `rpg train`, with verl's key names so that the overrides of an
+// existing verl/RPG run script can be copied as they are. Defaults are verl's
+// (verl/trainer/config/ppo_trainer.yaml) unless a comment says otherwise. Keys that only
+// steer verl's Ray / vLLM / FSDP plumbing are accepted with a notice (see ignored()).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace rpg {
+
+struct DataConfig {
+  std::vector<std::string> train_files;  // Parquet files in the paper's schema
+  std::vector<std::string> val_files;
+  std::string prompt_key = "prompt";
+  std::string reward_fn_key = "data_source";
+  int64_t max_prompt_length = 512;
+  int64_t max_response_length = 512;
+  int64_t train_batch_size = 1024;          // prompts per RL step
+  std::optional<int64_t> gen_batch_size;    // prompts per generation batch (dynamic sampling)
+  std::optional<int64_t> val_batch_size;
+  std::string truncation = "error";         // error | left | right
+  bool shuffle = true;
+  std::optional<int64_t> seed;              // data shuffling seed; trainer.seed when null
+  bool filter_overlong_prompts = false;
+  int64_t train_max_samples = -1;
+  int64_t val_max_samples = -1;
+
+  template <class V>
+  void visit(V& v) {
+    v("train_files", train_files, "training Parquet files");
+    v("val_files", val_files, "validation Parquet files");
+    v("prompt_key", prompt_key, "column holding the chat messages");
+    v("reward_fn_key", reward_fn_key, "column that selects the reward scorer");
+    v("max_prompt_length", max_prompt_length, "prompt tokens (left-padded to this)");
+    v("max_response_length", max_response_length, "generated tokens per response");
+    v("train_batch_size", train_batch_size, "prompts per RL step");
+    v("gen_batch_size", gen_batch_size, "prompts per generation batch; train_batch_size when null");
+    v("val_batch_size", val_batch_size, "prompts per validation batch; all when null");
+    v("truncation", truncation, "over-long prompts: error | left | right");
+    v("shuffle", shuffle, "shuffle the training data every epoch");
+    v("seed", seed, "data shuffle seed; trainer.seed when null");
+    v("filter_overlong_prompts", filter_overlong_prompts, "drop prompts longer than max_prompt_length");
+    v("train_max_samples", train_max_samples, "use at most this many training rows (-1: all)");
+    v("val_max_samples", val_max_samples, "use at most this many validation rows (-1: all)");
+    v.ignored("tokenizer", "the tokenizer is read from the model directory");
+    v.ignored("use_shm", "no shared-memory model copy");
+    v.ignored("dataloader_num_workers", "data loading is in-process");
+    v.ignored("return_raw_chat", "fixed by rpg's rollout");
+    v.ignored("return_raw_input_ids", "fixed by rpg's rollout");
+    v.ignored("return_full_prompt", "fixed by rpg's rollout");
+    v.ignored("trust_remote_code", "no remote code is ever run");
+  }
+  void validate() const;
+};
+
+struct SamplingKwargs {
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int64_t top_k = -1;
+  int64_t n = 1;
+  bool do_sample = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("temperature", temperature, "sampling temperature (0: greedy)");
+    v("top_p", top_p, "nucleus sampling mass in (0, 1]");
+    v("top_k", top_k, "keep the k most likely tokens (-1: all)");
+    v("n", n, "responses per prompt");
+    v("do_sample", do_sample, "sample (true) or decode greedily (false)");
+  }
+};
+
+struct RolloutConfig {
+  int64_t n = 1;  // responses per prompt
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = -1;
+  bool ignore_eos = false;
+  int64_t max_num_seqs = 256;  // sequence slots of the continuous-batching engine
+  SamplingKwargs val_kwargs;
+
+  template <class V>
+  void visit(V& v) {
+    v("n", n, "responses per prompt (group size)");
+    v("temperature", temperature, "sampling temperature");
+    v("top_p", top_p, "nucleus sampling mass in (0, 1]");
+    v("top_k", top_k, "keep the k most likely tokens (-1: all)");
+    v("ignore_eos", ignore_eos, "keep generating past EOS");
+    v("max_num_seqs", max_num_seqs, "concurrent sequences in the generation engine");
+    v.section("val_kwargs", val_kwargs, "sampling for validation");
+    for (const char* key : {"name", "mode", "tensor_model_parallel_size", "data_parallel_size",
+                            "expert_parallel_size", "pipeline_model_parallel_size", "gpu_memory_utilization",
+                            "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "max_model_len",
+                            "enable_chunked_prefill", "enable_prefix_caching", "load_format", "dtype",
+                            "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu",
+                            "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", "disable_log_stats",
+                            "engine_kwargs", "calculate_log_probs", "layered_summon", "multi_turn", "agent",
+                            "cudagraph_capture_sizes", "prompt_length", "response_length", "do_sample"})
+      v.ignored(key, "vLLM/SGLang setting; rpg generates in-process");
+  }
+};
+
+struct OptimConfig {
+  double lr = 1e-6;
+  double weight_decay = 0.01;
+  std::vector<double> betas = {0.9, 0.999};
+  int64_t lr_warmup_steps = -1;         // -1: use lr_warmup_steps_ratio
+  double lr_warmup_steps_ratio = 0.0;
+  std::optional<std::string> warmup_style;  // deprecated verl spelling of lr_scheduler_type
+  std::string lr_scheduler_type = "constant";  // constant | cosine
+  double min_lr_ratio = 0.0;
+  double num_cycles = 0.5;
+  std::string optim_type = "adamw";  // adamw | schedule_free_adamw (the RPG fork's key)
+  int64_t total_training_steps = -1;  // filled in by the trainer
+
+  template <class V>
+  void visit(V& v) {
+    v("lr", lr, "peak learning rate");
+    v("weight_decay", weight_decay, "decoupled weight decay");
+    v("betas", betas, "Adam betas");
+    v("lr_warmup_steps", lr_warmup_steps, "linear warm-up steps (-1: use lr_warmup_steps_ratio)");
+    v("lr_warmup_steps_ratio", lr_warmup_steps_ratio, "warm-up steps as a fraction of total steps");
+    v("warmup_style", warmup_style, "old name of lr_scheduler_type");
+    v("lr_scheduler_type", lr_scheduler_type, "constant | cosine");
+    v("min_lr_ratio", min_lr_ratio, "cosine floor as a fraction of lr");
+    v("num_cycles", num_cycles, "cosine cycles");
+    v("optim_type", optim_type, "adamw | schedule_free_adamw");
+    v("total_training_steps", total_training_steps, "set by the trainer");
+    v.ignored("optimizer", "use optim_type");
+    v.ignored("optimizer_impl", "rpg has its own optimizers");
+    v.ignored("clip_grad", "use actor_rollout_ref.actor.grad_clip");
+    v.ignored("override_optimizer_config", "not supported");
+    v.ignored("zero_indexed_step", "rpg counts steps from 1 like verl's default");
+  }
+};
+
+struct ActorConfig {
+  int64_t ppo_mini_batch_size = 256;  // prompts per optimizer step
+  std::optional<int64_t> ppo_micro_batch_size_per_gpu;
+  std::optional<int64_t> ppo_micro_batch_size;  // deprecated global form
+  bool use_dynamic_bsz = false;
+  int64_t ppo_max_token_len_per_gpu = 16384;
+  int64_t ppo_epochs = 1;
+  bool shuffle = false;
+  double clip_ratio = 0.2;
+  std::optional<double> clip_ratio_low;   // clip_ratio when null
+  std::optional<double> clip_ratio_high;  // clip_ratio when null
+  double clip_ratio_c = 3.0;              // dual-clip bound
+  std::string loss_agg_mode = "token-mean";
+  double entropy_coeff = 0.0;
+  bool use_kl_loss = false;
+  std::string kl_loss_type = "low_var_kl";
+  double kl_loss_coef = 0.001;
+  bool use_iterative_ref_model = false;  // the RPG fork: pi_ref <- pi_theta periodically
+  int64_t ref_update_freq = 1;           // steps between reference updates when iterative
+  std::string policy_loss = "vanilla";   // policy loss by registry name
+  double grad_clip = 1.0;
+  OptimConfig optim;
+
+  template <class V>
+  void visit(V& v) {
+    v("ppo_mini_batch_size", ppo_mini_batch_size, "prompts per optimizer step");
+    v("ppo_micro_batch_size_per_gpu", ppo_micro_batch_size_per_gpu, "rows per forward/backward");
+    v("ppo_micro_batch_size", ppo_micro_batch_size, "deprecated: rows per forward/backward over all GPUs");
+    v("use_dynamic_bsz", use_dynamic_bsz, "pack micro-batches by token budget");
+    v("ppo_max_token_len_per_gpu", ppo_max_token_len_per_gpu, "token budget of one micro-batch");
+    v("ppo_epochs", ppo_epochs, "passes over each batch");
+    v("shuffle", shuffle, "shuffle rows between epochs");
+    v("clip_ratio", clip_ratio, "PPO clip epsilon");
+    v("clip_ratio_low", clip_ratio_low, "lower clip epsilon (clip_ratio when null)");
+    v("clip_ratio_high", clip_ratio_high, "upper clip epsilon (clip_ratio when null)");
+    v("clip_ratio_c", clip_ratio_c, "dual-clip constant c > 1");
+    v("loss_agg_mode", loss_agg_mode,
+      "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm");
+    v("entropy_coeff", entropy_coeff, "entropy bonus coefficient");
+    v("use_kl_loss", use_kl_loss, "add a KL loss term (GRPO / RPG)");
+    v("kl_loss_type", kl_loss_type, "kl (k1) | abs | mse (k2) | low_var_kl (k3) | full");
+    v("kl_loss_coef", kl_loss_coef, "KL coefficient beta");
+    v("use_iterative_ref_model", use_iterative_ref_model, "update the reference policy to the current one");
+    v("ref_update_freq", ref_update_freq, "steps between reference updates");
+    v("policy_loss", policy_loss, "policy loss by name (see `rpg algo list`)");
+    v("grad_clip", grad_clip, "max global gradient norm");
+    v.section("optim", optim, "optimizer and LR schedule");
+    for (const char* key : {"strategy", "fsdp_config", "ulysses_sequence_parallel_size", "use_torch_compile",
+                            "checkpoint", "profiler", "use_remove_padding", "entropy_from_logits_with_chunking",
+                            "entropy_checkpointing", "use_fused_kernels", "data_loader_seed"})
+      v.ignored(key, "FSDP/Megatron setting");
+  }
+  void validate() const;
+};
+
+struct ModelConfig {
+  std::string path;  // Hugging Face model directory
+  bool enable_gradient_checkpointing = true;
+  std::optional<std::string> tokenizer_path;  // model path when null
+
+  template <class V>
+  void visit(V& v) {
+    v("path", path, "Hugging Face model directory");
+    v("enable_gradient_checkpointing", enable_gradient_checkpointing, "recompute layer activations in backward");
+    v("tokenizer_path", tokenizer_path, "tokenizer directory (model path when null)");
+    for (const char* key : {"use_remove_padding", "trust_remote_code", "external_lib", "override_config",
+                            "enable_activation_offload", "use_shm", "use_liger", "use_fused_kernels",
+                            "lora_rank", "lora_alpha", "target_modules"})
+      v.ignored(key, "HF/FSDP loading option");
+  }
+};
+
+struct ActorRolloutRefConfig {
+  ModelConfig model;
+  ActorConfig actor;
+  RolloutConfig rollout;
+
+  template <class V>
+  void visit(V& v) {
+    v.section("model", model);
+    v.section("actor", actor);
+    v.section("rollout", rollout);
+    v.ignored("ref", "the reference policy shares the actor's settings");
+    v.ignored("hybrid_engine", "rollout and training always share weights in rpg");
+    v.ignored("nccl_timeout", "set by rpg's process groups");
+  }
+};
+
+struct KlControlConfig {
+  std::string type = "fixed";  // fixed | adaptive
+  double kl_coef = 0.001;
+  int64_t horizon = 10000;
+  double target_kl = 0.1;
+
+  template <class V>
+  void visit(V& v) {
+    v("type", type, "fixed | adaptive");
+    v("kl_coef", kl_coef, "KL-in-reward coefficient");
+    v("horizon", horizon, "adaptive controller horizon");
+    v("target_kl", target_kl, "adaptive controller target");
+  }
+};
+
+struct FilterGroupsConfig {
+  bool enable = false;
+  std::string metric = "acc";  // verl default is "reward"; DAPO recipes use acc
+  int64_t max_num_gen_batches = 0;  // <= 0: no limit
+
+  template <class V>
+  void visit(V& v) {
+    v("enable", enable, "dynamic sampling: drop groups whose metric is constant");
+    v("metric", metric, "acc | score | seq_reward | seq_final_reward");
+    v("max_num_gen_batches", max_num_gen_batches, "generation batches per step before giving up (<=0: no limit)");
+  }
+};
+
+struct AlgorithmConfig {
+  std::string adv_estimator = "grpo";  // verl's default is gae (needs a critic, which rpg has not)
+  double gamma = 1.0;
+  double lam = 1.0;
+  bool norm_adv_by_std_in_grpo = true;
+  bool use_kl_in_reward = false;
+  std::string kl_penalty = "kl";
+  KlControlConfig kl_ctrl;
+  FilterGroupsConfig filter_groups;
+
+  template <class V>
+  void visit(V& v) {
+    v("adv_estimator", adv_estimator, "advantage estimator by name");
+    v("gamma", gamma, "discount for token-level rewards");
+    v("lam", lam, "GAE lambda");
+    v("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo, "divide GRPO advantages by the group std");
+    v("use_kl_in_reward", use_kl_in_reward, "fold the KL penalty into the token reward");
+    v("kl_penalty", kl_penalty, "KL estimator of the in-reward penalty");
+    v.section("kl_ctrl", kl_ctrl);
+    v.section("filter_groups", filter_groups);
+    v.ignored("use_pf_ppo", "not supported");
+    v.ignored("pf_ppo", "not supported");
+    v.ignored("rollout_correction", "not supported");
+  }
+};
+
+struct OverlongBufferConfig {
+  bool enable = false;
+  int64_t len = 0;
+  double penalty_factor = 0.0;
+  bool log = false;
+
+  template <class V>
+  void visit(V& v) {
+    v("enable", enable, "DAPO overlong reward shaping");
+    v("len", len, "buffer length in tokens before max_response_length");
+    v("penalty_factor", penalty_factor, "penalty at the maximum length");
+    v("log", log, "log overlong metrics");
+  }
+};
+
+struct RewardModelConfig {
+  OverlongBufferConfig overlong_buffer;
+  std::string reward_manager = "dapo";
+
+  template <class V>
+  void visit(V& v) {
+    v.section("overlong_buffer", overlong_buffer);
+    v("reward_manager", reward_manager, "naive | dapo (rule-based scorers only)");
+    v.ignored("enable", "rpg scores with rules, not a reward model");
+    v.ignored("model", "rpg scores with rules, not a reward model");
+    v.ignored("max_length", "rpg scores with rules, not a reward model");
+  }
+};
+
+struct TrainerConfig {
+  int64_t total_epochs = 30;
+  std::optional<int64_t> total_training_steps;
+  int64_t test_freq = -1;
+  int64_t save_freq = -1;
+  bool val_before_train = true;
+  std::string resume_mode = "auto";  // auto | disable | resume_path
+  std::optional<std::string> resume_path;
+  std::string default_local_dir = "checkpoints";
+  std::optional<int64_t> max_actor_ckpt_to_keep;
+  int64_t seed = 42;
+  std::string project_name = "rpg";
+  std::string experiment_name = "run";
+  std::string device = "auto";  // auto | cpu | cuda
+
+  template <class V>
+  void visit(V& v) {
+    v("total_epochs", total_epochs, "passes over the training data");
+    v("total_training_steps", total_training_steps, "stop after this many steps (epochs decide when null)");
+    v("test_freq", test_freq, "validate every this many steps (-1: never)");
+    v("save_freq", save_freq, "checkpoint every this many steps (-1: only at the end)");
+    v("val_before_train", val_before_train, "validate once before the first step");
+    v("resume_mode", resume_mode, "auto | disable | resume_path");
+    v("resume_path", resume_path, "checkpoint to resume from with resume_mode=resume_path");
+    v("default_local_dir", default_local_dir, "run directory (checkpoints, logs)");
+    v("max_actor_ckpt_to_keep", max_actor_ckpt_to_keep, "keep the newest N checkpoints (all when null)");
+    v("seed", seed, "seed of every random stream");
+    v("project_name", project_name, "project name in logs");
+    v("experiment_name", experiment_name, "experiment name in logs");
+    v("device", device, "auto | cpu | cuda");
+    for (const char* key : {"n_gpus_per_node", "nnodes", "logger", "log_val_generations", "balance_batch",
+                            "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
+                            "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})
+      v.ignored(key, "Ray/cluster setting");
+  }
+};
+
+// The whole `rpg train` configuration.
+struct TrainConfig {
+  DataConfig data;
+  ActorRolloutRefConfig actor_rollout_ref;
+  AlgorithmConfig algorithm;
+  RewardModelConfig reward_model;
+  TrainerConfig trainer;
+
+  template <class V>
+  void visit(V& v) {
+    v.section("data", data);
+    v.section("actor_rollout_ref", actor_rollout_ref);
+    v.section("algorithm", algorithm);
+    v.section("reward_model", reward_model);
+    v.section("trainer", trainer);
+    v.ignored("critic", "rpg trains no critic");
+    v.ignored("ray_init", "no Ray");
+    v.ignored("ray_kwargs", "no Ray");
+    v.ignored("custom_reward_function", "rule-based scorers are chosen by data_source");
+    v.ignored("global_profiler", "use RPG_PROFILE");
+  }
+  void validate() const;
+};
+
+}  // namespace rpg

@@ -1,0 +1,124 @@
+#include "test_util.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+
+#include "rpg/core/build_info.h"
+
+namespace fs = std::filesystem;
+
+extern char** environ;
+
+namespace rpg::test {
+
+fs::path source_dir() { return RPG_SOURCE_DIR; }
+fs::path binary_dir() { return RPG_BINARY_DIR; }
+fs::path shared_dir() { return fs::weakly_canonical(fs::path(RPG_SHARED_DIR_PATH)); }
+fs::path rpg_binary() { return binary_dir() / "rpg"; }
+fs::path python() { return RPG_PYTHON_PATH; }
+
+ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
+  if (argv.empty()) throw std::invalid_argument("run_process: empty argv");
+  int out_pipe[2], err_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) env_strings.emplace_back(*e);
+  for (const auto& e : extra_env) env_strings.push_back(e);
+  std::vector<char*> envp, args;
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& a : argv_copy) args.push_back(a.data());
+  args.push_back(nullptr);
+
+  pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    int devnull = open("/dev/null", O_RDONLY);
+    dup2(devnull, 0);
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    execve(args[0], args.data(), envp.data());
+    dprintf(2, "exec %s: %s\n", args[0], std::strerror(errno));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  ProcessResult r;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&r.out, &r.err};
+  int open_fds = 2;
+  char buf[65536];
+  while (open_fds > 0) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  return r;
+}
+
+ProcessResult run_oracle(const std::string& script, const std::vector<std::string>& args) {
+  fs::path py = python();
+  if (!fs::exists(py))
+    throw std::runtime_error("oracle Python missing at " + py.string() + " (run scripts/setup.sh)");
+  std::vector<std::string> argv = {py.string(), (source_dir() / "tests" / "oracles" / script).string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  ProcessResult r = run_process(argv, {"PYTHONHASHSEED=0", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1"});
+  if (r.exit_code != 0)
+    throw std::runtime_error("oracle " + script + " failed (exit " + std::to_string(r.exit_code) + "): " + r.err);
+  return r;
+}
+
+TempDir::TempDir() {
+  std::random_device rd;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    fs::path p = fs::temp_directory_path() / ("rpg-test-" + std::to_string(getpid()) + "-" + std::to_string(rd()));
+    std::error_code ec;
+    if (fs::create_directory(p, ec)) {
+      path_ = p;
+      return;
+    }
+  }
+  throw std::runtime_error("cannot create a temporary directory");
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+}  // namespace rpg::test

@@ -1,0 +1,46 @@
+// Helpers shared by every test binary: paths of the build, subprocesses, temporary
+// directories, and the venv's Python for live oracles (transformers, verl, ...).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace rpg::test {
+
+std::filesystem::path source_dir();
+std::filesystem::path binary_dir();
+std::filesystem::path shared_dir();   // ../shared beside the repository
+std::filesystem::path rpg_binary();   // build/rpg
+std::filesystem::path python();       // the venv's python
+
+struct ProcessResult {
+  int exit_code = -1;  // -signal when killed by a signal
+  std::string out, err;
+};
+
+// Runs argv[0] with the arguments, no shell, stdin from /dev/null; captures both streams.
+ProcessResult run_process(const std::vector<std::string>& argv,
+                          const std::vector<std::string>& extra_env = {});
+
+// Runs a Python oracle script from tests/oracles with the venv's Python. Fails the calling
+// test (via an exception) when Python or the oracle's imports are missing: never skips.
+ProcessResult run_oracle(const std::string& script, const std::vector<std::string>& args = {});
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+void write_text(const std::filesystem::path& path, const std::string& text);
+
+}  // namespace rpg::test
