@@ -11,14 +11,14 @@
 namespace rpg {
 
 const ConfigNode* ConfigNode::find(std::string_view key) const {
-  for (const auto& [k, v] : map)
-    if (k == key) return &v;
+  for (const auto& e : map)
+    if (e.key == key) return &e.value;
   return nullptr;
 }
 
 ConfigNode* ConfigNode::find(std::string_view key) {
-  for (auto& [k, v] : map)
-    if (k == key) return &v;
+  for (auto& e : map)
+    if (e.key == key) return &e.value;
   return nullptr;
 }
 
@@ -55,7 +55,7 @@ ConfigNode convert(const YAML::Node& y, std::string_view source) {
         std::string key = kv.first.Scalar();
         if (n.find(key))
           throw ConfigError(str(where_of(source, kv.first.Mark()), ": duplicate key '", key, "'"));
-        n.map.emplace_back(key, convert(kv.second, source));
+        n.map.push_back({key, convert(kv.second, source)});
       }
       break;
   }
@@ -86,9 +86,9 @@ void emit(YAML::Emitter& out, const ConfigNode& n) {
       break;
     case ConfigNode::Kind::Map:
       out << (n.map.empty() ? YAML::Flow : YAML::Block) << YAML::BeginMap;
-      for (const auto& [k, v] : n.map) {
-        out << YAML::Key << k << YAML::Value;
-        emit(out, v);
+      for (const auto& e : n.map) {
+        out << YAML::Key << e.key << YAML::Value;
+        emit(out, e.value);
       }
       out << YAML::EndMap;
       break;
@@ -139,7 +139,7 @@ void apply_override(ConfigNode& root, std::string_view assignment) {
       if (!node) throw ConfigError(str(context, ": no key '", a.substr(1), "' to delete"));
     }
     auto& m = node->map;
-    auto it = std::find_if(m.begin(), m.end(), [&](const auto& kv) { return kv.first == parts.back(); });
+    auto it = std::find_if(m.begin(), m.end(), [&](const auto& e) { return e.key == parts.back(); });
     if (it == m.end()) throw ConfigError(str(context, ": no key '", a.substr(1), "' to delete"));
     m.erase(it);
     return;
@@ -165,8 +165,8 @@ void apply_override(ConfigNode& root, std::string_view assignment) {
     }
     ConfigNode* child = node->find(parts[i]);
     if (!child) {
-      node->map.emplace_back(parts[i], ConfigNode{});
-      child = &node->map.back().second;
+      node->map.push_back({parts[i], ConfigNode{}});
+      child = &node->map.back().value;
       child->where = context;
     }
     node = child;
@@ -327,7 +327,7 @@ void ConfigLoader::check_map(const ConfigNode& map, const std::string& prefix) c
 void ConfigLoader::check_no_unknown_keys(const ConfigNode& root) const { check_map(root, prefix_); }
 
 void ConfigWriter::add(std::string_view key, ConfigNode value) {
-  node_.map.emplace_back(std::string(key), std::move(value));
+  node_.map.push_back({std::string(key), std::move(value)});
 }
 
 size_t edit_distance(std::string_view a, std::string_view b) {

@@ -25,6 +25,8 @@
 
 namespace rpg {
 
+struct ConfigEntry;
+
 // A YAML document as a tree. Scalars keep their text; conversion happens on typed access
 // so that errors can name the expected type.
 struct ConfigNode {
@@ -32,13 +34,18 @@ struct ConfigNode {
   Kind kind = Kind::Null;
   std::string scalar;  // Kind::Scalar: the text as written
   bool quoted = false;  // Kind::Scalar: written in quotes ("1" is a string, never an int)
-  std::vector<std::pair<std::string, ConfigNode>> map;  // Kind::Map, in file order
+  std::vector<ConfigEntry> map;  // Kind::Map, in file order
   std::vector<ConfigNode> list;                         // Kind::List
   std::string where;  // "file.yaml:12:3" or "override 'a.b=1'", for error messages
 
   const ConfigNode* find(std::string_view key) const;
   ConfigNode* find(std::string_view key);
   bool is_null() const { return kind == Kind::Null; }
+};
+
+struct ConfigEntry {
+  std::string key;
+  ConfigNode value;
 };
 
 // Parses YAML text (a mapping at the top). `source` names it in errors. Throws ConfigError.
