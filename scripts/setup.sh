@@ -20,7 +20,7 @@ apt_packages=(
   build-essential cmake ninja-build ccache git
   python3 python3-venv
   libgtest-dev libgmock-dev libyaml-cpp-dev nlohmann-json3-dev
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev libicu-dev
 )
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -1,0 +1,876 @@
+#include "rpg/tokenizer/tokenizer.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+#include "rpg/tokenizer/jinja.h"
+#include "rpg/tokenizer/pretokenize.h"
+#include "rpg/tokenizer/unicode.h"
+
+namespace rpg {
+
+using json = nlohmann::json;
+using tok::NormalForm;
+using tok::SplitPattern;
+
+namespace {
+
+// GPT-2's reversible byte <-> printable character map used by the byte-level
+// pre-tokenizer: printable Latin-1 bytes stand for themselves, the other 68 bytes are
+// shifted to U+0100.. in byte order.
+struct ByteMap {
+  std::array<char32_t, 256> to_char{};
+  std::unordered_map<char32_t, uint8_t> to_byte;
+  ByteMap() {
+    char32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+      to_char[b] = printable ? static_cast<char32_t>(b) : next++;
+      to_byte[to_char[b]] = static_cast<uint8_t>(b);
+    }
+  }
+};
+const ByteMap& byte_map() {
+  static const ByteMap m;
+  return m;
+}
+
+// A byte-level token string back to the bytes it stands for. Characters outside the map
+// are kept as their own UTF-8, as the Hugging Face ByteLevel decoder does.
+std::string token_to_bytes(std::string_view token) {
+  const auto& m = byte_map();
+  std::string out;
+  size_t i = 0;
+  while (i < token.size()) {
+    char32_t c;
+    size_t bad;
+    size_t len = tok::decode_utf8(token, i, c, bad);
+    if (len == 0) {
+      out.append(token.substr(i, bad));
+      i += bad;
+      continue;
+    }
+    auto it = m.to_byte.find(c);
+    if (it != m.to_byte.end()) out.push_back(static_cast<char>(it->second));
+    else out.append(token.substr(i, len));
+    i += len;
+  }
+  return out;
+}
+
+// Open-addressing map from a pair of token ids to (merge rank, merged id). The merge
+// lookup is the innermost operation of BPE, so it avoids std::unordered_map's node chasing.
+class MergeMap {
+ public:
+  struct Value {
+    int32_t rank;
+    int32_t id;
+  };
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, Value{-1, -1});
+    mask_ = cap - 1;
+  }
+  // Returns false when the pair is already present (the first, lowest rank wins).
+  bool insert(int32_t a, int32_t b, Value v) {
+    uint64_t k = key(a, b);
+    size_t i = hash(k) & mask_;
+    while (keys_[i] != kEmpty) {
+      if (keys_[i] == k) return false;
+      i = (i + 1) & mask_;
+    }
+    keys_[i] = k;
+    vals_[i] = v;
+    return true;
+  }
+  const Value* find(int32_t a, int32_t b) const {
+    if (keys_.empty()) return nullptr;
+    uint64_t k = key(a, b);
+    size_t i = hash(k) & mask_;
+    while (keys_[i] != kEmpty) {
+      if (keys_[i] == k) return &vals_[i];
+      i = (i + 1) & mask_;
+    }
+    return nullptr;
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static uint64_t key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  static size_t hash(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdULL;
+    k ^= k >> 33;
+    return static_cast<size_t>(k);
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<Value> vals_;
+  size_t mask_ = 0;
+};
+
+struct AddedTok {
+  std::string content;
+  TokenId id;
+  bool special, normalized, lstrip, rstrip;
+};
+
+// Finds added tokens in text: at each position the longest token starting there, the
+// leftmost position first (Aho-Corasick LeftmostLongest semantics, as Hugging Face).
+class TokenTrie {
+ public:
+  void add(std::string_view s, int index) {
+    int node = 0;
+    for (unsigned char c : s) {
+      auto& kids = nodes_[node].next;
+      auto it = std::find_if(kids.begin(), kids.end(), [&](auto& p) { return p.first == c; });
+      if (it == kids.end()) {
+        nodes_.push_back(Node{});
+        nodes_[node].next.emplace_back(c, static_cast<int>(nodes_.size() - 1));
+        node = static_cast<int>(nodes_.size() - 1);
+      } else {
+        node = it->second;
+      }
+    }
+    nodes_[node].token = index;
+    first_[static_cast<unsigned char>(s[0])] = true;
+    empty_ = false;
+  }
+  bool empty() const { return empty_; }
+  // Next match at or after `from`: returns (start, length, token index) or start = npos.
+  std::tuple<size_t, size_t, int> find(std::string_view text, size_t from) const {
+    for (size_t i = from; i < text.size(); ++i) {
+      if (!first_[static_cast<unsigned char>(text[i])]) continue;
+      int node = 0, best = -1;
+      size_t best_len = 0;
+      for (size_t j = i; j < text.size(); ++j) {
+        int nxt = -1;
+        for (auto& [c, k] : nodes_[node].next)
+          if (c == static_cast<unsigned char>(text[j])) {
+            nxt = k;
+            break;
+          }
+        if (nxt < 0) break;
+        node = nxt;
+        if (nodes_[node].token >= 0) {
+          best = nodes_[node].token;
+          best_len = j + 1 - i;
+        }
+      }
+      if (best >= 0) return {i, best_len, best};
+    }
+    return {std::string_view::npos, 0, -1};
+  }
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, int>> next;
+    int token = -1;
+  };
+  std::vector<Node> nodes_{Node{}};
+  std::array<bool, 256> first_{};
+  bool empty_ = true;
+};
+
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+using PieceMap = std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>>;
+
+// Per-piece BPE results. Natural text repeats a small set of words, so most pieces are
+// cache hits. Sharded so batch_encode threads rarely contend.
+class PieceCache {
+ public:
+  static constexpr size_t kShards = 64;
+  static constexpr size_t kMaxPerShard = 1 << 14;
+  static constexpr size_t kMaxPieceBytes = 64;
+  bool get(std::string_view piece, std::vector<TokenId>& out) const {
+    auto& s = shards_[StringHash{}(piece) % kShards];
+    std::lock_guard lock(s.mu);
+    auto it = s.map.find(piece);
+    if (it == s.map.end()) return false;
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return true;
+  }
+  void put(std::string_view piece, const TokenId* ids, size_t n) const {
+    auto& s = shards_[StringHash{}(piece) % kShards];
+    std::lock_guard lock(s.mu);
+    if (s.map.size() >= kMaxPerShard) s.map.clear();
+    s.map.emplace(std::string(piece), std::vector<TokenId>(ids, ids + n));
+  }
+
+ private:
+  struct Shard {
+    std::mutex mu;
+    PieceMap map;
+  };
+  mutable std::array<Shard, kShards> shards_;
+};
+
+enum class IdKind : uint8_t { kNone, kModel, kAdded, kSpecial };
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string origin;
+  // Model.
+  std::vector<std::string> id_bytes;   // raw bytes (model tokens) or content (added tokens)
+  std::vector<std::string> id_token;   // the token string of tokenizer.json
+  std::vector<IdKind> id_kind;
+  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> token_ids;  // vocab + added
+  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> bytes_ids;  // model vocab by bytes
+  std::array<TokenId, 256> byte_id{};
+  MergeMap merges;
+  bool ignore_merges = false;
+  // Text processing.
+  std::vector<NormalForm> normalizers;
+  SplitPattern split = SplitPattern::kQwen2;
+  bool prefix_space = false;
+  std::vector<AddedTok> added;
+  TokenTrie raw_trie, normalized_trie;
+  std::vector<TokenId> post_prefix, post_suffix;
+  // tokenizer_config.json.
+  std::string bos, eos, pad, unk;
+  std::optional<jinja::Template> chat_template;
+  PieceCache cache;
+
+  void bpe(std::string_view piece, std::vector<TokenId>& out) const;
+  void encode_text(std::string_view text, std::vector<TokenId>& out) const;
+  void encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
+  void append_decoded(std::string& out, std::string& pending, TokenId id, bool skip_special) const;
+  std::optional<TokenId> id_of(const std::string& token) const {
+    if (token.empty()) return std::nullopt;
+    auto it = token_ids.find(token);
+    if (it == token_ids.end()) return std::nullopt;
+    return it->second;
+  }
+};
+
+namespace {
+
+[[noreturn]] void bad(const std::string& origin, const std::string& what) {
+  throw FormatError(str(origin, ": ", what));
+}
+
+const json& field(const json& obj, const char* key, const std::string& origin, const std::string& where) {
+  if (!obj.is_object()) bad(origin, where + ": expected an object");
+  auto it = obj.find(key);
+  if (it == obj.end()) bad(origin, str(where, ": missing \"", key, "\""));
+  return *it;
+}
+
+bool opt_bool(const json& obj, const char* key, bool dflt, const std::string& origin, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) bad(origin, str(where, ".", key, ": expected a boolean"));
+  return it->get<bool>();
+}
+
+std::string get_string(const json& v, const std::string& origin, const std::string& where) {
+  if (!v.is_string()) bad(origin, where + ": expected a string");
+  return v.get<std::string>();
+}
+
+void load_normalizer(Tokenizer::Impl& t, const json& n, const std::string& where) {
+  if (n.is_null()) return;
+  std::string type = get_string(field(n, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(n, "normalizers", t.origin, where);
+    if (!list.is_array()) bad(t.origin, where + ".normalizers: expected an array");
+    for (size_t i = 0; i < list.size(); ++i) load_normalizer(t, list[i], str(where, ".normalizers[", i, "]"));
+  } else if (type == "NFC") {
+    t.normalizers.push_back(NormalForm::kNFC);
+  } else if (type == "NFD") {
+    t.normalizers.push_back(NormalForm::kNFD);
+  } else if (type == "NFKC") {
+    t.normalizers.push_back(NormalForm::kNFKC);
+  } else if (type == "NFKD") {
+    t.normalizers.push_back(NormalForm::kNFKD);
+  } else {
+    bad(t.origin, str(where, ": unsupported normalizer type \"", type, "\""));
+  }
+}
+
+void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& where, bool& have_split,
+                        bool& have_byte_level) {
+  if (p.is_null()) bad(t.origin, where + ": a byte-level pre-tokenizer is required");
+  std::string type = get_string(field(p, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(p, "pretokenizers", t.origin, where);
+    if (!list.is_array()) bad(t.origin, where + ".pretokenizers: expected an array");
+    for (size_t i = 0; i < list.size(); ++i)
+      load_pre_tokenizer(t, list[i], str(where, ".pretokenizers[", i, "]"), have_split, have_byte_level);
+  } else if (type == "Split") {
+    if (have_split || have_byte_level) bad(t.origin, where + ": unsupported pre-tokenizer order (one Split, then ByteLevel)");
+    const json& pat = field(p, "pattern", t.origin, where);
+    if (!pat.is_object() || !pat.contains("Regex"))
+      bad(t.origin, where + ".pattern: only {\"Regex\": ...} patterns are supported");
+    std::string re = get_string(pat["Regex"], t.origin, where + ".pattern.Regex");
+    auto kind = tok::split_pattern_from_regex(re);
+    if (!kind) bad(t.origin, str(where, ".pattern.Regex: unsupported split regex ", json(re).dump()));
+    std::string behavior = p.value("behavior", std::string("Isolated"));
+    if (behavior != "Isolated") bad(t.origin, str(where, ".behavior: unsupported \"", behavior, "\""));
+    if (opt_bool(p, "invert", false, t.origin, where)) bad(t.origin, where + ".invert: unsupported true");
+    t.split = *kind;
+    have_split = true;
+  } else if (type == "ByteLevel") {
+    if (have_byte_level) bad(t.origin, where + ": ByteLevel given twice");
+    bool use_regex = opt_bool(p, "use_regex", true, t.origin, where);
+    t.prefix_space = opt_bool(p, "add_prefix_space", false, t.origin, where);
+    if (use_regex) {
+      if (have_split) bad(t.origin, where + ": ByteLevel with use_regex after a Split is unsupported");
+      t.split = SplitPattern::kGpt2;
+      have_split = true;
+    } else if (t.prefix_space) {
+      bad(t.origin, where + ": add_prefix_space with use_regex=false is unsupported");
+    }
+    have_byte_level = true;
+  } else {
+    bad(t.origin, str(where, ": unsupported pre-tokenizer type \"", type, "\""));
+  }
+}
+
+void load_post_processor(Tokenizer::Impl& t, const json& p, const std::string& where) {
+  if (p.is_null()) return;
+  std::string type = get_string(field(p, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(p, "processors", t.origin, where);
+    if (!list.is_array()) bad(t.origin, where + ".processors: expected an array");
+    for (size_t i = 0; i < list.size(); ++i) load_post_processor(t, list[i], str(where, ".processors[", i, "]"));
+  } else if (type == "ByteLevel") {
+    // Only adjusts offsets; ids are unchanged.
+  } else if (type == "TemplateProcessing") {
+    const json& single = field(p, "single", t.origin, where);
+    if (!single.is_array()) bad(t.origin, where + ".single: expected an array");
+    const json& specials = p.contains("special_tokens") ? p["special_tokens"] : json::object();
+    bool seen_seq = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const json& piece = single[i];
+      std::string w = str(where, ".single[", i, "]");
+      if (piece.is_object() && piece.contains("Sequence")) {
+        if (seen_seq) bad(t.origin, w + ": more than one sequence");
+        seen_seq = true;
+      } else if (piece.is_object() && piece.contains("SpecialToken")) {
+        std::string name = get_string(field(piece["SpecialToken"], "id", t.origin, w), t.origin, w + ".id");
+        const json& spec = specials.is_object() && specials.contains(name) ? specials[name] : json();
+        std::vector<TokenId> ids;
+        if (spec.is_object() && spec.contains("ids") && spec["ids"].is_array()) {
+          for (auto& v : spec["ids"]) {
+            if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+              bad(t.origin, str(where, ".special_tokens.", name, ".ids: expected token ids"));
+            ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
+          }
+        } else if (auto id = t.id_of(name)) {
+          ids.push_back(*id);
+        } else {
+          bad(t.origin, str(w, ": unknown special token \"", name, "\""));
+        }
+        auto& dst = seen_seq ? t.post_suffix : t.post_prefix;
+        dst.insert(dst.end(), ids.begin(), ids.end());
+      } else {
+        bad(t.origin, w + ": expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+      }
+    }
+    if (!seen_seq) bad(t.origin, where + ".single: no $A sequence");
+  } else {
+    bad(t.origin, str(where, ": unsupported post-processor type \"", type, "\""));
+  }
+}
+
+void load_decoder(Tokenizer::Impl& t, const json& d, const std::string& where) {
+  if (d.is_null()) bad(t.origin, where + ": a ByteLevel decoder is required");
+  std::string type = get_string(field(d, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(d, "decoders", t.origin, where);
+    if (!list.is_array() || list.size() != 1) bad(t.origin, where + ".decoders: only a single ByteLevel decoder is supported");
+    load_decoder(t, list[0], where + ".decoders[0]");
+  } else if (type != "ByteLevel") {
+    bad(t.origin, str(where, ": unsupported decoder type \"", type, "\""));
+  }
+}
+
+void set_token(Tokenizer::Impl& t, TokenId id, const std::string& token, std::string bytes, IdKind kind) {
+  if (id < 0 || id > (1 << 28)) bad(t.origin, str("token id ", id, " out of range"));
+  size_t need = static_cast<size_t>(id) + 1;
+  if (t.id_kind.size() < need) {
+    t.id_kind.resize(need, IdKind::kNone);
+    t.id_bytes.resize(need);
+    t.id_token.resize(need);
+  }
+  t.id_kind[id] = kind;
+  t.id_bytes[id] = std::move(bytes);
+  t.id_token[id] = token;
+}
+
+void load_model(Tokenizer::Impl& t, const json& m) {
+  const std::string w = "model";
+  if (!m.is_object()) bad(t.origin, "model: expected an object");
+  std::string type = m.contains("type") ? get_string(m["type"], t.origin, "model.type") : "BPE";
+  if (type != "BPE") bad(t.origin, str("model.type: unsupported \"", type, "\" (byte-level BPE only)"));
+  if (opt_bool(m, "byte_fallback", false, t.origin, w)) bad(t.origin, "model.byte_fallback: unsupported true");
+  if (m.contains("dropout") && !m["dropout"].is_null()) bad(t.origin, "model.dropout: unsupported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
+      bad(t.origin, str("model.", k, ": unsupported"));
+  t.ignore_merges = opt_bool(m, "ignore_merges", false, t.origin, w);
+  const json& vocab = field(m, "vocab", t.origin, w);
+  if (!vocab.is_object()) bad(t.origin, "model.vocab: expected an object");
+  t.token_ids.reserve(vocab.size() * 2);
+  t.bytes_ids.reserve(vocab.size() * 2);
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (!it.value().is_number_integer()) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: expected an integer id"));
+    int64_t id = it.value().get<int64_t>();
+    if (id < 0 || id > (1 << 28)) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: id ", id, " out of range"));
+    std::string bytes = token_to_bytes(it.key());
+    set_token(t, static_cast<TokenId>(id), it.key(), bytes, IdKind::kModel);
+    t.token_ids[it.key()] = static_cast<TokenId>(id);
+    t.bytes_ids.emplace(std::move(bytes), static_cast<TokenId>(id));
+  }
+  const auto& bm = byte_map();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    tok::append_utf8(s, bm.to_char[b]);
+    auto it = t.token_ids.find(s);
+    t.byte_id[b] = it == t.token_ids.end() ? -1 : it->second;
+  }
+  const json& merges = field(m, "merges", t.origin, w);
+  if (!merges.is_array()) bad(t.origin, "model.merges: expected an array");
+  t.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const json& e = merges[r];
+    std::string a, b;
+    // Two serialisations: "a b" (tokenizers < 0.20) and ["a", "b"].
+    if (e.is_string()) {
+      const std::string& s = e.get_ref<const std::string&>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        bad(t.origin, str("model.merges[", r, "]: expected \"left right\", got ", e.dump()));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      bad(t.origin, str("model.merges[", r, "]: expected a pair of strings"));
+    }
+    auto ia = t.token_ids.find(a), ib = t.token_ids.find(b), ic = t.token_ids.find(a + b);
+    if (ia == t.token_ids.end() || ib == t.token_ids.end())
+      bad(t.origin, str("model.merges[", r, "]: token not in vocab: ", e.dump()));
+    if (ic == t.token_ids.end())
+      bad(t.origin, str("model.merges[", r, "]: merged token ", json(a + b).dump(), " not in vocab"));
+    t.merges.insert(ia->second, ib->second, {static_cast<int32_t>(r), ic->second});
+  }
+}
+
+void load_added(Tokenizer::Impl& t, const json& list) {
+  if (list.is_null()) return;
+  if (!list.is_array()) bad(t.origin, "added_tokens: expected an array");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& a = list[i];
+    std::string w = str("added_tokens[", i, "]");
+    const json& idv = field(a, "id", t.origin, w);
+    if (!idv.is_number_integer() || idv.get<int64_t>() < 0 || idv.get<int64_t>() > (1 << 28))
+      bad(t.origin, w + ".id: expected a non-negative integer");
+    AddedTok tk;
+    tk.id = static_cast<TokenId>(idv.get<int64_t>());
+    tk.content = get_string(field(a, "content", t.origin, w), t.origin, w + ".content");
+    if (tk.content.empty()) bad(t.origin, w + ".content: empty");
+    tk.special = opt_bool(a, "special", false, t.origin, w);
+    tk.normalized = opt_bool(a, "normalized", !tk.special, t.origin, w);
+    tk.lstrip = opt_bool(a, "lstrip", false, t.origin, w);
+    tk.rstrip = opt_bool(a, "rstrip", false, t.origin, w);
+    if (opt_bool(a, "single_word", false, t.origin, w)) bad(t.origin, w + ".single_word: unsupported true");
+    std::string valid;
+    if (!tok::sanitize_utf8(tk.content, valid)) bad(t.origin, w + ".content: invalid UTF-8");
+    set_token(t, tk.id, tk.content, tk.content, tk.special ? IdKind::kSpecial : IdKind::kAdded);
+    t.token_ids[tk.content] = tk.id;
+    t.added.push_back(std::move(tk));
+  }
+  for (size_t i = 0; i < t.added.size(); ++i) {
+    const AddedTok& tk = t.added[i];
+    if (tk.normalized && !t.normalizers.empty()) {
+      // Hugging Face matches these against normalized text, so normalize the pattern too.
+      std::string n;
+      std::string_view s = tk.content;
+      for (NormalForm f : t.normalizers)
+        if (tok::normalize(f, s, n)) s = n;
+      t.normalized_trie.add(std::string(s), static_cast<int>(i));
+    } else if (tk.normalized) {
+      t.normalized_trie.add(tk.content, static_cast<int>(i));
+    } else {
+      t.raw_trie.add(tk.content, static_cast<int>(i));
+    }
+  }
+}
+
+// bos_token etc. are either a string or an AddedToken object {"content": ...}.
+std::string config_token(const json& cfg, const char* key, const std::string& origin) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  bad(origin, str(key, ": expected a string or {\"content\": ...}"));
+}
+
+json parse_json(std::string_view text, const std::string& origin) {
+  try {
+    return json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    bad(origin, str("invalid JSON: ", e.what()));
+  }
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::string& origin,
+                               std::string_view tokenizer_config_json, const std::string& config_origin) {
+  auto t = std::make_shared<Impl>();
+  t->origin = origin;
+  json root = parse_json(tokenizer_json, origin);
+  if (!root.is_object()) bad(origin, "expected a JSON object");
+  load_model(*t, field(root, "model", origin, "root"));
+  if (root.contains("truncation") && !root["truncation"].is_null()) bad(origin, "truncation: unsupported");
+  if (root.contains("padding") && !root["padding"].is_null()) bad(origin, "padding: unsupported");
+  load_normalizer(*t, root.value("normalizer", json()), "normalizer");
+  bool have_split = false, have_byte_level = false;
+  load_pre_tokenizer(*t, root.value("pre_tokenizer", json()), "pre_tokenizer", have_split, have_byte_level);
+  if (!have_byte_level) bad(origin, "pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)");
+  if (!have_split) bad(origin, "pre_tokenizer: no split regex");
+  load_added(*t, root.value("added_tokens", json()));
+  load_post_processor(*t, root.value("post_processor", json()), "post_processor");
+  load_decoder(*t, root.value("decoder", json()), "decoder");
+  for (int b = 0; b < 256; ++b)
+    if (t->byte_id[b] < 0) bad(origin, str("model.vocab: no token for byte ", b, " (not a byte-level vocabulary)"));
+
+  if (!tokenizer_config_json.empty()) {
+    json cfg = parse_json(tokenizer_config_json, config_origin);
+    if (!cfg.is_object()) bad(config_origin, "expected a JSON object");
+    t->bos = config_token(cfg, "bos_token", config_origin);
+    t->eos = config_token(cfg, "eos_token", config_origin);
+    t->pad = config_token(cfg, "pad_token", config_origin);
+    t->unk = config_token(cfg, "unk_token", config_origin);
+    auto ct = cfg.find("chat_template");
+    if (ct != cfg.end() && !ct->is_null()) {
+      std::string src;
+      if (ct->is_string()) {
+        src = ct->get<std::string>();
+      } else if (ct->is_array()) {
+        // Named templates: [{"name": "default", "template": ...}, ...]; prompts use "default".
+        for (auto& e : *ct)
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+            src = e["template"].get<std::string>();
+        if (src.empty()) bad(config_origin, "chat_template: no template named \"default\"");
+      } else {
+        bad(config_origin, "chat_template: expected a string or a list of named templates");
+      }
+      t->chat_template = jinja::Template::parse(src, config_origin + ":chat_template");
+    }
+  }
+  return Tokenizer(std::move(t));
+}
+
+Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
+  auto tok_path = dir / "tokenizer.json";
+  auto cfg_path = dir / "tokenizer_config.json";
+  std::string tok_text = read_file(tok_path);
+  std::string cfg_text = std::filesystem::exists(cfg_path) ? read_file(cfg_path) : std::string();
+  Tokenizer t = from_json(tok_text, tok_path.string(), cfg_text, cfg_path.string());
+  auto jinja_path = dir / "chat_template.jinja";
+  if (!t.impl_->chat_template && std::filesystem::exists(jinja_path))
+    t.impl_->chat_template = jinja::Template::parse(read_file(jinja_path), jinja_path.string());
+  return t;
+}
+
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) const {
+  if (ignore_merges) {
+    auto it = bytes_ids.find(piece);
+    if (it != bytes_ids.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  if (piece.size() == 1) {
+    out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  bool cacheable = piece.size() <= PieceCache::kMaxPieceBytes;
+  if (cacheable && cache.get(piece, out)) return;
+
+  // Symbols form a linked list over the piece's bytes; a min-heap of candidate merges is
+  // ordered by (rank, position) so the lowest-ranked, leftmost pair merges first, which
+  // is Hugging Face's order. Stale heap entries are recognised and skipped on pop.
+  struct Sym {
+    TokenId id;
+    int32_t prev, next;
+  };
+  struct Cand {
+    int32_t rank, pos;
+    TokenId left, right, merged;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  thread_local std::vector<Sym> syms;
+  thread_local std::vector<Cand> heap;
+  syms.clear();
+  heap.clear();
+  int32_t n = static_cast<int32_t>(piece.size());
+  for (int32_t i = 0; i < n; ++i)
+    syms.push_back({byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1});
+  auto cmp = std::greater<Cand>{};
+  auto consider = [&](int32_t pos) {
+    int32_t nx = syms[pos].next;
+    if (nx < 0) return;
+    if (const auto* m = merges.find(syms[pos].id, syms[nx].id)) {
+      heap.push_back({m->rank, pos, syms[pos].id, syms[nx].id, m->id});
+      std::push_heap(heap.begin(), heap.end(), cmp);
+    }
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) consider(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), cmp);
+    Cand c = heap.back();
+    heap.pop_back();
+    Sym& s = syms[c.pos];
+    if (s.id != c.left || s.next < 0 || syms[s.next].id != c.right) continue;
+    int32_t gone = s.next;
+    s.id = c.merged;
+    s.next = syms[gone].next;
+    if (s.next >= 0) syms[s.next].prev = c.pos;
+    syms[gone].id = -1;  // dead; stale entries pointing at it fail the id check
+    if (s.prev >= 0) consider(s.prev);
+    consider(c.pos);
+  }
+  size_t before = out.size();
+  for (int32_t i = 0; i >= 0; i = syms[i].next) out.push_back(syms[i].id);
+  if (cacheable) cache.put(piece, out.data() + before, out.size() - before);
+}
+
+void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<TokenId>& out) const {
+  thread_local std::vector<std::pair<uint32_t, uint32_t>> pieces;
+  std::string prefixed;
+  if (prefix_space && !text.empty() && text[0] != ' ') {
+    prefixed.reserve(text.size() + 1);
+    prefixed.push_back(' ');
+    prefixed.append(text);
+    text = prefixed;
+  }
+  pieces.clear();
+  tok::split_pieces(split, text, pieces);
+  // bpe() can recurse into nothing that uses `pieces`, but copy the bounds out anyway so
+  // the thread_local is free for reuse as soon as splitting is done.
+  for (auto [b, e] : pieces) bpe(text.substr(b, e - b), out);
+}
+
+// Cuts `trie`'s tokens out of text, honouring lstrip / rstrip (whitespace swallowed by
+// the token), and hands the gaps to `gap`.
+template <class Gap>
+static void split_added(const Tokenizer::Impl& t, const TokenTrie& trie, std::string_view text,
+                        std::vector<TokenId>& out, Gap&& gap) {
+  if (trie.empty()) {
+    gap(text);
+    return;
+  }
+  size_t pos = 0, emitted = 0;
+  while (true) {
+    auto [start, len, index] = trie.find(text, pos);
+    if (start == std::string_view::npos) break;
+    const AddedTok& tk = t.added[static_cast<size_t>(index)];
+    size_t b = start, e = start + len;
+    if (tk.lstrip) {
+      while (b > emitted) {
+        size_t k = b - 1;
+        while (k > emitted && (static_cast<unsigned char>(text[k]) & 0xC0) == 0x80) --k;
+        char32_t c;
+        size_t badlen;
+        if (tok::decode_utf8(text, k, c, badlen) == 0 || !tok::is_space(c)) break;
+        b = k;
+      }
+    }
+    if (tk.rstrip) {
+      while (e < text.size()) {
+        char32_t c;
+        size_t badlen;
+        size_t l = tok::decode_utf8(text, e, c, badlen);
+        if (l == 0 || !tok::is_space(c)) break;
+        e += l;
+      }
+    }
+    if (b > emitted) gap(text.substr(emitted, b - emitted));
+    out.push_back(tk.id);
+    emitted = pos = e;
+  }
+  if (emitted < text.size()) gap(text.substr(emitted));
+}
+
+void Tokenizer::Impl::encode_text(std::string_view text, std::vector<TokenId>& out) const {
+  split_added(*this, raw_trie, text, out, [&](std::string_view seg) {
+    std::string norm_buf[2];
+    std::string_view s = seg;
+    int k = 0;
+    for (NormalForm f : normalizers) {
+      if (tok::normalize(f, s, norm_buf[k])) {
+        s = norm_buf[k];
+        k ^= 1;
+      }
+    }
+    split_added(*this, normalized_trie, s, out, [&](std::string_view rest) { encode_normalized(rest, out); });
+  });
+}
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special_tokens) const {
+  std::vector<TokenId> out;
+  out.reserve(text.size() / 3 + 4);
+  if (add_special_tokens) out.insert(out.end(), impl_->post_prefix.begin(), impl_->post_prefix.end());
+  std::string clean;
+  if (!tok::sanitize_utf8(text, clean)) text = clean;
+  impl_->encode_text(text, out);
+  if (add_special_tokens) out.insert(out.end(), impl_->post_suffix.begin(), impl_->post_suffix.end());
+  return out;
+}
+
+std::vector<std::vector<TokenId>> Tokenizer::batch_encode(const std::vector<std::string>& texts,
+                                                          bool add_special_tokens, int threads) const {
+  std::vector<std::vector<TokenId>> out(texts.size());
+  size_t n = threads > 0 ? static_cast<size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  n = std::min(n, texts.size());
+  if (n <= 1) {
+    for (size_t i = 0; i < texts.size(); ++i) out[i] = encode(texts[i], add_special_tokens);
+    return out;
+  }
+  // Texts are claimed in small chunks from a shared counter so long and short texts
+  // balance across threads.
+  std::atomic<size_t> next{0};
+  constexpr size_t kChunk = 16;
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < n; ++w) {
+    pool.emplace_back([&, w] {
+      try {
+        for (size_t b; (b = next.fetch_add(kChunk)) < texts.size();)
+          for (size_t i = b; i < std::min(b + kChunk, texts.size()); ++i) out[i] = encode(texts[i], add_special_tokens);
+      } catch (...) {
+        errors[w] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
+}
+
+// Hugging Face decodes the bytes of consecutive model tokens together (lossy UTF-8) and
+// inserts added tokens' content verbatim between such runs. `pending` holds the bytes of
+// the current run.
+void Tokenizer::Impl::append_decoded(std::string& out, std::string& pending, TokenId id, bool skip_special) const {
+  if (id < 0 || static_cast<size_t>(id) >= id_kind.size() || id_kind[id] == IdKind::kNone)
+    throw ValueError(str("decode: token id ", id, " is not in the vocabulary of ", origin));
+  IdKind k = id_kind[id];
+  if (k == IdKind::kModel) {
+    pending.append(id_bytes[id]);
+    return;
+  }
+  if (k == IdKind::kSpecial && skip_special) return;
+  std::string clean;
+  out.append(tok::sanitize_utf8(pending, clean) ? pending : clean);
+  pending.clear();
+  out.append(id_bytes[id]);
+}
+
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
+  std::string out, pending;
+  for (TokenId id : ids) impl_->append_decoded(out, pending, id, skip_special_tokens);
+  std::string clean;
+  out.append(tok::sanitize_utf8(pending, clean) ? pending : clean);
+  return out;
+}
+
+std::string Tokenizer::StreamDecoder::push(TokenId id) {
+  std::string out;
+  tok_->impl_->append_decoded(out, pending_, id, skip_special_);
+  // Emit what can no longer change: everything up to a possibly incomplete last character.
+  size_t stable = tok::utf8_stable_prefix(pending_);
+  if (stable > 0) {
+    std::string clean;
+    std::string_view head(pending_.data(), stable);
+    out.append(tok::sanitize_utf8(head, clean) ? std::string(head) : clean);
+    pending_.erase(0, stable);
+  }
+  return out;
+}
+
+std::string Tokenizer::StreamDecoder::finish() {
+  std::string clean;
+  std::string out = tok::sanitize_utf8(pending_, clean) ? pending_ : clean;
+  pending_.clear();
+  return out;
+}
+
+std::string Tokenizer::apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                           const nlohmann::ordered_json& extra) const {
+  if (!impl_->chat_template) throw FormatError(str(impl_->origin, ": the model has no chat_template"));
+  if (!messages.is_array()) throw ValueError("apply_chat_template: messages must be a list");
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  // transformers passes the special tokens first, then the caller's arguments.
+  auto put = [&](const char* key, const std::string& v) {
+    if (!v.empty()) vars[key] = v;
+  };
+  put("bos_token", impl_->bos);
+  put("eos_token", impl_->eos);
+  put("unk_token", impl_->unk);
+  put("pad_token", impl_->pad);
+  vars["messages"] = messages;
+  vars["tools"] = nullptr;
+  vars["documents"] = nullptr;
+  vars["add_generation_prompt"] = add_generation_prompt;
+  if (!extra.is_null()) {
+    if (!extra.is_object()) throw ValueError("apply_chat_template: extra variables must be an object");
+    for (auto it = extra.begin(); it != extra.end(); ++it) vars[it.key()] = it.value();
+  }
+  return impl_->chat_template->render(vars);
+}
+
+std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+  return apply_chat_template(list, add_generation_prompt);
+}
+
+bool Tokenizer::has_chat_template() const { return impl_->chat_template.has_value(); }
+size_t Tokenizer::vocab_size() const { return impl_->id_kind.size(); }
+
+std::string Tokenizer::id_to_token(TokenId id) const {
+  if (id < 0 || static_cast<size_t>(id) >= impl_->id_kind.size() || impl_->id_kind[id] == IdKind::kNone)
+    throw ValueError(str("token id ", id, " is not in the vocabulary of ", impl_->origin));
+  return impl_->id_token[id];
+}
+
+std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
+  auto it = impl_->token_ids.find(token);
+  if (it == impl_->token_ids.end()) return std::nullopt;
+  return it->second;
+}
+
+bool Tokenizer::is_special(TokenId id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->id_kind.size() && impl_->id_kind[id] == IdKind::kSpecial;
+}
+
+std::optional<TokenId> Tokenizer::bos_id() const { return impl_->id_of(impl_->bos); }
+std::optional<TokenId> Tokenizer::eos_id() const { return impl_->id_of(impl_->eos); }
+std::optional<TokenId> Tokenizer::pad_id() const { return impl_->id_of(impl_->pad); }
+const std::string& Tokenizer::bos_token() const { return impl_->bos; }
+const std::string& Tokenizer::eos_token() const { return impl_->eos; }
+const std::string& Tokenizer::pad_token() const { return impl_->pad; }
+
+}  // namespace rpg
