@@ -1,0 +1,144 @@
+// The sampler against Hugging Face's logits warpers (live), and empirical frequencies of
+// the draws against the warped distribution (chi-square at a fixed seed).
+#include "rpg/rollout/sampler.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "rpg/core/error.h"
+#include "rpg/core/rng.h"
+#include "tensor_file.h"
+#include "test_util.h"
+
+namespace rpg::rollout {
+namespace {
+
+struct Case {
+  double temperature, top_p;
+  int64_t top_k;
+};
+
+const std::vector<Case> kCases = {{1.0, 1.0, -1}, {0.7, 1.0, 3}, {1.0, 0.9, -1}, {1.3, 0.5, 5},
+                                  {1.0, 1e-9, -1}, {0.5, 0.95, 2}, {1.0, 1.0, 1}};
+
+// Rows: random logits, plus hand-built ones with ties and a dominant token.
+at::Tensor make_logits() {
+  at::manual_seed(3);
+  at::Tensor random = at::randn({6, 12}, at::kDouble) * 2;
+  at::Tensor ties = at::tensor({0.1, 2.0, 2.0, -1.0, 5.0, 2.0, -3.0, 0.0, 0.0, 1.0, 1.0, 1.0}, at::kDouble).unsqueeze(0);
+  at::Tensor peaked = at::full({1, 12}, -2.0, at::kDouble);
+  peaked[0][7] = 9.0;
+  return at::cat({random, ties, peaked}).to(at::kFloat).to(at::kDouble);  // fp32-representable
+}
+
+std::map<std::string, at::Tensor> hf_probs(const at::Tensor& logits) {
+  test::TempDir dir;
+  test::save_tensors(dir / "in.safetensors", {{"logits", logits}});
+  nlohmann::json cases = nlohmann::json::array();
+  for (const Case& c : kCases) cases.push_back({{"temperature", c.temperature}, {"top_k", c.top_k}, {"top_p", c.top_p}});
+  test::write_text(dir / "cases.json", cases.dump());
+  test::run_oracle("rollout_warpers.py", {(dir / "in.safetensors").string(), (dir / "cases.json").string(),
+                                          (dir / "out.safetensors").string()});
+  return test::load_tensors(dir / "out.safetensors");
+}
+
+SamplingParams params_of(const Case& c) {
+  SamplingParams p;
+  p.temperature = c.temperature;
+  p.top_p = c.top_p;
+  p.top_k = c.top_k;
+  return p;
+}
+
+TEST(Sampler, FilteredDistributionMatchesHuggingFaceWarpers) {
+  at::Tensor logits = make_logits();
+  auto ref = hf_probs(logits);
+  for (size_t j = 0; j < kCases.size(); ++j) {
+    at::Tensor ours = sampling_probs(logits.to(at::kFloat), params_of(kCases[j]));
+    at::Tensor theirs = ref.at(str("probs.", j));
+    // Exactly the same kept set, and the same probabilities on it.
+    EXPECT_TRUE(at::equal(ours > 0, theirs > 0)) << "case " << j << "\nours " << (ours > 0) << "\nHF " << (theirs > 0);
+    EXPECT_LT((ours - theirs).abs().max().item<double>(), 1e-12) << "case " << j;
+  }
+}
+
+TEST(Sampler, EmpiricalFrequenciesMatchTheDistribution) {
+  at::Tensor logits = make_logits();
+  auto ref = hf_probs(logits);
+  const int draws = 40000;
+  for (size_t j = 0; j < kCases.size(); ++j) {
+    SamplingParams p = params_of(kCases[j]);
+    for (int64_t row : {0, 6}) {
+      at::Tensor rows = logits.to(at::kFloat).narrow(0, row, 1).expand({draws, -1}).contiguous();
+      std::vector<double> u(draws);
+      RandomStream rs(mix_key(17, j, static_cast<uint64_t>(row)));
+      for (auto& x : u) x = rs.uniform();
+      at::Tensor ids = sample_tokens(rows, p, u).ids;
+      at::Tensor counts = at::bincount(ids, {}, logits.size(1)).to(at::kDouble);
+      at::Tensor expected = ref.at(str("probs.", j))[row] * draws;
+      // Never a token outside the kept set.
+      EXPECT_EQ(counts.masked_select(expected == 0).sum().item<double>(), 0.0) << "case " << j;
+      at::Tensor kept = expected > 0;
+      int64_t dof = kept.sum().item<int64_t>() - 1;
+      if (dof == 0) continue;
+      double chi2 = ((counts - expected).pow(2) / expected).masked_select(kept).sum().item<double>();
+      // 99.99th percentile of chi-square with <= 11 degrees of freedom is < 40.
+      EXPECT_LT(chi2, 40.0) << "case " << j << " row " << row << " dof " << dof;
+    }
+  }
+}
+
+TEST(Sampler, GreedyTakesTheFirstMaximumAndReportsItsLogProb) {
+  at::Tensor logits = at::tensor({1.0f, 3.0f, 3.0f, -1.0f, 0.0f, 0.0f, 0.0f, 2.0f}).reshape({2, 4});
+  SamplingParams p;
+  p.temperature = 0;
+  SampledTokens s = sample_tokens(logits, p, {});
+  EXPECT_EQ(s.ids[0].item<int64_t>(), 1);
+  EXPECT_EQ(s.ids[1].item<int64_t>(), 3);
+  EXPECT_NEAR(s.log_probs[0].item<float>(), at::log_softmax(logits[0], 0)[1].item<float>(), 1e-7);
+}
+
+TEST(Sampler, LogProbsAreOfTheTemperatureScaledUnfilteredDistribution) {
+  at::Tensor logits = make_logits().to(at::kFloat);
+  SamplingParams p;
+  p.temperature = 0.6;
+  p.top_k = 2;
+  std::vector<double> u(static_cast<size_t>(logits.size(0)), 0.3);
+  SampledTokens s = sample_tokens(logits, p, u);
+  at::Tensor expect = at::log_softmax(logits / 0.6, 1).gather(1, s.ids.unsqueeze(1)).squeeze(1);
+  EXPECT_TRUE(at::allclose(s.log_probs, expect, 0, 1e-6));
+}
+
+TEST(Sampler, InvalidParametersNameTheField) {
+  auto error_of = [](SamplingParams p) -> std::string {
+    try {
+      p.validate();
+    } catch (const ValueError& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  SamplingParams p;
+  p.top_p = 0;
+  EXPECT_NE(error_of(p).find("top_p: must be in (0, 1], got 0"), std::string::npos);
+  p = {};
+  p.top_p = 1.5;
+  EXPECT_NE(error_of(p).find("top_p"), std::string::npos);
+  p = {};
+  p.max_new_tokens = 0;
+  EXPECT_NE(error_of(p).find("max_new_tokens: must be >= 1"), std::string::npos);
+  p = {};
+  p.n = 0;
+  EXPECT_NE(error_of(p).find("n: must be >= 1"), std::string::npos);
+  p = {};
+  p.top_k = 0;
+  EXPECT_NE(error_of(p).find("top_k"), std::string::npos);
+  p = {};
+  p.temperature = -1;
+  EXPECT_NE(error_of(p).find("temperature"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace rpg::rollout
