@@ -18,6 +18,11 @@
 #include "rpg/algo/kl.h"
 #include "rpg/algo/policy_loss.h"
 
+namespace rpg::algo {
+// GoogleTest prints parameters with this instead of their bytes.
+inline void PrintTo(Divergence d, std::ostream* os) { *os << to_string(d); }
+}  // namespace rpg::algo
+
 namespace rpg::algo::test {
 
 // J(theta) = E_{pi_theta}[R] - beta * Div, written straight from the definitions

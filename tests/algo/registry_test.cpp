@@ -136,6 +136,21 @@ TEST_P(EveryLoss, MicroBatchSplitKeepsLossAndGradient) {
     }
 }
 
+TEST_P(EveryLoss, EntropyBonusSubtractsAggregatedEntropy) {
+  auto b = random_batch(6, true);
+  auto c = full_config();
+  c.loss_agg_mode = LossAggMode::SeqMeanTokenMean;
+  b.in.normaliser = loss_normaliser(b.in.response_mask, c.loss_agg_mode);
+  c.entropy_coeff = 0.0;
+  auto base = compute_policy_loss(GetParam(), b.in, c).loss;
+  c.entropy_coeff = 0.3;
+  auto with_bonus = compute_policy_loss(GetParam(), b.in, c).loss;
+  auto ent = agg_loss(b.in.entropy, b.in.response_mask, c.loss_agg_mode, b.in.normaliser);
+  EXPECT_NEAR((with_bonus - base).item<double>(), (-0.3 * ent).item<double>(), 1e-12);
+  auto g = test::grad_of(with_bonus - base, b.theta);
+  EXPECT_LT(test::max_abs_diff(g, test::grad_of(-0.3 * ent, b.theta)), 1e-12);
+}
+
 INSTANTIATE_TEST_SUITE_P(Registered, EveryLoss, ::testing::ValuesIn(policy_loss_names()));
 
 TEST(PolicyLossRegistry, HasThePaperAndBaselineNames) {

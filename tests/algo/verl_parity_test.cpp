@@ -175,6 +175,14 @@ TEST_P(VerlParity, KlEstimators) {
         << est;
 }
 
+TEST_P(VerlParity, KlPenaltyInReward) {
+  const auto& mask = batch_.t.at("response_mask");
+  auto ours = apply_kl_penalty(batch_.t.at("token_level_rewards"), batch_.t.at("old_log_probs"),
+                               batch_.t.at("ref_log_probs"), mask, 0.05, KlEstimator::K1);
+  // verl's compute_rewards does not mask; compare on response tokens.
+  EXPECT_LT(test::max_abs_diff(ours * mask, verl("rewards_kl") * mask), kTol);
+}
+
 TEST_P(VerlParity, MicroBatchAggregationWithGlobalNormaliser) {
   const auto& mask = batch_.t.at("response_mask");
   auto mat = batch_.t.at("loss_mat");

@@ -9,6 +9,7 @@ Computes, with verl.trainer.ppo.core_algos (the PyPI package, nothing of ours):
                      vanilla policy loss (clip-higher + dual-clip) per loss_agg_mode, and
                      its gradient w.r.t. log_prob
   gspo/loss, gspo/grad, cispo/loss, cispo/grad
+  rewards_kl         compute_rewards(scores, old, ref, 0.05): REINFORCE++'s KL-shaped reward
   kl/<estimator>     kl_penalty(log_prob, ref_log_prob, estimator)
   micro/<mode>/loss  agg_loss of the first `split` rows with the whole batch's normaliser
 """
@@ -98,6 +99,9 @@ def main():
         out[f"{name}/loss"] = scalar(loss.item())
         out[f"{name}/grad"] = lp.grad
         out[f"{name}/actor/pg_clipfrac"] = scalar(metrics["actor/pg_clipfrac"])
+
+    # REINFORCE++: KL folded into the token reward (k1 of pi_old vs pi_ref, coefficient 0.05).
+    out["rewards_kl"] = core_algos.compute_rewards(rewards, old, ref, 0.05)
 
     lp = inp["log_probs"]
     for est in ["kl", "abs", "mse", "low_var_kl"]:

@@ -127,7 +127,7 @@ PolicyLossOutput finish(const PolicyLossInputs& in, const PolicyLossConfig& conf
     auto extra_agg = agg(extra);
     loss = loss + extra_coef * extra_agg;
     metrics["actor/kl_loss"] = extra_agg.detach();
-    metrics["actor/kl_coef"] = at::scalar_tensor(extra_coef, at::kDouble);
+    metrics["actor/kl_coef"] = at::scalar_tensor(extra_coef, pg_losses.options().dtype(at::kDouble));
   }
   if (in.entropy.defined()) {
     auto ent = agg(in.entropy);
@@ -143,7 +143,7 @@ PolicyLossOutput finish(const PolicyLossInputs& in, const PolicyLossConfig& conf
       metrics["actor/ref_kl"] =
           masked_mean(kl_estimate(in.log_probs.detach(), in.ref_log_probs.detach(), KlEstimator::K3), mask);
     for (const char* key : {"actor/pg_clipfrac", "actor/pg_clipfrac_upper", "actor/pg_clipfrac_lower"})
-      if (!metrics.count(key)) metrics[key] = at::zeros({}, at::kFloat);
+      if (!metrics.count(key)) metrics[key] = at::zeros({}, pg_losses.options().dtype(at::kFloat));
   }
   return {loss, std::move(metrics)};
 }
