@@ -14,6 +14,8 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       {"config show", "print the resolved training configuration (file + overrides + defaults)", run_config_show},
       {"version", "print rpg's version and the versions of its libraries", run_version},
+      {"data prepare", "JSONL / CSV {problem, answer} records -> Parquet in the paper's schema", run_data_prepare},
+      {"data show", "print a Parquet dataset's schema, row count and first rows", run_data_show},
   };
   return table;
 }

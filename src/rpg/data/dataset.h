@@ -1,0 +1,66 @@
+// RL / eval datasets in the paper's Parquet schema (verl's), one row per (problem, repeat):
+//   data_source   string
+//   prompt        list<element: struct<content: string, role: string>>   chat messages
+//   ability       string                                                 "MATH"
+//   reward_model  struct<ground_truth: string, style: string>
+//   extra_info    struct<index: int64, raw_problem: string, split: string (nullable)>
+// Reading accepts what pandas / pyarrow write (string or large_string; split may be Arrow's
+// null type when every value is null; other columns are ignored). Arrow stays inside
+// dataset.cpp: this header is plain C++.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace rpg::data {
+
+struct Message {
+  std::string content;
+  std::string role;  // "user", "system", "assistant"
+  bool operator==(const Message&) const = default;
+};
+
+struct RewardModel {
+  std::string ground_truth;
+  std::string style = "rule-lighteval/MATH_v2";
+  bool operator==(const RewardModel&) const = default;
+};
+
+struct ExtraInfo {
+  int64_t index = 0;                 // repeat number 0..k-1 (acc@k)
+  std::string raw_problem;           // the problem without the prompt template
+  std::optional<std::string> split;  // null in the paper's files
+  bool operator==(const ExtraInfo&) const = default;
+};
+
+struct Row {
+  std::string data_source;  // selects the reward scorer
+  std::vector<Message> prompt;
+  std::string ability = "MATH";
+  RewardModel reward_model;
+  ExtraInfo extra_info;
+  bool operator==(const Row&) const = default;
+};
+
+// Reads every row. Throws IoError when the file cannot be opened, FormatError naming the
+// file and the column (e.g. "reward_model.ground_truth") with the expected type when a
+// column is missing or mistyped, or the file and row when a required value is null.
+std::vector<Row> read_parquet(const std::filesystem::path& path);
+
+// Writes the rows in the schema above (split as a nullable string), atomically: the file
+// appears complete or not at all. Throws IoError / FormatError.
+void write_parquet(const std::filesystem::path& path, std::span<const Row> rows);
+
+struct ParquetInfo {
+  std::string schema;  // Arrow's text rendering of the file's schema
+  int64_t num_rows = 0;
+  int num_row_groups = 0;
+};
+// The schema and size of any Parquet file (no schema check).
+ParquetInfo inspect_parquet(const std::filesystem::path& path);
+
+}  // namespace rpg::data

@@ -1,0 +1,161 @@
+#include "rpg/data/prepare.h"
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+
+namespace rpg::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kPromptBefore =
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n";
+constexpr std::string_view kPromptAfter = "\n\nRemember to put your answer on its own line after \"Answer:\".";
+
+std::string field_text(const nlohmann::json& v, const fs::path& path, size_t line, const std::string& key) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number() || v.is_boolean()) return v.dump();
+  throw FormatError(str(path.string(), ":", line, ": key '", key, "' must be a string or a number, got ", v.type_name()));
+}
+
+std::vector<std::vector<std::string>> parse_csv(const std::string& text, const fs::path& path) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> row;
+  std::string field;
+  bool quoted = false, field_started = false;
+  size_t line = 1;
+  size_t i = 0;
+  if (text.starts_with("\xEF\xBB\xBF")) i = 3;  // UTF-8 byte order mark
+  auto end_field = [&] {
+    row.push_back(std::move(field));
+    field.clear();
+    field_started = false;
+  };
+  auto end_row = [&] {
+    end_field();
+    if (!(row.size() == 1 && row[0].empty())) rows.push_back(std::move(row));
+    row.clear();
+  };
+  for (; i < text.size(); ++i) {
+    char c = text[i];
+    if (quoted) {
+      if (c == '"') {
+        if (i + 1 < text.size() && text[i + 1] == '"') {
+          field.push_back('"');
+          ++i;
+        } else {
+          quoted = false;
+        }
+      } else {
+        if (c == '\n') ++line;
+        field.push_back(c);
+      }
+      continue;
+    }
+    if (c == '"' && !field_started) {
+      quoted = field_started = true;
+    } else if (c == ',') {
+      end_field();
+    } else if (c == '\n' || c == '\r') {
+      if (c == '\r' && i + 1 < text.size() && text[i + 1] == '\n') ++i;
+      end_row();
+      ++line;
+    } else {
+      field.push_back(c);
+      field_started = true;
+    }
+  }
+  if (quoted) throw FormatError(str(path.string(), ":", line, ": unterminated quoted field"));
+  if (field_started || !row.empty() || !field.empty()) end_row();
+  return rows;
+}
+
+}  // namespace
+
+std::string apply_prompt_template(std::string_view problem) {
+  std::string out;
+  out.reserve(kPromptBefore.size() + problem.size() + kPromptAfter.size());
+  out.append(kPromptBefore).append(problem).append(kPromptAfter);
+  return out;
+}
+
+std::vector<ProblemRecord> read_jsonl_records(const fs::path& path, const RecordColumns& columns) {
+  std::istringstream in(read_file(path));
+  std::vector<ProblemRecord> out;
+  size_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(str(path.string(), ":", line_no, ": invalid JSON: ", e.what()));
+    }
+    if (!j.is_object()) throw FormatError(str(path.string(), ":", line_no, ": expected a JSON object"));
+    ProblemRecord r;
+    for (auto [key, dest] : {std::pair{&columns.problem, &r.problem}, std::pair{&columns.answer, &r.answer}}) {
+      auto it = j.find(*key);
+      if (it == j.end()) throw FormatError(str(path.string(), ":", line_no, ": missing key '", *key, "'"));
+      *dest = field_text(*it, path, line_no, *key);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<ProblemRecord> read_csv_records(const fs::path& path, const RecordColumns& columns) {
+  auto rows = parse_csv(read_file(path), path);
+  if (rows.empty()) throw FormatError(str(path.string(), ": empty CSV file (expected a header row)"));
+  const auto& header = rows[0];
+  auto col = [&](const std::string& name) {
+    for (size_t c = 0; c < header.size(); ++c)
+      if (header[c] == name) return c;
+    std::string have;
+    for (const auto& h : header) have += (have.empty() ? "" : ", ") + h;
+    throw FormatError(str(path.string(), ": no column '", name, "' in the header (have: ", have, ")"));
+  };
+  size_t p = col(columns.problem), a = col(columns.answer);
+  std::vector<ProblemRecord> out;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    if (rows[i].size() != header.size())
+      throw FormatError(str(path.string(), ": record ", i, " has ", rows[i].size(), " fields, the header has ",
+                            header.size()));
+    out.push_back({rows[i][p], rows[i][a]});
+  }
+  return out;
+}
+
+std::vector<ProblemRecord> read_records(const fs::path& path, const RecordColumns& columns) {
+  std::string ext = path.extension().string();
+  if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return read_jsonl_records(path, columns);
+  if (ext == ".csv") return read_csv_records(path, columns);
+  throw UsageError(str(path.string(), ": unknown input format '", ext, "' (expected .jsonl or .csv)"));
+}
+
+std::vector<Row> prepare_rows(const std::vector<ProblemRecord>& records, const PrepareOptions& options) {
+  if (options.repeat < 1) throw ValueError(str("repeat: got ", options.repeat, ", expected >= 1"));
+  if (options.data_source.empty()) throw ValueError("data_source: must not be empty");
+  std::vector<Row> rows;
+  rows.reserve(records.size() * static_cast<size_t>(options.repeat));
+  for (const auto& rec : records) {
+    Row base;
+    base.data_source = options.data_source;
+    base.prompt = {{apply_prompt_template(rec.problem), "user"}};
+    base.ability = options.ability;
+    base.reward_model = {rec.answer, options.style};
+    base.extra_info.raw_problem = rec.problem;
+    base.extra_info.split = options.split;
+    for (int64_t k = 0; k < options.repeat; ++k) {
+      rows.push_back(base);
+      rows.back().extra_info.index = k;
+    }
+  }
+  return rows;
+}
+
+}  // namespace rpg::data
