@@ -1,0 +1,487 @@
+// Compute side of CausalLM: parameters, RoPE, the decoder layer, the three forward modes
+// (padded training forward, KV-cache decode, chunked log-probs) and per-layer gradient
+// checkpointing. The numerics follow transformers' eager/SDPA path operation by operation
+// (RMSNorm in fp32, RoPE tables in fp32 cast to the compute dtype) so that bf16 results
+// agree with it as closely as fp32 ones do.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <cmath>
+
+#include "rpg/core/error.h"
+#include "rpg/model/impl.h"
+
+namespace rpg::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
+  std::vector<at::Tensor*> s = {&w.input_norm, &w.q_w};
+  if (c.qkv_bias) s.push_back(&w.q_b);
+  s.push_back(&w.k_w);
+  if (c.qkv_bias) s.push_back(&w.k_b);
+  s.push_back(&w.v_w);
+  if (c.qkv_bias) s.push_back(&w.v_b);
+  s.push_back(&w.o_w);
+  if (c.qk_norm) {
+    s.push_back(&w.q_norm);
+    s.push_back(&w.k_norm);
+  }
+  for (at::Tensor* t : {&w.post_norm, &w.gate_w, &w.up_w, &w.down_w}) s.push_back(t);
+  return s;
+}
+
+// transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// RoPE tables for positions [B, T] -> cos, sin [B, T, 1, D] in `dtype` (broadcast over heads).
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, const at::Tensor& positions,
+                                              at::ScalarType dtype) {
+  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(2);             // [B, T, 1, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+// Where a layer's keys/values come from: the current tokens only (training forward) or a
+// KV cache the new tokens are appended to first (decode).
+struct CacheStep {
+  at::Tensor* k = nullptr;  // [S, capacity, Hkv, D]
+  at::Tensor* v = nullptr;
+  at::Tensor slot_index;    // [N, 1] int64 on device
+  at::Tensor write_pos;     // [N, T] int64 on device
+  int64_t kv_len = 0;       // keys to attend: max over rows of (length + T)
+  bool all_slots = false;   // slots are 0..S-1 in order: read the cache without a gather
+};
+
+// What every layer shares for one forward call.
+struct AttnInputs {
+  at::Tensor cos, sin;   // [B, T, 1, D]
+  at::Tensor mask;       // [B, 1, T, S] bool (true = attend), or undefined for plain causal
+  bool is_causal = false;
+};
+
+at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
+                     const CacheStep* cache) {
+  const int64_t B = x.size(0), T = x.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                D = c.head_dim;
+  at::Tensor q = at::linear(x, w.q_w, w.q_b).view({B, T, H, D});
+  at::Tensor k = at::linear(x, w.k_w, w.k_b).view({B, T, Hkv, D});
+  at::Tensor v = at::linear(x, w.v_w, w.v_b).view({B, T, Hkv, D});
+  if (c.qk_norm) {
+    q = rms_norm(q, w.q_norm, c.rms_norm_eps);
+    k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+  }
+  q = q * a.cos + rotate_half(q) * a.sin;
+  k = k * a.cos + rotate_half(k) * a.sin;
+  if (cache) {
+    cache->k->index_put_({cache->slot_index, cache->write_pos}, k);
+    cache->v->index_put_({cache->slot_index, cache->write_pos}, v);
+    if (cache->all_slots) {
+      k = cache->k->narrow(1, 0, cache->kv_len);
+      v = cache->v->narrow(1, 0, cache->kv_len);
+    } else {
+      at::Tensor rows = cache->slot_index.view({-1});
+      k = cache->k->narrow(1, 0, cache->kv_len).index_select(0, rows);
+      v = cache->v->narrow(1, 0, cache->kv_len).index_select(0, rows);
+    }
+  }
+  // [B, T, H, D] -> [B, H, T, D]; enable_gqa lets SDPA share each K/V head across H/Hkv
+  // query heads without materialising repeated copies.
+  at::Tensor o = at::scaled_dot_product_attention(
+      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+      a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, /*dropout_p=*/0.0, a.is_causal,
+      /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
+  return at::linear(o.transpose(1, 2).reshape({B, T, H * D}), w.o_w);
+}
+
+at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
+                         const CacheStep* cache) {
+  at::Tensor h = x + attention(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache);
+  at::Tensor n = rms_norm(h, w.post_norm, c.rms_norm_eps);
+  return h + at::linear(at::silu(at::linear(n, w.gate_w)) * at::linear(n, w.up_w), w.down_w);
+}
+
+// Per-layer activation checkpointing: the forward keeps only the layer input; backward
+// re-runs the layer with autograd on and differentiates it. The layer is deterministic
+// (no dropout), so the recomputation reproduces the forward exactly.
+struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
+  static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::TensorList params, at::Tensor cos,
+                            at::Tensor sin, std::optional<at::Tensor> mask, bool is_causal, int64_t layer,
+                            const CausalLM::Impl* impl) {
+    std::vector<at::Tensor> saved = {x, cos, sin, mask.value_or(at::Tensor())};
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["impl"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(impl));
+    AttnInputs a{cos, sin, mask.value_or(at::Tensor()), is_causal};
+    return layer_forward(impl->layers[layer], impl->config, x, a, nullptr);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
+    int64_t layer = ctx->saved_data["layer"].toInt();
+    AttnInputs a{saved[1], saved[2], saved[3], ctx->saved_data["is_causal"].toBool()};
+    at::AutoGradMode grad_on(true);
+    at::Tensor x = saved[0].detach().requires_grad_(saved[0].requires_grad());
+    LayerWeights w = impl->layers[layer];
+    auto ws = layer_slots(w, impl->config);
+    std::vector<at::Tensor> inputs;
+    std::vector<int> where;  // index into the gradient list for each differentiated input
+    if (x.requires_grad()) {
+      inputs.push_back(x);
+      where.push_back(0);
+    }
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const at::Tensor& p = saved[4 + i];
+      *ws[i] = p.detach().requires_grad_(p.requires_grad());
+      if (p.requires_grad()) {
+        inputs.push_back(*ws[i]);
+        where.push_back(static_cast<int>(1 + i));
+      }
+    }
+    // x, each param, cos, sin, mask, is_causal, layer, impl
+    variable_list grads(1 + ws.size() + 6);
+    if (inputs.empty()) return grads;
+    at::Tensor y = layer_forward(w, impl->config, x, a, nullptr);
+    auto g = torch::autograd::grad({y}, inputs, {grad_out[0]}, /*retain_graph=*/false, /*create_graph=*/false,
+                                   /*allow_unused=*/true);
+    for (size_t i = 0; i < g.size(); ++i) grads[where[i]] = g[i];
+    return grads;
+  }
+};
+
+// Log-probs / entropies of target tokens through the lm_head in row chunks. Forward and
+// backward both recompute each chunk's logits, so autograd never stores [N, V] either.
+//   log p_t = s_t - lse(s),  s = z / tau,  H = lse(s) - sum_k p_k s_k
+//   d log p_t / ds = onehot_t - p,  dH/ds_k = -p_k (log p_k + H)
+struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor weight, at::Tensor targets,
+                               double temperature, bool with_entropy, int64_t chunk) {
+    const int64_t N = hidden.size(0);
+    at::Tensor lp = at::empty({N}, hidden.options().dtype(at::kFloat));
+    at::Tensor ent = at::empty({with_entropy ? N : 0}, hidden.options().dtype(at::kFloat));
+    for (int64_t s = 0; s < N; s += chunk) {
+      int64_t n = std::min(chunk, N - s);
+      at::Tensor z = at::matmul(hidden.narrow(0, s, n), weight.t()).to(at::kFloat);  // [n, V]
+      if (temperature != 1.0) z.div_(temperature);
+      at::Tensor lse = at::logsumexp(z, -1);
+      lp.narrow(0, s, n).copy_(z.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1) - lse);
+      if (with_entropy) {
+        at::Tensor p = at::softmax(z, -1);
+        ent.narrow(0, s, n).copy_(lse - (p * z).sum(-1));
+      }
+    }
+    ctx->save_for_backward({hidden, weight, targets});
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["with_entropy"] = with_entropy;
+    ctx->saved_data["chunk"] = chunk;
+    return {lp, ent};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    at::Tensor hidden = saved[0], weight = saved[1], targets = saved[2];
+    double temperature = ctx->saved_data["temperature"].toDouble();
+    bool with_entropy = ctx->saved_data["with_entropy"].toBool();
+    int64_t chunk = ctx->saved_data["chunk"].toInt();
+    at::Tensor g_lp = grad_out[0], g_ent = with_entropy ? grad_out[1] : at::Tensor();
+    const int64_t N = hidden.size(0);
+    bool need_h = hidden.requires_grad(), need_w = weight.requires_grad();
+    at::Tensor grad_h = need_h ? at::empty_like(hidden) : at::Tensor();
+    // fp32 accumulator: summing many chunk products in bf16 would lose the small ones.
+    at::Tensor grad_w = need_w ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    for (int64_t s = 0; s < N; s += chunk) {
+      int64_t n = std::min(chunk, N - s);
+      at::Tensor h = hidden.narrow(0, s, n);
+      at::Tensor z = at::matmul(h, weight.t()).to(at::kFloat);
+      if (temperature != 1.0) z.div_(temperature);
+      at::Tensor logp = at::log_softmax(z, -1);
+      at::Tensor p = logp.exp();
+      at::Tensor gs = at::zeros_like(z);
+      if (g_lp.defined()) {
+        at::Tensor g = g_lp.narrow(0, s, n).unsqueeze(1);
+        gs = -p * g;
+        gs.scatter_add_(1, targets.narrow(0, s, n).unsqueeze(1), g);
+      }
+      if (g_ent.defined()) {
+        at::Tensor H = -(p * logp).sum(-1, /*keepdim=*/true);
+        gs -= g_ent.narrow(0, s, n).unsqueeze(1) * p * (logp + H);
+      }
+      if (temperature != 1.0) gs.div_(temperature);
+      at::Tensor gz = gs.to(weight.scalar_type());
+      if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(gz, weight));
+      if (need_w) grad_w.addmm_(gs.t(), h.to(at::kFloat));
+    }
+    return {grad_h, need_w ? grad_w.to(weight.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor default_positions(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  if (attention_mask.defined()) return (attention_mask.to(at::kLong).cumsum(-1) - 1).clamp_min(0);
+  return at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(input_ids);
+}
+
+void check_ids(const at::Tensor& ids, const char* what, int64_t vocab) {
+  TORCH_CHECK(ids.defined() && ids.dim() == 2, what, " must be [B, T], got ", ids.sizes());
+  TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, what, " must be integer");
+  (void)vocab;
+}
+
+}  // namespace
+
+// ---- construction ----
+
+std::vector<at::Tensor*> CausalLM::Impl::slots() {
+  std::vector<at::Tensor*> s = {&embed};
+  for (auto& l : layers) {
+    auto ls = layer_slots(l, config);
+    s.insert(s.end(), ls.begin(), ls.end());
+  }
+  s.push_back(&final_norm);
+  if (!config.tie_word_embeddings) s.push_back(&lm_head);
+  return s;
+}
+
+CausalLM::Impl::Impl(ModelConfig cfg, at::ScalarType dt, at::Device dev)
+    : config(std::move(cfg)), dtype(dt), device(dev) {
+  if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf)
+    throw ValueError(str("model dtype: got ", c10::toString(dt), ", expected Float, BFloat16 or Half"));
+  layers.resize(config.num_hidden_layers);
+  auto shapes = config.parameter_shapes();
+  auto ptrs = slots();
+  TORCH_CHECK(shapes.size() == ptrs.size(), "parameter list out of sync with the config");
+  at::TensorOptions opt = at::TensorOptions().dtype(dt).device(dev);
+  for (size_t i = 0; i < ptrs.size(); ++i) *ptrs[i] = at::empty(shapes[i].second, opt).requires_grad_(true);
+  if (config.tie_word_embeddings) lm_head = embed;
+
+  // RoPE inverse frequencies, computed in fp32 exactly as transformers does.
+  const int64_t D = config.head_dim;
+  at::Tensor exponents = at::arange(0, D, 2, at::kLong).to(at::kFloat) / static_cast<double>(D);
+  at::Tensor inv = 1.0 / at::pow(config.rope_theta, exponents);
+  if (config.rope_scaling.type == "llama3") {
+    // Llama 3.1: keep high frequencies, divide low ones by `factor`, blend in between.
+    const auto& r = config.rope_scaling;
+    double ctx = static_cast<double>(r.original_max_position_embeddings);
+    double low_wavelen = ctx / r.low_freq_factor, high_wavelen = ctx / r.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv;
+    at::Tensor scaled = at::where(wavelen > low_wavelen, inv / r.factor, inv);
+    at::Tensor smooth = (ctx / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+    at::Tensor blended = (1 - smooth) * scaled / r.factor + smooth * scaled;
+    at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv = at::where(medium, blended, scaled);
+  }
+  inv_freq = inv.to(dev);
+}
+
+CausalLM::CausalLM(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CausalLM::CausalLM(ModelConfig config, at::ScalarType dtype, at::Device device)
+    : impl_(std::make_unique<Impl>(std::move(config), dtype, device)) {
+  at::NoGradGuard no_grad;
+  auto shapes = impl_->config.parameter_shapes();
+  auto ptrs = impl_->slots();
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    const std::string& name = shapes[i].first;
+    if (name.ends_with("norm.weight")) ptrs[i]->fill_(1.0);
+    else if (name.ends_with(".bias")) ptrs[i]->zero_();
+    else ptrs[i]->normal_(0.0, 0.02);
+  }
+}
+
+CausalLM::~CausalLM() = default;
+CausalLM::CausalLM(CausalLM&&) noexcept = default;
+CausalLM& CausalLM::operator=(CausalLM&&) noexcept = default;
+
+const ModelConfig& CausalLM::config() const { return impl_->config; }
+at::ScalarType CausalLM::dtype() const { return impl_->dtype; }
+at::Device CausalLM::device() const { return impl_->device; }
+
+std::vector<std::pair<std::string, at::Tensor>> CausalLM::named_parameters() const {
+  auto shapes = impl_->config.parameter_shapes();
+  auto ptrs = impl_->slots();
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(ptrs.size());
+  for (size_t i = 0; i < ptrs.size(); ++i) out.emplace_back(shapes[i].first, *ptrs[i]);
+  return out;
+}
+
+std::vector<at::Tensor> CausalLM::parameters() const {
+  std::vector<at::Tensor> out;
+  for (at::Tensor* p : impl_->slots()) out.push_back(*p);
+  return out;
+}
+
+void CausalLM::set_requires_grad(bool requires_grad) {
+  for (at::Tensor* p : impl_->slots()) p->requires_grad_(requires_grad);
+}
+
+void CausalLM::copy_parameters_from(const CausalLM& other) {
+  auto mine = impl_->slots();
+  auto theirs = other.impl_->slots();
+  auto a = impl_->config.parameter_shapes(), b = other.impl_->config.parameter_shapes();
+  if (a != b) throw ValueError("copy_parameters_from: the two models have different architectures");
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < mine.size(); ++i) mine[i]->copy_(*theirs[i]);
+}
+
+void CausalLM::set_gradient_checkpointing(bool enabled) { impl_->checkpointing = enabled; }
+bool CausalLM::gradient_checkpointing() const { return impl_->checkpointing; }
+
+// ---- forward modes ----
+
+at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                   const at::Tensor& position_ids) const {
+  const Impl& m = *impl_;
+  check_ids(input_ids, "input_ids", m.config.vocab_size);
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  if (attention_mask.defined())
+    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
+                " must match input_ids ", input_ids.sizes());
+  if (position_ids.defined())
+    TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids ", position_ids.sizes(),
+                " must match input_ids ", input_ids.sizes());
+  at::Tensor ids = input_ids.to(m.device, at::kLong);
+  at::Tensor pos = position_ids.defined() ? position_ids.to(m.device, at::kLong)
+                                          : default_positions(ids, attention_mask.defined() ? attention_mask.to(m.device) : at::Tensor());
+  AttnInputs a;
+  std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
+  if (attention_mask.defined()) {
+    // Causal AND key-is-a-token, OR the diagonal: a padding query would otherwise see no
+    // key at all, and SDPA's NaN for an empty row would leak into valid rows through V.
+    at::Tensor keys = attention_mask.to(m.device).to(at::kBool).view({B, 1, 1, T});
+    at::Tensor causal = at::ones({T, T}, ids.options().dtype(at::kBool)).tril();
+    at::Tensor eye = at::eye(T, ids.options().dtype(at::kBool));
+    a.mask = causal.logical_and(keys).logical_or(eye);  // [B, 1, T, T]
+  } else {
+    a.is_causal = true;
+  }
+  at::Tensor x = at::embedding(m.embed, ids);  // [B, T, C]
+  bool checkpoint = m.checkpointing && at::GradMode::is_enabled();
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    if (checkpoint) {
+      LayerWeights w = m.layers[l];
+      std::vector<at::Tensor> params;
+      for (at::Tensor* p : layer_slots(w, m.config)) params.push_back(*p);
+      x = CheckpointedLayer::apply(x, at::TensorList(params), a.cos, a.sin,
+                                   a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, a.is_causal,
+                                   static_cast<int64_t>(l), &m);
+    } else {
+      x = layer_forward(m.layers[l], m.config, x, a, nullptr);
+    }
+  }
+  return rms_norm(x, m.final_norm, m.config.rms_norm_eps);
+}
+
+at::Tensor CausalLM::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                             const at::Tensor& position_ids) const {
+  return at::linear(hidden_states(input_ids, attention_mask, position_ids), impl_->lm_head);
+}
+
+TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                  const at::Tensor& position_ids, const at::Tensor& targets,
+                                  const LogProbOptions& options) const {
+  check_ids(targets, "targets", impl_->config.vocab_size);
+  const int64_t B = input_ids.size(0), T = input_ids.size(1), R = targets.size(1);
+  TORCH_CHECK(targets.size(0) == B, "targets rows ", targets.size(0), " != input_ids rows ", B);
+  TORCH_CHECK(R >= 1 && R <= T - 1, "targets length ", R, " must be in [1, T-1] for T = ", T);
+  if (!(options.temperature > 0) || !std::isfinite(options.temperature))
+    throw ValueError(str("log_probs temperature: got ", options.temperature, ", expected a finite value > 0"));
+  if (options.chunk_tokens < 1) throw ValueError(str("log_probs chunk_tokens: got ", options.chunk_tokens, ", expected >= 1"));
+  at::Tensor h = hidden_states(input_ids, attention_mask, position_ids).narrow(1, T - R - 1, R);  // [B, R, C]
+  at::Tensor t = targets.to(impl_->device, at::kLong).reshape({B * R});
+  auto out = ChunkedLogProbs::apply(h.reshape({B * R, h.size(2)}), impl_->lm_head, t, options.temperature,
+                                    options.with_entropy, options.chunk_tokens);
+  TokenLogProbs r;
+  r.log_probs = out[0].view({B, R});
+  if (options.with_entropy) r.entropy = out[1].view({B, R});
+  return r;
+}
+
+int64_t KVCache::length(int64_t slot) const {
+  if (slot < 0 || slot >= num_slots()) throw ValueError(str("KV cache slot ", slot, " out of range [0, ", num_slots(), ")"));
+  return lengths_[slot];
+}
+void KVCache::reset(int64_t slot) {
+  (void)length(slot);
+  lengths_[slot] = 0;
+}
+void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+
+KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
+  if (num_slots < 1 || capacity < 1)
+    throw ValueError(str("KV cache: got ", num_slots, " slots of ", capacity, " tokens, expected both >= 1"));
+  const auto& c = impl_->config;
+  KVCache cache;
+  cache.capacity_ = capacity;
+  cache.lengths_.assign(num_slots, 0);
+  auto opt = at::TensorOptions().dtype(impl_->dtype).device(impl_->device);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    cache.k_.push_back(at::zeros({num_slots, capacity, c.num_key_value_heads, c.head_dim}, opt));
+    cache.v_.push_back(at::zeros({num_slots, capacity, c.num_key_value_heads, c.head_dim}, opt));
+  }
+  return cache;
+}
+
+at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens) const {
+  const Impl& m = *impl_;
+  check_ids(tokens, "tokens", m.config.vocab_size);
+  const int64_t N = tokens.size(0), T = tokens.size(1);
+  if (static_cast<int64_t>(slots.size()) != N)
+    throw ValueError(str("decode: ", slots.size(), " slots for ", N, " token rows"));
+  if (static_cast<int64_t>(cache.k_.size()) != m.config.num_hidden_layers)
+    throw ValueError("decode: the KV cache was made for another model");
+  std::vector<int64_t> starts(N);
+  std::vector<bool> seen(cache.num_slots(), false);
+  int64_t kv_len = 0;
+  bool all_slots = N == cache.num_slots();
+  for (int64_t i = 0; i < N; ++i) {
+    int64_t s = slots[i];
+    int64_t len = cache.length(s);
+    if (seen[s]) throw ValueError(str("decode: slot ", s, " given twice"));
+    seen[s] = true;
+    if (len + T > cache.capacity())
+      throw ValueError(str("decode: slot ", s, " holds ", len, " tokens; ", T, " more exceed the capacity ", cache.capacity()));
+    starts[i] = len;
+    kv_len = std::max(kv_len, len + T);
+    all_slots = all_slots && s == i;
+  }
+  at::NoGradGuard no_grad;
+  auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
+  at::Tensor start = at::tensor(starts, at::kLong).to(m.device);                       // [N]
+  at::Tensor pos = start.unsqueeze(1) + at::arange(T, long_opt).unsqueeze(0);          // [N, T]
+  AttnInputs a;
+  std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
+  // Key j is visible to the query at absolute position p iff j <= p: that covers both the
+  // causal order among the new tokens and the slot's length (stale entries lie beyond).
+  a.mask = (at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= pos.unsqueeze(2)).unsqueeze(1);  // [N, 1, T, L]
+  CacheStep step;
+  step.slot_index = at::tensor(slots, at::kLong).to(m.device).unsqueeze(1);
+  step.write_pos = pos;
+  step.kv_len = kv_len;
+  step.all_slots = all_slots;
+  at::Tensor x = at::embedding(m.embed, tokens.to(m.device, at::kLong));
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    step.k = &cache.k_[l];
+    step.v = &cache.v_[l];
+    x = layer_forward(m.layers[l], m.config, x, a, &step);
+  }
+  for (int64_t i = 0; i < N; ++i) cache.lengths_[slots[i]] += T;
+  return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
+}
+
+}  // namespace rpg::model

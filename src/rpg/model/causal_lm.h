@@ -1,0 +1,155 @@
+// The decoder-only causal LM (Qwen2 / Qwen2.5 / Qwen3 / Llama 3) on libtorch, with
+// Hugging Face checkpoint load and save. Knows nothing about RL: it turns token ids into
+// logits, log-probs and entropies, and writes its weights back in the format it read.
+//
+// Shapes: B rows, T tokens, R scored (response) tokens, H query heads, Hkv key/value
+// heads, D head dim, C hidden, V vocab, S cache slots.
+//
+// Parameters are plain leaf tensors with requires_grad (no torch::nn module), enumerated
+// with their Hugging Face names by named_parameters(), so an optimizer can own them and a
+// checkpoint is exactly that list.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rpg/model/config.h"
+
+namespace rpg::model {
+
+struct LoadOptions {
+  // dtype of the parameters after loading; default: the checkpoint tensors' own dtype.
+  std::optional<at::ScalarType> dtype;
+  at::Device device = at::kCPU;
+};
+
+struct SaveOptions {
+  // dtype written to disk; default: the parameters' dtype.
+  std::optional<at::ScalarType> dtype;
+  // A checkpoint larger than this is split into model-0000i-of-0000n.safetensors files
+  // plus model.safetensors.index.json (transformers' own default is 5 GB).
+  int64_t max_shard_bytes = int64_t{5} << 30;
+  // When set, every other file of this directory (tokenizer, generation config, chat
+  // template...) is copied beside the weights, so the output is a complete model dir.
+  std::filesystem::path copy_files_from;
+};
+
+struct LogProbOptions {
+  double temperature = 1.0;   // logits are divided by this before the softmax (as verl does)
+  bool with_entropy = false;  // also return the entropy of each position's distribution
+  // Token rows whose fp32 logits [rows, V] exist at once, forward and backward. Peak extra
+  // memory is about rows * V * 12 bytes instead of B * R * V * 4 (plus autograd copies).
+  int64_t chunk_tokens = 1024;
+};
+
+struct TokenLogProbs {
+  at::Tensor log_probs;  // [B, R] fp32
+  at::Tensor entropy;    // [B, R] fp32, or undefined without with_entropy
+};
+
+// Key/value cache for incremental decoding: a fixed number S of independent sequence
+// slots, each a padded buffer of `capacity` positions with its own length. This is what a
+// continuous-batching engine needs: any subset of slots advances in one decode() call, a
+// finished slot is reset() and refilled while the others continue, and no sequence ever
+// shifts in memory. Positions beyond a slot's length are masked out, so stale data from a
+// previous occupant is never read.
+class KVCache {
+ public:
+  int64_t num_slots() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t capacity() const { return capacity_; }
+  int64_t length(int64_t slot) const;  // tokens cached for this slot
+  void reset(int64_t slot);            // empty one slot (its buffers are reused)
+  void reset();                        // empty every slot
+
+ private:
+  friend class CausalLM;
+  std::vector<at::Tensor> k_, v_;  // per layer [S, capacity, Hkv, D] in the model dtype
+  std::vector<int64_t> lengths_;   // [S] on the host: shapes depend on it
+  int64_t capacity_ = 0;
+};
+
+class CausalLM {
+ public:
+  // Fresh parameters on `device` in `dtype`, initialised as transformers does (normal with
+  // std 0.02 for matrices, ones for norms, zeros for biases). Uses torch's global RNG.
+  CausalLM(ModelConfig config, at::ScalarType dtype, at::Device device = at::kCPU);
+  ~CausalLM();
+  CausalLM(CausalLM&&) noexcept;
+  CausalLM& operator=(CausalLM&&) noexcept;
+
+  // Loads <dir>/config.json and model.safetensors (or the shards listed by
+  // model.safetensors.index.json). Files are memory-mapped; each tensor is converted once
+  // into its parameter and its pages are released, so the weights are never held twice.
+  // Throws FormatError naming file and tensor for any malformed, missing, extra or
+  // mis-shaped tensor; IoError when a file cannot be read.
+  static CausalLM from_pretrained(const std::filesystem::path& dir, const LoadOptions& options = {});
+
+  // Writes config.json + weights in the safetensors layout transformers and vLLM read,
+  // sharded above options.max_shard_bytes, into a temporary directory renamed over `dir`
+  // at the end (a reader never sees a half-written model). Replaces an existing `dir`.
+  void save_pretrained(const std::filesystem::path& dir, const SaveOptions& options = {}) const;
+
+  const ModelConfig& config() const;
+  at::ScalarType dtype() const;
+  at::Device device() const;
+
+  // Every parameter with its Hugging Face name, in checkpoint order. Tied embeddings
+  // appear once (as model.embed_tokens.weight). The tensors are the live parameters.
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+  std::vector<at::Tensor> parameters() const;
+  void set_requires_grad(bool requires_grad);
+  // Copies values from a model of the same architecture (any dtype / device), e.g. fp32
+  // master weights into a bf16 copy.
+  void copy_parameters_from(const CausalLM& other);
+
+  // Recompute each decoder layer in the backward pass instead of keeping its activations.
+  // Backward then needs this model alive (it holds the layer's weights).
+  void set_gradient_checkpointing(bool enabled);
+  bool gradient_checkpointing() const;
+
+  // Training / scoring forward over a padded batch.
+  //   input_ids      [B, T] int64
+  //   attention_mask [B, T] 1 on tokens, 0 on padding (any layout: left-padded prompts
+  //                  and right-padded responses); undefined = no padding (pure causal)
+  //   position_ids   [B, T] int64; undefined = cumsum(attention_mask) - 1 clamped at 0,
+  //                  the verl layout, so padding never shifts positions
+  // Outputs at padding positions are finite but meaningless.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
+                     const at::Tensor& position_ids = {}) const;  // logits [B, T, V], model dtype
+  at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
+                           const at::Tensor& position_ids = {}) const;  // [B, T, C] after the final norm
+
+  // Log-probabilities (and entropies) of `targets` [B, R], the last R tokens of
+  // input_ids, each scored by the logits at the position before it (so R <= T - 1):
+  // log softmax(logits[:, T-R-1 : T-1] / temperature)[targets]. The lm_head projection
+  // runs in chunks of options.chunk_tokens rows, forward and backward, so [B, R, V]
+  // logits never exist in fp32. Differentiable w.r.t. the parameters.
+  TokenLogProbs log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                          const at::Tensor& position_ids, const at::Tensor& targets,
+                          const LogProbOptions& options = {}) const;
+
+  // Incremental decoding. new_cache() allocates S slots of `capacity` tokens each.
+  // decode() appends tokens [N, T'] to the N distinct `slots` (T' = prompt length for a
+  // prefill, 1 for a decode step; one call may mix slots at different lengths) and returns
+  // the logits [N, T', V] of the new positions. Positions continue from each slot's length.
+  // Runs without autograd.
+  KVCache new_cache(int64_t num_slots, int64_t capacity) const;
+  at::Tensor decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens) const;
+
+  struct Impl;
+
+ private:
+  explicit CausalLM(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rpg::model

@@ -1,0 +1,259 @@
+// Hugging Face checkpoint I/O for CausalLM: config.json + model.safetensors or shards
+// listed in model.safetensors.index.json, in F32 / BF16 / F16.
+//
+// Loading never holds the weights twice: files are memory-mapped (page cache, not process
+// memory), each tensor is viewed in place with at::from_blob and converted once into its
+// preallocated parameter, then its pages are dropped with madvise. Peak memory is the
+// parameters plus at most one tensor's mapped pages.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+#include "rpg/model/impl.h"
+#include "rpg/model/safetensors.h"
+
+namespace rpg::model {
+namespace st = safetensors;
+namespace fs = std::filesystem;
+namespace {
+
+std::optional<at::ScalarType> torch_dtype(st::DType d) {
+  switch (d) {
+    case st::DType::kF32: return at::kFloat;
+    case st::DType::kBF16: return at::kBFloat16;
+    case st::DType::kF16: return at::kHalf;
+    default: return std::nullopt;
+  }
+}
+
+st::DType file_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return st::DType::kF32;
+    case at::kBFloat16: return st::DType::kBF16;
+    case at::kHalf: return st::DType::kF16;
+    default: throw ValueError(str("cannot save dtype ", c10::toString(t), ": expected Float, BFloat16 or Half"));
+  }
+}
+
+std::string hf_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+struct OpenFile {
+  std::unique_ptr<st::MappedFile> map;
+  st::Header header;
+};
+
+// A tensor found in a checkpoint: which file and where.
+struct Located {
+  const OpenFile* file;
+  const st::TensorInfo* info;
+};
+
+}  // namespace
+
+CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& options) {
+  ModelConfig config = ModelConfig::from_dir(dir);
+
+  // Which files hold the weights.
+  std::vector<std::string> names;
+  std::map<std::string, std::string> weight_map;  // tensor -> file, sharded checkpoints only
+  fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_file(index));
+    } catch (const nlohmann::json::exception& e) {
+      throw FormatError(str(index.string(), ": not valid JSON: ", e.what()));
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw FormatError(str(index.string(), ": missing the weight_map object"));
+    std::set<std::string> files;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw FormatError(str(index.string(), ": weight_map['", it.key(), "'] is not a file name"));
+      std::string f = it.value().get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        throw FormatError(str(index.string(), ": weight_map['", it.key(), "'] = '", f, "' is not a file in the directory"));
+      weight_map[it.key()] = f;
+      files.insert(f);
+    }
+    names.assign(files.begin(), files.end());
+  } else if (fs::exists(dir / "model.safetensors")) {
+    names.push_back("model.safetensors");
+  } else {
+    throw IoError(str(dir.string(), ": no model.safetensors or model.safetensors.index.json"));
+  }
+
+  std::vector<OpenFile> files(names.size());
+  std::map<std::string, Located> tensors;
+  for (size_t i = 0; i < names.size(); ++i) {
+    fs::path p = dir / names[i];
+    files[i].map = std::make_unique<st::MappedFile>(p);
+    files[i].header = st::parse(files[i].map->data(), files[i].map->size(), p.string());
+  }
+  for (size_t i = 0; i < names.size(); ++i) {
+    for (const auto& t : files[i].header.tensors) {
+      std::string where = (dir / names[i]).string();
+      if (!weight_map.empty()) {
+        auto w = weight_map.find(t.name);
+        if (w == weight_map.end() || w->second != names[i])
+          throw FormatError(str(where, ": tensor '", t.name, "' is not listed for this file in ", index.string()));
+      }
+      if (tensors.count(t.name))
+        throw FormatError(str(where, ": tensor '", t.name, "' also appears in ", tensors[t.name].file->map->path()));
+      tensors[t.name] = Located{&files[i], &t};
+    }
+  }
+  for (const auto& [name, file] : weight_map)
+    if (!tensors.count(name))
+      throw FormatError(str((dir / file).string(), ": tensor '", name, "' listed in the index is missing"));
+
+  auto shapes = config.parameter_shapes();
+  auto where_of = [&](const std::string& name) {
+    return weight_map.empty() ? (dir / "model.safetensors").string() : (dir / weight_map[name]).string();
+  };
+  // Every parameter must be present with the shape the config implies, in a float dtype.
+  for (const auto& [name, shape] : shapes) {
+    auto it = tensors.find(name);
+    if (it == tensors.end())
+      throw FormatError(str(where_of(name), ": tensor '", name, "' is missing (required by config.json for ",
+                            config.model_type, ")"));
+    const st::TensorInfo& t = *it->second.info;
+    if (t.shape != shape)
+      throw FormatError(str(it->second.file->map->path(), ": tensor '", name, "' has shape ", shape_str(t.shape),
+                            ", expected ", shape_str(shape), " from config.json"));
+    if (!torch_dtype(t.dtype))
+      throw FormatError(str(it->second.file->map->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t.dtype),
+                            ", expected F32, BF16 or F16"));
+  }
+  std::set<std::string> expected;
+  for (const auto& s : shapes) expected.insert(s.first);
+  for (const auto& [name, loc] : tensors) {
+    if (expected.count(name)) continue;
+    // Tolerated extras: a tied lm_head some exporters still write, and RoPE tables that
+    // old Llama exports stored although they are recomputed.
+    if (name == "lm_head.weight" && config.tie_word_embeddings) continue;
+    if (name.ends_with("rotary_emb.inv_freq")) continue;
+    throw FormatError(str(loc.file->map->path(), ": unexpected tensor '", name, "' for ", config.model_type,
+                          " (", config.num_hidden_layers, " layers)"));
+  }
+
+  at::ScalarType dtype = options.dtype ? *options.dtype : *torch_dtype(tensors.at(shapes[0].first).info->dtype);
+  auto impl = std::make_unique<Impl>(std::move(config), dtype, options.device);
+  auto ptrs = impl->slots();
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    const Located& loc = tensors.at(shapes[i].first);
+    const st::TensorInfo& t = *loc.info;
+    at::ScalarType src_type = *torch_dtype(t.dtype);
+    uint64_t offset = loc.file->header.data_start + t.begin;
+    void* ptr = const_cast<uint8_t*>(loc.file->map->data() + offset);
+    at::Tensor src;
+    if (reinterpret_cast<uintptr_t>(ptr) % st::dtype_size(t.dtype) == 0) {
+      src = at::from_blob(ptr, t.shape, at::TensorOptions().dtype(src_type));
+    } else {
+      // An exporter without header padding: copy to aligned memory first (one tensor only).
+      src = at::empty(t.shape, at::TensorOptions().dtype(src_type));
+      std::memcpy(src.data_ptr(), ptr, t.end - t.begin);
+    }
+    ptrs[i]->copy_(src);
+    loc.file->map->drop(offset, t.end - t.begin);
+  }
+  return CausalLM(std::move(impl));
+}
+
+void CausalLM::save_pretrained(const fs::path& dir, const SaveOptions& options) const {
+  at::ScalarType dtype = options.dtype ? *options.dtype : impl_->dtype;
+  st::DType fdt = file_dtype(dtype);
+  if (options.max_shard_bytes < 1)
+    throw ValueError(str("save_pretrained max_shard_bytes: got ", options.max_shard_bytes, ", expected >= 1"));
+  auto named = named_parameters();
+
+  // Greedy sharding in checkpoint order, as transformers does: a new shard starts when the
+  // next tensor would push the current one over the limit (a lone oversized tensor gets
+  // its own shard).
+  struct Shard {
+    std::vector<st::TensorInfo> infos;
+    std::vector<at::Tensor> tensors;
+    uint64_t bytes = 0;
+  };
+  std::vector<Shard> shards(1);
+  uint64_t total = 0;
+  for (const auto& [name, p] : named) {
+    st::TensorInfo info;
+    info.name = name;
+    info.dtype = fdt;
+    info.shape = p.sizes().vec();
+    uint64_t bytes = static_cast<uint64_t>(p.numel()) * st::dtype_size(fdt);
+    if (!shards.back().infos.empty() && shards.back().bytes + bytes > static_cast<uint64_t>(options.max_shard_bytes))
+      shards.emplace_back();
+    Shard& s = shards.back();
+    info.begin = s.bytes;
+    info.end = s.bytes + bytes;
+    s.bytes += bytes;
+    total += bytes;
+    s.infos.push_back(std::move(info));
+    s.tensors.push_back(p);
+  }
+
+  AtomicDir out(dir);
+  const size_t n = shards.size();
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < n; ++i) {
+    char fname[64];
+    if (n == 1) std::snprintf(fname, sizeof fname, "model.safetensors");
+    else std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+    fs::path path = out.path() / fname;
+    std::ofstream f(path, std::ios::binary);
+    if (!f) throw IoError(str("cannot create ", path.string()));
+    std::string header = st::serialize_header(shards[i].infos, {{"format", "pt"}});
+    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+    for (size_t k = 0; k < shards[i].tensors.size(); ++k) {
+      // One tensor converted at a time: saving never needs a second copy of the model.
+      at::Tensor t = shards[i].tensors[k].detach().to(at::kCPU, dtype).contiguous();
+      f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+      weight_map[shards[i].infos[k].name] = fname;
+    }
+    f.close();
+    if (!f) throw IoError(str("cannot write ", path.string()));
+  }
+  if (n > 1) {
+    nlohmann::ordered_json idx;
+    idx["metadata"] = {{"total_size", total}};
+    idx["weight_map"] = weight_map;
+    write_file_atomic(out.path() / "model.safetensors.index.json", idx.dump(2) + "\n");
+  }
+  write_file_atomic(out.path() / "config.json", impl_->config.to_json(hf_dtype_name(dtype)));
+  if (!options.copy_files_from.empty()) {
+    for (const auto& e : fs::directory_iterator(options.copy_files_from)) {
+      std::string name = e.path().filename().string();
+      if (!e.is_regular_file() || name == "config.json" || name == "model.safetensors.index.json" ||
+          name.ends_with(".safetensors"))
+        continue;
+      std::error_code ec;
+      fs::copy_file(e.path(), out.path() / name, ec);
+      if (ec) throw IoError(str("cannot copy ", e.path().string(), ": ", ec.message()));
+    }
+  }
+  out.commit();
+}
+
+}  // namespace rpg::model

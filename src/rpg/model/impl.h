@@ -1,0 +1,40 @@
+// Internal: the state behind CausalLM, shared by causal_lm.cpp (compute) and
+// checkpoint.cpp (load / save). Not part of the public API.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "rpg/model/causal_lm.h"
+
+namespace rpg::model {
+
+struct LayerWeights {
+  at::Tensor input_norm;                    // [C]
+  at::Tensor q_w, q_b, k_w, k_b, v_w, v_b;  // [H*D, C] / [Hkv*D, C]; biases only for qwen2
+  at::Tensor o_w;                           // [C, H*D]
+  at::Tensor q_norm, k_norm;                // [D], qwen3 only
+  at::Tensor post_norm;                     // [C]
+  at::Tensor gate_w, up_w, down_w;          // [I, C], [I, C], [C, I]
+};
+
+struct CausalLM::Impl {
+  ModelConfig config;
+  at::ScalarType dtype;
+  at::Device device = at::kCPU;
+  at::Tensor embed;       // [V, C]
+  std::vector<LayerWeights> layers;
+  at::Tensor final_norm;  // [C]
+  at::Tensor lm_head;     // [V, C]; the same tensor as embed when tied
+  at::Tensor inv_freq;    // [D/2] fp32 RoPE frequencies (after llama3 scaling)
+  bool checkpointing = false;
+
+  // Pointers to the parameter members in ModelConfig::parameter_shapes() order.
+  std::vector<at::Tensor*> slots();
+  // Allocates every parameter (uninitialised) and the RoPE table.
+  Impl(ModelConfig cfg, at::ScalarType dt, at::Device dev);
+};
+
+}  // namespace rpg::model

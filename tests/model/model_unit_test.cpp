@@ -1,0 +1,227 @@
+// Properties of the model that need no oracle: chunked log-probs equal the naive
+// full-logits computation (values and gradients), gradient checkpointing changes no
+// gradient, the KV cache handles slot reuse, and config parsing accepts both config.json
+// spellings and rejects unsupported values.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "model_test_util.h"
+#include "rpg/core/error.h"
+#include "rpg/model/causal_lm.h"
+#include "test_util.h"
+
+namespace rpg::model {
+namespace {
+
+using test::padded_batch;
+using test::random_model;
+
+// The straightforward computation the chunked path must equal: full [B, T, V] logits in
+// fp32, log_softmax, gather.
+TokenLogProbs naive_log_probs(const CausalLM& m, const test::PaddedBatch& b, const at::Tensor& targets, double tau) {
+  const int64_t T = b.input_ids.size(1), R = targets.size(1);
+  at::Tensor z = m.forward(b.input_ids, b.attention_mask, b.position_ids).narrow(1, T - R - 1, R).to(at::kFloat) / tau;
+  at::Tensor logp = at::log_softmax(z, -1);
+  return {logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)};
+}
+
+std::vector<at::Tensor> grads_of(const CausalLM& m, const at::Tensor& loss) {
+  auto params = m.parameters();
+  return torch::autograd::grad({loss}, params, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                               /*allow_unused=*/true);
+}
+
+void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, double atol,
+                  const CausalLM& m) {
+  ASSERT_EQ(a.size(), b.size());
+  auto names = m.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(a[i].defined() && b[i].defined()) << names[i].first;
+    double d = (a[i] - b[i]).abs().max().item<double>();
+    EXPECT_LE(d, atol) << names[i].first << " (grad scale " << b[i].abs().max().item<double>() << ")";
+  }
+}
+
+class PerFamily : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Families, PerFamily, ::testing::Values("qwen2", "qwen3", "llama"));
+
+TEST_P(PerFamily, ChunkedLogProbsAndEntropiesEqualNaiveValuesAndGradients) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    CausalLM m = random_model(GetParam(), at::kFloat, tied ? R"("tie_word_embeddings": true)" : "", 3);
+    auto b = padded_batch(m.config().vocab_size, 7);
+    at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
+    at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R).to(at::kFloat);
+    at::manual_seed(11);
+    at::Tensor w_lp = at::randn({4, b.R}) * resp, w_ent = at::randn({4, b.R}) * resp;
+    for (double tau : {1.0, 0.6}) {
+      TokenLogProbs naive = naive_log_probs(m, b, targets, tau);
+      auto g_naive = grads_of(m, (naive.log_probs * w_lp).sum() + (naive.entropy * w_ent).sum());
+      for (int64_t chunk : {1, 3, 64}) {
+        SCOPED_TRACE(testing::Message() << "tau " << tau << " chunk " << chunk);
+        TokenLogProbs c = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {tau, true, chunk});
+        EXPECT_LE((c.log_probs - naive.log_probs).abs().max().item<double>(), 1e-5);
+        EXPECT_LE((c.entropy - naive.entropy).abs().max().item<double>(), 1e-5);
+        auto g = grads_of(m, (c.log_probs * w_lp).sum() + (c.entropy * w_ent).sum());
+        expect_close(g, g_naive, 1e-5, m);
+      }
+    }
+    // Without entropy: only log-probs, still differentiable.
+    TokenLogProbs c = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {1.0, false, 4});
+    EXPECT_FALSE(c.entropy.defined());
+    EXPECT_TRUE(c.log_probs.requires_grad());
+  }
+}
+
+TEST_P(PerFamily, GradientCheckpointingGivesTheSameGradients) {
+  CausalLM m = random_model(GetParam(), at::kFloat, "", 5);
+  auto b = padded_batch(m.config().vocab_size, 9);
+  at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
+  auto run = [&] {
+    TokenLogProbs lp = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {0.8, true, 7});
+    at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R).to(at::kFloat);
+    return grads_of(m, ((lp.log_probs - 0.01 * lp.entropy) * resp).sum());
+  };
+  auto plain = run();
+  m.set_gradient_checkpointing(true);
+  ASSERT_TRUE(m.gradient_checkpointing());
+  auto ckpt = run();
+  expect_close(ckpt, plain, 1e-6, m);
+  // Also through the plain logits path with no mask (causal SDPA flag) and .backward().
+  for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
+  m.forward(b.input_ids).pow(2).mean().backward();
+  auto with = m.parameters();
+  std::vector<at::Tensor> g1;
+  for (auto& p : with) g1.push_back(p.grad().clone());
+  m.set_gradient_checkpointing(false);
+  for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
+  m.forward(b.input_ids).pow(2).mean().backward();
+  std::vector<at::Tensor> g0;
+  for (auto& p : m.parameters()) g0.push_back(p.grad().clone());
+  expect_close(g1, g0, 1e-6, m);
+}
+
+TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
+  CausalLM m = random_model(GetParam(), at::kFloat, "", 13);
+  at::NoGradGuard no_grad;
+  at::manual_seed(3);
+  at::Tensor a = at::randint(1, m.config().vocab_size, {1, 9}, at::kLong);
+  at::Tensor c = at::randint(1, m.config().vocab_size, {1, 4}, at::kLong);
+  at::Tensor full_a = m.forward(a), full_c = m.forward(c);
+  KVCache cache = m.new_cache(2, 12);
+  // Fill slot 1 with a, then reuse it for c after a reset: the longer stale entries of a
+  // must be invisible to c.
+  at::Tensor pa = m.decode(cache, {1}, a.narrow(1, 0, 5));
+  at::Tensor pa2 = m.decode(cache, {1}, a.narrow(1, 5, 4));
+  EXPECT_LE((at::cat({pa, pa2}, 1) - full_a).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(cache.length(1), 9);
+  cache.reset(1);
+  at::Tensor pc = m.decode(cache, {1}, c.narrow(1, 0, 1));
+  for (int64_t t = 1; t < 4; ++t) pc = at::cat({pc, m.decode(cache, {1}, c.narrow(1, t, 1))}, 1);
+  EXPECT_LE((pc - full_c).abs().max().item<double>(), 1e-5);
+  // Both slots in one call, in slot order (the no-gather path) and reversed.
+  cache.reset();
+  at::Tensor both = m.decode(cache, {0, 1}, at::cat({a.narrow(1, 0, 4), c}, 0));
+  EXPECT_LE((both[0] - full_a[0].narrow(0, 0, 4)).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((both[1] - full_c[0]).abs().max().item<double>(), 1e-5);
+  at::Tensor next = m.decode(cache, {1, 0}, at::cat({at::full({1, 1}, 7, at::kLong), a.narrow(1, 4, 1)}, 0));
+  EXPECT_LE((next[1][0] - full_a[0][4]).abs().max().item<double>(), 1e-5);
+  at::Tensor c_ext = at::cat({c, at::full({1, 1}, 7, at::kLong)}, 1);
+  EXPECT_LE((next[0][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), 1e-5);
+  // Misuse is an error, not a crash.
+  EXPECT_THROW(m.decode(cache, {0}, at::zeros({1, 20}, at::kLong)), ValueError);
+  EXPECT_THROW(m.decode(cache, {5}, at::zeros({1, 1}, at::kLong)), ValueError);
+  EXPECT_THROW(m.decode(cache, {0, 0}, at::zeros({2, 1}, at::kLong)), ValueError);
+}
+
+TEST(ModelUnit, Bf16ModelRunsAndTracksFp32) {
+  CausalLM m32 = random_model("qwen3", at::kFloat, "", 21);
+  CausalLM m16(m32.config(), at::kBFloat16);
+  m16.copy_parameters_from(m32);
+  auto b = padded_batch(m32.config().vocab_size, 2);
+  at::NoGradGuard no_grad;
+  at::Tensor l32 = m32.forward(b.input_ids, b.attention_mask), l16 = m16.forward(b.input_ids, b.attention_mask);
+  EXPECT_EQ(l16.scalar_type(), at::kBFloat16);
+  EXPECT_LE(test::max_abs_diff_masked(l16, l32, b.attention_mask), 5e-2);
+}
+
+TEST(ModelUnit, NamedParametersAreTrainableLeavesWithHfNames) {
+  CausalLM m = random_model("qwen2", at::kFloat, R"("tie_word_embeddings": true)");
+  auto named = m.named_parameters();
+  EXPECT_EQ(named.front().first, "model.embed_tokens.weight");
+  EXPECT_EQ(named.back().first, "model.norm.weight");  // tied: no lm_head entry
+  int64_t n = 0;
+  for (auto& [name, p] : named) {
+    EXPECT_TRUE(p.is_leaf() && p.requires_grad()) << name;
+    n += p.numel();
+  }
+  EXPECT_EQ(n, m.config().num_parameters());
+  bool has_bias = false;
+  for (auto& [name, p] : named) has_bias |= name == "model.layers.1.self_attn.k_proj.bias";
+  EXPECT_TRUE(has_bias);
+  m.set_requires_grad(false);
+  for (auto& p : m.parameters()) EXPECT_FALSE(p.requires_grad());
+}
+
+// ---- config.json ----
+
+TEST(ModelConfig, AcceptsOldAndNewRopeSpellings) {
+  auto old = ModelConfig::from_json(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+      "rope_scaling": {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}})",
+                                    "old.json");
+  EXPECT_EQ(old.rope_theta, 500000.0);
+  EXPECT_EQ(old.rope_scaling.type, "llama3");
+  EXPECT_EQ(old.rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_EQ(old.dtype, "bfloat16");
+  EXPECT_EQ(old.head_dim, 4);
+  std::string saved = old.to_json("float32");
+  EXPECT_NE(saved.find("\"torch_dtype\": \"float32\""), std::string::npos);
+  auto qwen = ModelConfig::from_json(R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8,
+      "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "rope_scaling": null,
+      "rope_theta": 1000000.0, "use_sliding_window": false, "sliding_window": 4096})",
+                                     "qwen.json");
+  EXPECT_EQ(qwen.num_key_value_heads, 2);
+  EXPECT_EQ(qwen.rope_theta, 1e6);
+  EXPECT_TRUE(qwen.qkv_bias);
+  EXPECT_NE(describe(qwen).find("parameters: "), std::string::npos);
+}
+
+TEST(ModelConfig, RejectsUnsupportedOrInvalidValuesNamingFileAndKey) {
+  auto base = [](const std::string& extra) { return test::tiny_config_json("qwen3", extra); };
+  struct Bad {
+    std::string text, needle;
+  };
+  std::vector<Bad> cases = {
+      {R"({"model_type": "mistral", "vocab_size": 10})", "model_type: got 'mistral'"},
+      {base(R"("use_sliding_window": true)"), "use_sliding_window"},
+      {base(R"("hidden_act": "gelu")"), "hidden_act"},
+      {base(R"("attention_bias": true)"), "attention_bias"},
+      {test::tiny_config_json("qwen2", R"("num_key_value_heads": 4)"), "num_key_value_heads"},
+      {base(R"("rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0})"), "rope_type: got 'yarn'"},
+      {R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": NaN})", "not valid JSON"},
+      {R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+          "num_hidden_layers": 1, "num_attention_heads": 2, "rms_norm_eps": -1e-6})", "rms_norm_eps"},
+      {R"({"model_type": "qwen2", "vocab_size": 10.5, "hidden_size": 8})", "vocab_size"},
+      {R"({"model_type": "qwen2", "hidden_size": 8})", "vocab_size: missing"},
+      {"[1, 2]", "expected a JSON object"},
+  };
+  for (const auto& c : cases) {
+    try {
+      ModelConfig::from_json(c.text, "/m/config.json");
+      ADD_FAILURE() << "accepted: " << c.text;
+    } catch (const FormatError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("/m/config.json"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace rpg::model
