@@ -165,6 +165,15 @@ bool is_letter(char32_t cp) { return char_class(cp) & kLetter; }
 bool is_number(char32_t cp) { return char_class(cp) & kNumber; }
 bool is_space(char32_t cp) { return char_class(cp) & kSpace; }
 
+char32_t to_upper(char32_t cp) {
+  if (cp < 0x80) return (cp >= 'a' && cp <= 'z') ? cp - 32 : cp;
+  return static_cast<char32_t>(u_toupper(static_cast<UChar32>(cp)));
+}
+char32_t to_lower(char32_t cp) {
+  if (cp < 0x80) return (cp >= 'A' && cp <= 'Z') ? cp + 32 : cp;
+  return static_cast<char32_t>(u_tolower(static_cast<UChar32>(cp)));
+}
+
 bool normalize(NormalForm form, std::string_view s, std::string& out) {
   bool ascii = true;
   for (unsigned char c : s) {

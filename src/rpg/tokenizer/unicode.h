@@ -35,6 +35,10 @@ bool is_space(char32_t cp);
 enum CharClass : uint8_t { kOther = 0, kLetter = 1, kNumber = 2, kSpace = 4 };
 uint8_t char_class(char32_t cp);
 
+// Simple (one code point) case mappings.
+char32_t to_upper(char32_t cp);
+char32_t to_lower(char32_t cp);
+
 enum class NormalForm { kNFC, kNFD, kNFKC, kNFKD };
 // Normalizes valid UTF-8 text. Returns false (and leaves `out` alone) when the text is
 // already normalized, which is the common case and costs one quick-check pass.
