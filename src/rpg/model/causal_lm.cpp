@@ -422,6 +422,17 @@ void KVCache::reset(int64_t slot) {
 }
 void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
+void KVCache::copy_slot(int64_t from, int64_t to) {
+  const int64_t n = length(from);
+  (void)length(to);
+  if (from == to) return;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    k_[l][to].narrow(0, 0, n).copy_(k_[l][from].narrow(0, 0, n));
+    v_[l][to].narrow(0, 0, n).copy_(v_[l][from].narrow(0, 0, n));
+  }
+  lengths_[to] = n;
+}
+
 KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   if (num_slots < 1 || capacity < 1)
     throw ValueError(str("KV cache: got ", num_slots, " slots of ", capacity, " tokens, expected both >= 1"));

@@ -69,6 +69,9 @@ class KVCache {
   int64_t length(int64_t slot) const;  // tokens cached for this slot
   void reset(int64_t slot);            // empty one slot (its buffers are reused)
   void reset();                        // empty every slot
+  // Makes slot `to` a copy of slot `from` (its cached tokens and length), so n samples of
+  // one prompt share a single prefill.
+  void copy_slot(int64_t from, int64_t to);
 
  private:
   friend class CausalLM;

@@ -1,0 +1,54 @@
+// The rollout engine: batched sampling with a KV cache and continuous batching, on the
+// trainer's live weights (no weight copy or resharding, unlike a separate vLLM server).
+//
+// A fixed number of sequence slots decode together; a finished sequence's slot takes the
+// next waiting one at once, so a batch never waits for its longest member. Each prompt's
+// n responses are independent sequences with their own random stream
+// (mix_key(seed, prompt index, sample index), position = token index), which makes the
+// output identical for any slot count or batch composition.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "rpg/rollout/response.h"
+#include "rpg/rollout/sampler.h"
+
+namespace rpg::model {
+class CausalLM;
+}
+
+namespace rpg::rollout {
+
+struct EngineOptions {
+  int64_t max_num_seqs = 64;   // sequence slots decoding together
+  int64_t max_kv_tokens = 0;   // KV-cache budget in token positions over all slots (0: none)
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;     // prefilled (a prompt shared by n samples counts once)
+  int64_t generated_tokens = 0;
+  double seconds = 0.0;
+  double tokens_per_second() const { return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0; }
+};
+
+class RolloutEngine {
+ public:
+  RolloutEngine(const model::CausalLM& model, EngineOptions options = {});
+
+  // n responses for each prompt (token ids), ordered by (prompt, sample). `on_finished`
+  // is called after each finished response with (finished, total). Throws ValueError for
+  // invalid parameters, an empty prompt, or a prompt that does not fit the context.
+  std::vector<Response> generate(const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
+                                 const std::function<void(int64_t, int64_t)>& on_finished = {});
+  const GenerateStats& last_stats() const { return stats_; }
+
+ private:
+  const model::CausalLM& model_;
+  EngineOptions options_;
+  GenerateStats stats_;
+};
+
+}  // namespace rpg::rollout

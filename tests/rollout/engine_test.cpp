@@ -1,0 +1,179 @@
+// The rollout engine on tiny random models: greedy output equals transformers' generate()
+// (live), returned log-probs equal a full forward recomputation, output is identical for
+// any slot count, and bad requests are clear errors.
+#include "rpg/rollout/engine.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+#include "rpg/model/causal_lm.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace rpg::rollout {
+namespace {
+
+const std::vector<std::string> kModels = {"qwen2_fp32", "qwen3_fp32", "llama3_fp32"};
+
+// Builds the models and transformers' outputs once for the whole suite.
+class EngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    test::run_oracle("rollout_hf_generate.py", {dir_->path().string()});
+    ref_ = new nlohmann::json(nlohmann::json::parse(read_file(dir_->path() / "generate.json")));
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    delete dir_;
+  }
+  static model::CausalLM load(const std::string& name) { return model::CausalLM::from_pretrained(dir_->path() / name); }
+  static std::vector<std::vector<int64_t>> prompts(const std::string& name) {
+    return (*ref_)[name]["prompts"].get<std::vector<std::vector<int64_t>>>();
+  }
+  static test::TempDir* dir_;
+  static nlohmann::json* ref_;
+};
+test::TempDir* EngineTest::dir_ = nullptr;
+nlohmann::json* EngineTest::ref_ = nullptr;
+
+TEST_F(EngineTest, GreedyEqualsTransformersGenerate) {
+  for (const auto& name : kModels) {
+    model::CausalLM m = load(name);
+    auto expected = (*ref_)[name]["greedy"].get<std::vector<std::vector<int64_t>>>();
+    for (int64_t slots : {1, 2, 8}) {
+      RolloutEngine engine(m, {slots, 0});
+      SamplingParams p;
+      p.temperature = 0;
+      p.max_new_tokens = 10;
+      auto out = engine.generate(prompts(name), p);
+      ASSERT_EQ(out.size(), expected.size());
+      for (size_t i = 0; i < out.size(); ++i) {
+        EXPECT_EQ(out[i].token_ids, expected[i]) << name << " slots " << slots << " prompt " << i;
+        EXPECT_EQ(out[i].finish_reason, FinishReason::kLength);
+        EXPECT_EQ(out[i].prompt_index, static_cast<int64_t>(i));
+      }
+    }
+  }
+}
+
+TEST_F(EngineTest, StopTokenEndsTheResponseAsInTransformers) {
+  for (const auto& name : kModels) {
+    model::CausalLM m = load(name);
+    auto expected = (*ref_)[name]["greedy_eos"].get<std::vector<std::vector<int64_t>>>();
+    const int64_t eos = (*ref_)[name]["eos"].get<int64_t>();
+    RolloutEngine engine(m, {3, 0});
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_new_tokens = 10;
+    p.stop_token_ids = {eos};
+    auto out = engine.generate(prompts(name), p);
+    for (size_t i = 0; i < out.size(); ++i) {
+      EXPECT_EQ(out[i].token_ids, expected[i]) << name << " prompt " << i;
+      bool stopped = !out[i].token_ids.empty() && out[i].token_ids.back() == eos;
+      EXPECT_EQ(out[i].finish_reason, stopped ? FinishReason::kStop : FinishReason::kLength);
+    }
+    EXPECT_EQ(out[0].finish_reason, FinishReason::kStop);
+    // ignore_eos generates through it.
+    p.ignore_eos = true;
+    auto through = engine.generate(prompts(name), p);
+    EXPECT_EQ(through[0].token_ids, (*ref_)[name]["greedy"][0].get<std::vector<int64_t>>());
+  }
+}
+
+TEST_F(EngineTest, LogProbsEqualAFullForwardRecomputation) {
+  model::CausalLM m = load("qwen3_fp32");
+  RolloutEngine engine(m, {4, 0});
+  SamplingParams p;
+  p.temperature = 0.8;
+  p.top_p = 0.9;
+  p.top_k = 50;
+  p.n = 3;
+  p.max_new_tokens = 9;
+  p.seed = 11;
+  auto ps = prompts("qwen3_fp32");
+  auto out = engine.generate(ps, p);
+  ASSERT_EQ(out.size(), ps.size() * 3);
+  for (const auto& r : out) {
+    std::vector<int64_t> full = ps[static_cast<size_t>(r.prompt_index)];
+    full.insert(full.end(), r.token_ids.begin(), r.token_ids.end());
+    at::Tensor ids = at::tensor(full, at::kLong).unsqueeze(0);
+    at::Tensor targets = at::tensor(r.token_ids, at::kLong).unsqueeze(0);
+    model::LogProbOptions lo;
+    lo.temperature = p.temperature;
+    at::Tensor ref = m.log_probs(ids, {}, {}, targets, lo).log_probs[0];
+    at::Tensor ours = at::tensor(std::vector<float>(r.log_probs.begin(), r.log_probs.end()));
+    EXPECT_LT((ours - ref).abs().max().item<double>(), 1e-4) << "prompt " << r.prompt_index << " sample " << r.sample_index;
+  }
+}
+
+TEST_F(EngineTest, OutputIsIdenticalForAnySlotCount) {
+  model::CausalLM m = load("llama3_fp32");
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.n = 4;
+  p.max_new_tokens = 12;
+  p.seed = 5;
+  p.stop_token_ids = {(*ref_)["llama3_fp32"]["eos"].get<int64_t>()};
+  std::vector<std::vector<int64_t>> tokens_by_run;
+  std::vector<Response> first;
+  for (int64_t slots : {1, 3, 7, 64}) {
+    RolloutEngine engine(m, {slots, 0});
+    auto out = engine.generate(prompts("llama3_fp32"), p);
+    if (first.empty()) {
+      first = out;
+      continue;
+    }
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i].token_ids, first[i].token_ids) << "slots " << slots << " seq " << i;
+  }
+  // Different samples of a prompt differ (their streams are independent), and a different
+  // seed changes the output.
+  EXPECT_NE(first[0].token_ids, first[1].token_ids);
+  RolloutEngine engine(m, {8, 0});
+  p.seed = 6;
+  auto other = engine.generate(prompts("llama3_fp32"), p);
+  EXPECT_NE(other[0].token_ids, first[0].token_ids);
+}
+
+TEST_F(EngineTest, BadRequestsAreValueErrors) {
+  model::CausalLM m = load("qwen2_fp32");
+  RolloutEngine engine(m, {2, 0});
+  auto error_of = [&](std::vector<std::vector<int64_t>> prompts, SamplingParams p) -> std::string {
+    try {
+      engine.generate(prompts, p);
+    } catch (const ValueError& e) {
+      return e.what();
+    }
+    return "<no error>";
+  };
+  SamplingParams p;
+  p.max_new_tokens = 8;
+  EXPECT_NE(error_of({std::vector<int64_t>(300, 5)}, p).find("exceeds the model context of 256"), std::string::npos);
+  EXPECT_NE(error_of({{}}, p).find("prompt 0 is empty"), std::string::npos);
+  EXPECT_NE(error_of({{1, 2, 9999}}, p).find("token id 9999 outside the vocabulary"), std::string::npos);
+  SamplingParams q = p;
+  q.max_new_tokens = 0;
+  EXPECT_NE(error_of({{1, 2}}, q).find("max_new_tokens"), std::string::npos);
+  q = p;
+  q.top_p = 0;
+  EXPECT_NE(error_of({{1, 2}}, q).find("top_p"), std::string::npos);
+  q = p;
+  q.n = 0;
+  EXPECT_NE(error_of({{1, 2}}, q).find("n: must be >= 1"), std::string::npos);
+  RolloutEngine tiny(m, {4, 5});
+  try {
+    tiny.generate({{1, 2, 3}}, p);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("max_kv_tokens=5 cannot hold one sequence of 11 tokens"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace rpg::rollout
