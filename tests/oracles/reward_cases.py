@@ -95,9 +95,17 @@ def hand_cases():
         ("\\boxed{3/4}", "\\frac{3}{4}"), ("\\boxed{-3/4}", "-\\frac{3}{4}"), ("\\boxed{03/4}", "\\frac{03}{4}"),
         ("\\boxed{-0/4}", "\\frac{-0}{4}"), ("\\boxed{1/2/3}", "1/2/3"), ("\\boxed{\\!5}", "5"),
         ("\\boxed{a\\\\b}", "a\\b"), ("\\boxed{\n5\n}", "5"), ("\\boxed{}", ""), ("\\boxed", "x"),
-        ("\\boxedx{5}", "5"), ("$\\boxed{7}$", "7"), ("\\boxed{" + "1" * 4301 + "/2}", "x"),
+        ("\\boxedx{5}", "5"), ("$\\boxed{7}$", "7"), ("\\boxed{" + "1" * 4301 + "/2}", "\\frac{" + "1" * 4301 + "}{2}"),
+        ("\\boxed{" + "1" * 4301 + "/2}", "1" * 4301 + "/2"), ("\\boxed{-" + "1" * 4300 + "/2}", "-\\frac{" + "1" * 4300 + "}{2}"),
         ("\\boxed{" + "1" * 4300 + "/2}", "\\frac{" + "1" * 4300 + "}{2}"),
     ]
+    # The cuts at the last 300 (whole response) and 100 (strict box) characters, counted in
+    # code points: answers that start just inside or just outside them.
+    for filler in ("x", "é", "😀", "\udcff"):
+        for total in range(296, 305):
+            cases.append(("Answer: 5\n" + filler * (total - 10), "5"))
+        for total in range(96, 105):
+            cases.append(("\\boxed{5}\n" + filler * (total - 10), "5"))
     return cases
 
 
@@ -155,6 +163,33 @@ def generated_cases(rng, n):
     return out
 
 
+SOUP = [
+    "Answer", "answer", "ANSWER", "Anſwer", ":", " ", "  ", "\n", "\t", "\r", "\u00a0", "\u3000", "\u2028",
+    "$", "\\$", "\\text{", "\\textbf{", "\\overline{", "\\boxed{", "\\boxed ", "\\fbox{", "\\mbox{",
+    "{", "}", "frac", "\\frac", "\\dfrac", "\\tfrac", "sqrt", "\\sqrt", "=", ",", ".", "{,}", ",\\!", "\\!",
+    "\\left", "\\right", "^\\circ", "^{\\circ}", "\\%", "%", "/", "-", "0", "1", "2", "12", "3.5", "1,000",
+    "an ", "a ", "units", "cm", "sue", "\\text{m}", "\\text{and}", "\\text{ ", "\\ldots", "\\\\", "\"",
+    "²", "٣", "１", "é", "😀", "x", "k", "(", ")", "[", "]", "[INVALID]", "\udc80", "\udcff", "\udce2",
+]
+
+
+def soup(rng, max_tokens):
+    return "".join(rng.choice(SOUP) for _ in range(rng.randint(0, max_tokens)))
+
+
+def soup_cases(rng, n):
+    out = []
+    for _ in range(n):
+        resp = soup(rng, 40)
+        if rng.random() < 0.2:
+            resp = soup(rng, 200)
+        gt = soup(rng, 6) if rng.random() < 0.7 else soup(rng, 30)
+        if rng.random() < 0.3:  # make agreement likely: the ground truth is the tail of an Answer: line
+            gt = resp.split("\n")[-1][-rng.randint(1, 12):]
+        out.append((resp, gt))
+    return out
+
+
 def light_pred(resp):
     try:
         s = math_reward.last_boxed_only_string(resp)
@@ -183,9 +218,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--generated", type=int, default=6000)
     ap.add_argument("--math-verify", type=int, default=0)
+    ap.add_argument("--soup", type=int, default=0, help="random token-soup pairs")
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    cases = hand_cases() + generated_cases(rng, args.generated)
+    cases = hand_cases() + generated_cases(rng, args.generated) + soup_cases(rng, args.soup)
     import io, contextlib
 
     # Only strings that bytes can produce: escaped bytes must not form valid UTF-8 together.

@@ -22,9 +22,11 @@ struct OracleCase {
   std::optional<bool> math_verify;  // math-verify's verdict (subset only)
 };
 
-// Runs the oracle; math-verify verdicts for the first `math_verify` cases.
-std::vector<OracleCase> load_reward_oracle_cases(int generated, int math_verify);
-// The shared corpus (6,000 generated + the hand-written cases), loaded once per process.
+// Runs the oracle: the hand-written cases, `generated` answer-line variations, `soup` random
+// token sequences; math-verify verdicts for the first `math_verify` cases.
+std::vector<OracleCase> load_reward_oracle_cases(int generated, int math_verify, int soup);
+// The shared corpus (hand-written + 6,000 generated + 20,000 token-soup pairs), loaded once
+// per process.
 const std::vector<OracleCase>& reward_oracle_cases();
 
 }  // namespace rpg::test

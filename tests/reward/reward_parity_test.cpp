@@ -33,11 +33,11 @@ std::string show(const std::optional<std::string>& s) { return s ? "'" + *s + "'
 
 }  // namespace
 
-std::vector<OracleCase> load_reward_oracle_cases(int generated, int math_verify) {
+std::vector<OracleCase> load_reward_oracle_cases(int generated, int math_verify, int soup) {
   TempDir dir;
   auto path = dir / "cases.jsonl";
   run_oracle("reward_cases.py", {path.string(), "--seed", "20260530", "--generated", std::to_string(generated),
-                                 "--math-verify", std::to_string(math_verify)});
+                                 "--math-verify", std::to_string(math_verify), "--soup", std::to_string(soup)});
   std::vector<OracleCase> out;
   std::istringstream in(rpg::read_file(path));
   for (std::string line; std::getline(in, line);) {
@@ -56,72 +56,61 @@ std::vector<OracleCase> load_reward_oracle_cases(int generated, int math_verify)
 }
 
 const std::vector<OracleCase>& reward_oracle_cases() {
-  static const std::vector<OracleCase> cases = load_reward_oracle_cases(6000, 0);
+  static const std::vector<OracleCase> cases = load_reward_oracle_cases(6000, 0, 20000);
   return cases;
 }
 
 namespace {
 
-TEST(RewardParity, CorpusIsLargeAndCoversBothOutcomes) {
+// One test (one oracle run under CTest) for the three scorers on the whole corpus.
+TEST(RewardParity, EveryScorerEqualsVerlOnEveryPair) {
   const auto& cases = reward_oracle_cases();
-  ASSERT_GE(cases.size(), 6000u);
-  size_t correct = 0, invalid = 0, strict_hits = 0;
+  ASSERT_GE(cases.size(), 26000u);
+  // The corpus exercises right, wrong, missing and boxed answers in bulk.
+  size_t correct = 0, invalid = 0, strict_hits = 0, light_hits = 0;
   for (const auto& c : cases) {
     correct += c.dapo.acc;
     invalid += c.dapo.pred == std::optional<std::string>("[INVALID]");
     strict_hits += c.strict.acc;
+    light_hits += c.light_score == 1.0;
   }
-  // The generator must exercise right, wrong, missing and boxed answers in bulk.
-  EXPECT_GT(correct, cases.size() / 5);
-  EXPECT_GT(cases.size() - correct, cases.size() / 5);
-  EXPECT_GT(invalid, 50u);
-  EXPECT_GT(strict_hits, 50u);
-}
+  EXPECT_GT(correct, 2000u);
+  EXPECT_GT(cases.size() - correct, 2000u);
+  EXPECT_GT(invalid, 1000u);
+  EXPECT_GT(strict_hits, 100u);
+  EXPECT_GT(light_hits, 100u);
 
-TEST(RewardParity, DapoEqualsVerlMathDapoOnEveryPair) {
-  size_t mismatches = 0;
-  for (const auto& c : reward_oracle_cases()) {
-    auto ours = reward::dapo_score(c.response, c.ground_truth);
-    if (ours.score != c.dapo.score || ours.acc != c.dapo.acc || ours.pred != c.dapo.pred) {
-      if (++mismatches <= 20)
-        ADD_FAILURE() << "response '" << c.response << "' gt '" << c.ground_truth << "': ours " << ours.score << " "
-                      << show(ours.pred) << ", verl " << c.dapo.score << " " << show(c.dapo.pred);
+  size_t dapo_bad = 0, strict_bad = 0, light_bad = 0;
+  for (const auto& c : cases) {
+    auto d = reward::dapo_score(c.response, c.ground_truth);
+    if (d.score != c.dapo.score || d.acc != c.dapo.acc || d.pred != c.dapo.pred) {
+      if (++dapo_bad <= 10)
+        ADD_FAILURE() << "math_dapo: response '" << c.response << "' gt '" << c.ground_truth << "': ours " << d.score
+                      << " " << show(d.pred) << ", verl " << c.dapo.score << " " << show(c.dapo.pred);
+    }
+    auto s = reward::dapo_score(c.response, c.ground_truth, /*strict_box=*/true);
+    if (s.score != c.strict.score || s.acc != c.strict.acc || s.pred != c.strict.pred) {
+      if (++strict_bad <= 10)
+        ADD_FAILURE() << "math_dapo strict: response '" << c.response << "' gt '" << c.ground_truth << "': ours "
+                      << s.score << " " << show(s.pred) << ", verl " << c.strict.score << " " << show(c.strict.pred);
+    }
+    auto l = reward::lighteval_score(c.response, c.ground_truth);
+    if (l.score != c.light_score || l.acc != (c.light_score == 1.0) || l.pred != c.light_pred) {
+      if (++light_bad <= 10)
+        ADD_FAILURE() << "math_reward: response '" << c.response << "' gt '" << c.ground_truth << "': ours " << l.score
+                      << " " << show(l.pred) << ", verl " << c.light_score << " " << show(c.light_pred);
     }
   }
-  EXPECT_EQ(mismatches, 0u) << "of " << reward_oracle_cases().size();
-}
-
-TEST(RewardParity, DapoStrictBoxEqualsVerlOnEveryPair) {
-  size_t mismatches = 0;
-  for (const auto& c : reward_oracle_cases()) {
-    auto ours = reward::dapo_score(c.response, c.ground_truth, /*strict_box=*/true);
-    if (ours.score != c.strict.score || ours.acc != c.strict.acc || ours.pred != c.strict.pred) {
-      if (++mismatches <= 20)
-        ADD_FAILURE() << "response '" << c.response << "' gt '" << c.ground_truth << "': ours " << ours.score << " "
-                      << show(ours.pred) << ", verl " << c.strict.score << " " << show(c.strict.pred);
-    }
-  }
-  EXPECT_EQ(mismatches, 0u);
-}
-
-TEST(RewardParity, LightevalEqualsVerlMathRewardOnEveryPair) {
-  size_t mismatches = 0, hits = 0;
-  for (const auto& c : reward_oracle_cases()) {
-    auto ours = reward::lighteval_score(c.response, c.ground_truth);
-    hits += c.light_score == 1.0;
-    if (ours.score != c.light_score || ours.acc != (c.light_score == 1.0) || ours.pred != c.light_pred) {
-      if (++mismatches <= 20)
-        ADD_FAILURE() << "response '" << c.response << "' gt '" << c.ground_truth << "': ours " << ours.score << " "
-                      << show(ours.pred) << ", verl " << c.light_score << " " << show(c.light_pred);
-    }
-  }
-  EXPECT_EQ(mismatches, 0u);
-  EXPECT_GT(hits, 100u);
+  EXPECT_EQ(dapo_bad, 0u);
+  EXPECT_EQ(strict_bad, 0u);
+  EXPECT_EQ(light_bad, 0u);
+  std::cout << "[ figure ] " << cases.size() << " pairs; mismatches with verl: math_dapo " << dapo_bad
+            << ", strict box " << strict_bad << ", lighteval " << light_bad << "\n";
 }
 
 TEST(RewardParity, AgreementWithMathVerifyIsReported) {
   size_t n = 0, agree = 0;
-  for (const auto& c : load_reward_oracle_cases(1000, 1000)) {
+  for (const auto& c : load_reward_oracle_cases(1000, 1000, 0)) {
     if (!c.math_verify) continue;
     ++n;
     agree += reward::dapo_score(c.response, c.ground_truth).acc == *c.math_verify;

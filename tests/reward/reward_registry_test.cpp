@@ -16,32 +16,10 @@ namespace {
 
 using reward::ScoreRequest;
 
-TEST(RewardRegistry, DataSourcesDispatchToTheirRule) {
-  auto reg = reward::builtin_scorers();
-  const auto& cases = reward_oracle_cases();
-  const char* dapo_sources[] = {"math-dapo", "math_dapo", "aime2024", "aime2025", "aime", "amc_23", "amc23", "math"};
-  for (const char* ds : dapo_sources) {
-    const auto& fn = reg.find(ds);
-    for (size_t i = 0; i < cases.size(); i += 7) {
-      auto r = fn(cases[i].response, cases[i].ground_truth);
-      ASSERT_EQ(r.score, cases[i].dapo.score) << ds << " case " << i;
-      ASSERT_EQ(r.pred, cases[i].dapo.pred) << ds << " case " << i;
-    }
-  }
-  for (const char* ds : {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"}) {
-    const auto& fn = reg.find(ds);
-    for (size_t i = 0; i < cases.size(); i += 7) ASSERT_EQ(fn(cases[i].response, cases[i].ground_truth).score, cases[i].light_score);
-  }
-}
-
-TEST(RewardRegistry, StrictBoxOptionSelectsTheStrictRule) {
-  auto reg = reward::builtin_scorers({.strict_box_verify = true});
-  const auto& fn = reg.find("aime2024");
-  for (const auto& c : reward_oracle_cases()) {
-    auto r = fn(c.response, c.ground_truth);
-    ASSERT_EQ(r.score, c.strict.score);
-    ASSERT_EQ(r.pred, c.strict.pred);
-  }
+// A smaller corpus than the parity test's (this binary's tests run as separate processes).
+const std::vector<OracleCase>& cases_for_dispatch() {
+  static const std::vector<OracleCase> cases = load_reward_oracle_cases(2000, 0, 2000);
+  return cases;
 }
 
 TEST(RewardRegistry, UnknownDataSourceListsTheKnownOnes) {
@@ -85,9 +63,37 @@ TEST(RewardRegistry, ExactKeyBeatsPrefixAndLongerPrefixBeatsShorter) {
   EXPECT_THROW(reg.find("b"), ValueError);
 }
 
-TEST(RewardBatch, MultiThreadedBatchEqualsVerlForMixedSources) {
+void check_dispatch() {
   auto reg = reward::builtin_scorers();
-  const auto& cases = reward_oracle_cases();
+  const auto& cases = cases_for_dispatch();
+  const char* dapo_sources[] = {"math-dapo", "math_dapo", "aime2024", "aime2025", "aime", "amc_23", "amc23", "math"};
+  for (const char* ds : dapo_sources) {
+    const auto& fn = reg.find(ds);
+    for (size_t i = 0; i < cases.size(); i += 7) {
+      auto r = fn(cases[i].response, cases[i].ground_truth);
+      ASSERT_EQ(r.score, cases[i].dapo.score) << ds << " case " << i;
+      ASSERT_EQ(r.pred, cases[i].dapo.pred) << ds << " case " << i;
+    }
+  }
+  for (const char* ds : {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"}) {
+    const auto& fn = reg.find(ds);
+    for (size_t i = 0; i < cases.size(); i += 7) ASSERT_EQ(fn(cases[i].response, cases[i].ground_truth).score, cases[i].light_score);
+  }
+}
+
+void check_strict_option() {
+  auto reg = reward::builtin_scorers({.strict_box_verify = true});
+  const auto& fn = reg.find("aime2024");
+  for (const auto& c : cases_for_dispatch()) {
+    auto r = fn(c.response, c.ground_truth);
+    ASSERT_EQ(r.score, c.strict.score);
+    ASSERT_EQ(r.pred, c.strict.pred);
+  }
+}
+
+void check_batch() {
+  auto reg = reward::builtin_scorers();
+  const auto& cases = cases_for_dispatch();
   const char* sources[] = {"math_dapo", "aime2025", "amc_23", "lighteval/MATH"};
   std::vector<ScoreRequest> reqs;
   for (size_t i = 0; i < cases.size(); ++i) reqs.push_back({sources[i % 4], cases[i].response, cases[i].ground_truth});
@@ -102,6 +108,14 @@ TEST(RewardBatch, MultiThreadedBatchEqualsVerlForMixedSources) {
   reqs.push_back({"gsm8k", "x", "y"});
   EXPECT_THROW(reward::score_batch(reg, reqs, 4), ValueError);
   EXPECT_TRUE(reward::score_batch(reg, std::span<const ScoreRequest>(), 4).empty());
+}
+
+// One test (one oracle run under CTest): dispatch by data_source, the strict-box option, and
+// batched multi-threaded scoring all give verl's scores.
+TEST(RewardRegistry, DispatchStrictOptionAndBatchEqualVerl) {
+  check_dispatch();
+  check_strict_option();
+  check_batch();
 }
 
 TEST(RewardOverlong, PenaltyMatchesTheClosedForm) {
