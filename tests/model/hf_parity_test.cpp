@@ -58,6 +58,8 @@ TEST(HfParity, LogitsLogProbsAndGreedyMatchTransformersOnPaddedBatches) {
     opt.dtype = spec.load_as;
     CausalLM m = CausalLM::from_pretrained(dir / spec.name, opt);
     EXPECT_EQ(m.dtype(), spec.bf16 ? at::kBFloat16 : at::kFloat);
+    EXPECT_EQ(m.config().num_parameters(), ref["num_parameters"].item<int64_t>());
+    EXPECT_NE(describe(m.config()).find(std::to_string(ref["num_parameters"].item<int64_t>())), std::string::npos);
     at::NoGradGuard no_grad;
     const at::Tensor &ids = ref["input_ids"], &mask = ref["attention_mask"], &pos = ref["position_ids"];
     at::Tensor hf = ref["logits"];

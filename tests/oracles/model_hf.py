@@ -79,7 +79,8 @@ def reference(model, ids, mask, pos, R, compute_dtype):
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "logits": logits.float().contiguous(),
             "targets": targets.contiguous(), "log_probs": logp.contiguous(), "entropy": entropy.contiguous(),
-            "temperature": torch.tensor([TEMPERATURE])}
+            "temperature": torch.tensor([TEMPERATURE]),
+            "num_parameters": torch.tensor([model.num_parameters()], dtype=torch.int64)}
 
 
 def make(out_dir, names):

@@ -97,12 +97,22 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
       v = cache->v->narrow(1, 0, cache->kv_len).index_select(0, rows);
     }
   }
-  // [B, T, H, D] -> [B, H, T, D]; enable_gqa lets SDPA share each K/V head across H/Hkv
-  // query heads without materialising repeated copies.
+  // Grouped-query attention: without a mask, SDPA's enable_gqa shares each K/V head across
+  // its H/Hkv query heads in place (flash supports it). With a mask the fused kernel that
+  // takes masks (memory-efficient) lacks GQA and SDPA would fall back to the math kernel,
+  // which materialises [B, H, T, S] scores; repeating K/V ([B, S, H, D]) is far cheaper.
+  bool gqa = H != Hkv;
+  if (gqa && a.mask.defined()) {
+    const int64_t S = k.size(1), rep = H / Hkv;
+    k = k.unsqueeze(3).expand({k.size(0), S, Hkv, rep, D}).reshape({k.size(0), S, H, D});
+    v = v.unsqueeze(3).expand({v.size(0), S, Hkv, rep, D}).reshape({v.size(0), S, H, D});
+    gqa = false;
+  }
+  // [B, T, H, D] -> [B, H, T, D]
   at::Tensor o = at::scaled_dot_product_attention(
       q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
       a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, /*dropout_p=*/0.0, a.is_causal,
-      /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
+      /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
   return at::linear(o.transpose(1, 2).reshape({B, T, H * D}), w.o_w);
 }
 
@@ -168,7 +178,23 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
 // backward both recompute each chunk's logits, so autograd never stores [N, V] either.
 //   log p_t = s_t - lse(s),  s = z / tau,  H = lse(s) - sum_k p_k s_k
 //   d log p_t / ds = onehot_t - p,  dH/ds_k = -p_k (log p_k + H)
+// Each chunk works in at most two [n, V] fp32 buffers (updated in place; row-wise dot
+// products go through bmm instead of an elementwise temporary), so the peak is about
+// 2 * n * V * 4 bytes plus the [n, V] matmul output in the weight dtype.
 struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
+  // Row-wise sum_k a[r, k] * b[r, k] without an [n, V] temporary: [n, 1, V] @ [n, V, 1].
+  static at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
+    return at::bmm(a.unsqueeze(1), b.unsqueeze(2)).view({a.size(0)});
+  }
+  // fp32 logits / tau of rows [s, s + n): [n, V].
+  static at::Tensor scaled_logits(const at::Tensor& hidden, const at::Tensor& weight, int64_t s, int64_t n,
+                                  double temperature) {
+    at::Tensor z = at::matmul(hidden.narrow(0, s, n), weight.t());
+    z = z.scalar_type() == at::kFloat ? z : z.to(at::kFloat);
+    if (temperature != 1.0) z.div_(temperature);
+    return z;
+  }
+
   static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor weight, at::Tensor targets,
                                double temperature, bool with_entropy, int64_t chunk) {
     const int64_t N = hidden.size(0);
@@ -176,14 +202,10 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     at::Tensor ent = at::empty({with_entropy ? N : 0}, hidden.options().dtype(at::kFloat));
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
-      at::Tensor z = at::matmul(hidden.narrow(0, s, n), weight.t()).to(at::kFloat);  // [n, V]
-      if (temperature != 1.0) z.div_(temperature);
+      at::Tensor z = scaled_logits(hidden, weight, s, n, temperature);
       at::Tensor lse = at::logsumexp(z, -1);
       lp.narrow(0, s, n).copy_(z.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1) - lse);
-      if (with_entropy) {
-        at::Tensor p = at::softmax(z, -1);
-        ent.narrow(0, s, n).copy_(lse - (p * z).sum(-1));
-      }
+      if (with_entropy) ent.narrow(0, s, n).copy_(lse - row_dot(at::softmax(z, -1), z));
     }
     ctx->save_for_backward({hidden, weight, targets});
     ctx->saved_data["temperature"] = temperature;
@@ -207,24 +229,26 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor h = hidden.narrow(0, s, n);
-      at::Tensor z = at::matmul(h, weight.t()).to(at::kFloat);
-      if (temperature != 1.0) z.div_(temperature);
-      at::Tensor logp = at::log_softmax(z, -1);
-      at::Tensor p = logp.exp();
-      at::Tensor gs = at::zeros_like(z);
+      at::Tensor gs = at::log_softmax(scaled_logits(hidden, weight, s, n, temperature), -1);  // log p
+      at::Tensor p = gs.exp();
+      if (g_ent.defined()) {
+        at::Tensor H = -row_dot(p, gs).unsqueeze(1);                        // [n, 1]
+        gs.add_(H).mul_(p).mul_(-g_ent.narrow(0, s, n).unsqueeze(1));     // dH/ds * g_ent
+      } else {
+        gs.zero_();
+      }
       if (g_lp.defined()) {
         at::Tensor g = g_lp.narrow(0, s, n).unsqueeze(1);
-        gs = -p * g;
-        gs.scatter_add_(1, targets.narrow(0, s, n).unsqueeze(1), g);
+        gs.sub_(p.mul_(g));                                                  // - p * g
+        gs.scatter_add_(1, targets.narrow(0, s, n).unsqueeze(1), g);         // + onehot * g
       }
-      if (g_ent.defined()) {
-        at::Tensor H = -(p * logp).sum(-1, /*keepdim=*/true);
-        gs -= g_ent.narrow(0, s, n).unsqueeze(1) * p * (logp + H);
-      }
+      p.reset();
       if (temperature != 1.0) gs.div_(temperature);
-      at::Tensor gz = gs.to(weight.scalar_type());
-      if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(gz, weight));
-      if (need_w) grad_w.addmm_(gs.t(), h.to(at::kFloat));
+      if (need_h) {
+        at::Tensor gz = gs.scalar_type() == weight.scalar_type() ? gs : gs.to(weight.scalar_type());
+        grad_h.narrow(0, s, n).copy_(at::matmul(gz, weight));
+      }
+      if (need_w) grad_w.addmm_(gs.t(), h.scalar_type() == at::kFloat ? h : h.to(at::kFloat));
     }
     return {grad_h, need_w ? grad_w.to(weight.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor()};

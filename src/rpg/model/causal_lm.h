@@ -46,9 +46,10 @@ struct SaveOptions {
 struct LogProbOptions {
   double temperature = 1.0;   // logits are divided by this before the softmax (as verl does)
   bool with_entropy = false;  // also return the entropy of each position's distribution
-  // Token rows whose fp32 logits [rows, V] exist at once, forward and backward. Peak extra
-  // memory is about rows * V * 12 bytes instead of B * R * V * 4 (plus autograd copies).
-  int64_t chunk_tokens = 1024;
+  // Token rows whose fp32 logits [rows, V] exist at once, forward and backward. The extra
+  // peak is about rows * V * 12 bytes (two fp32 work buffers and the matmul output)
+  // instead of several B * R * V * 4 copies: 256 rows at V = 152k is ~0.5 GB.
+  int64_t chunk_tokens = 256;
 };
 
 struct TokenLogProbs {
