@@ -484,6 +484,7 @@ class Parser {
 
   NodeP parse_statement() {
     const Token& tk = cur();
+    Depth guard(*this, tk);
     std::string kw = tk.text;
     auto n = std::make_unique<Node>();
     n->at = {tk.line, tk.col};
@@ -750,6 +751,7 @@ class Parser {
   }
   ExprP parse_unary(bool with_filter) {
     const Token& at = cur();
+    Depth guard(*this, at);
     ExprP e;
     if (is_op("-") || is_op("+")) {
       bool neg = is_op("-");
@@ -984,6 +986,16 @@ class Parser {
     }
   }
 
+  // Recursion depth of the descent, bounded so hostile input cannot exhaust the stack.
+  struct Depth {
+    Parser& p;
+    Depth(Parser& parser, const Token& at) : p(parser) {
+      if (++p.depth_ > kMaxDepth) p.fail(at, "template nesting too deep");
+    }
+    ~Depth() { --p.depth_; }
+  };
+  static constexpr int kMaxDepth = 200;
+  int depth_ = 0;
   std::vector<Token> t_;
   size_t i_ = 0;
   const std::string& origin_;
@@ -996,6 +1008,13 @@ class Parser {
 struct LoopControl {
   bool is_break;
 };
+
+// Bounds on one render, so a hostile template fails with an error instead of running
+// forever or exhausting memory. Real chat templates are far below them.
+constexpr uint64_t kMaxOutput = 64ull << 20;
+constexpr uint64_t kMaxListItems = 1ull << 20;
+constexpr uint64_t kMaxSteps = 5'000'000;
+constexpr int kMaxCallDepth = 64;
 
 class Renderer {
  public:
@@ -1017,8 +1036,14 @@ class Renderer {
   }
 
   void render(const Body& body, std::string& out) {
-    for (const NodeP& n : body) exec(*n, out);
+    for (const NodeP& n : body) {
+      if (++steps_ > kMaxSteps) fail(n->at, "template exceeded the render step limit");
+      exec(*n, out);
+      if (out.size() > kMaxOutput) fail(n->at, "template output exceeded the size limit");
+    }
   }
+  uint64_t steps_ = 0;
+  int call_depth_ = 0;
 
   void exec(const Node& n, std::string& out) {
     switch (n.k) {
@@ -1119,6 +1144,7 @@ class Renderer {
     }
     int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
+      if (++steps_ > kMaxSteps) fail(n.at, "template exceeded the render step limit");
       assign(n.targets, items[static_cast<size_t>(k)], n.at);
       Value loop = Value::make_dict();
       auto& d = *loop.dict;
@@ -1157,6 +1183,11 @@ class Renderer {
         frame->set(pname, v ? *v : dflt ? eval(*dflt) : Value::undefined(pname));
       }
       if (a.pos.size() > node->params.size()) fail(node->at, str("macro '", node->targets[0], "' takes at most ", node->params.size(), " arguments"));
+      if (call_depth_ >= kMaxCallDepth) fail(node->at, "macro recursion too deep");
+      struct DepthGuard {
+        int& d;
+        ~DepthGuard() { --d; }
+      } depth_guard{++call_depth_};
       // A macro sees the template's top-level names, not the caller's loop variables.
       std::vector<std::shared_ptr<Dict>> saved;
       saved.swap(frames);
@@ -1202,7 +1233,10 @@ class Renderer {
       case Expr::K::kPos: {
         Value v = eval(*e.kids[0]);
         if (v.t == Value::T::kBool) v = Value::integer(v.b);
-        if (v.t == Value::T::kInt) return e.k == Expr::K::kNeg ? Value::integer(-v.i) : v;
+        if (v.t == Value::T::kInt) {
+          if (e.k == Expr::K::kNeg && v.i == INT64_MIN) fail(e.at, "integer overflow");
+          return e.k == Expr::K::kNeg ? Value::integer(-v.i) : v;
+        }
         if (v.t == Value::T::kFloat) return e.k == Expr::K::kNeg ? Value::real(-v.f) : v;
         fail(e.at, str("bad operand type for unary ", e.k == Expr::K::kNeg ? "-" : "+", ": '", type_name(v), "'"));
       }
@@ -1469,6 +1503,8 @@ std::string py_title(const std::string& s) {
 
 std::string py_replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
   std::string out;
+  if (!to.empty() && (from.empty() ? s.size() + 1 : s.size() / from.size() + 1) > kMaxOutput / to.size())
+    throw ValueError("replace: result too large");
   if (from.empty()) {
     // Python inserts `to` around every character.
     auto off = Renderer::cp_offsets(s);
@@ -1693,15 +1729,20 @@ Value Renderer::slice(const Expr& e) {
   int64_t b = clamp(start, step > 0 ? 0 : len - 1), en = clamp(stop, step > 0 ? len : -1);
   List items;
   std::string s;
-  for (int64_t k = b; step > 0 ? k < en : k > en; k += step) {
+  for (int64_t k = b; step > 0 ? k < en : k > en;) {
     if (obj.is_list()) items.push_back((*obj.list)[static_cast<size_t>(k)]);
     else s.append(obj.s, off[static_cast<size_t>(k)], off[static_cast<size_t>(k) + 1] - off[static_cast<size_t>(k)]);
+    if (__builtin_add_overflow(k, step, &k)) break;
   }
   return obj.is_list() ? Value::make_list(std::move(items)) : Value::str(std::move(s));
 }
 
 Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Pos at) {
-  if (op == "~") return Value::str(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string r = to_str(a) + to_str(b);
+    if (r.size() > kMaxOutput) fail(at, "string too large");
+    return Value::str(std::move(r));
+  }
   auto bad_types = [&]() {
     fail(at, str("unsupported operand type(s) for ", op, ": '", type_name(a), "' and '", type_name(b), "'"));
   };
@@ -1711,8 +1752,12 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
     bad_types();
   }
   if (op == "+") {
-    if (a.is_str() && b.is_str()) return Value::str(a.s + b.s);
+    if (a.is_str() && b.is_str()) {
+      if (a.s.size() + b.s.size() > kMaxOutput) fail(at, "string too large");
+      return Value::str(a.s + b.s);
+    }
     if (a.is_list() && b.is_list()) {
+      if (a.list->size() + b.list->size() > kMaxListItems) fail(at, "list too large");
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
       return Value::make_list(std::move(items));
@@ -1723,7 +1768,9 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
     const Value* cnt = seq == &a ? &b : &a;
     if (seq && (cnt->t == Value::T::kInt || cnt->t == Value::T::kBool)) {
       int64_t times = cnt->t == Value::T::kBool ? cnt->b : cnt->i;
-      if (times > 1000000) fail(at, "repetition count too large");
+      size_t unit = seq->is_str() ? seq->s.size() : seq->list->size();
+      uint64_t limit = seq->is_str() ? kMaxOutput : kMaxListItems;
+      if (times > 0 && unit > 0 && static_cast<uint64_t>(times) > limit / unit) fail(at, "repetition result too large");
       if (seq->is_str()) {
         std::string out;
         for (int64_t k = 0; k < times; ++k) out += seq->s;
@@ -1739,9 +1786,15 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
   bool ints = a.t != Value::T::kFloat && b.t != Value::T::kFloat;
   int64_t ai = a.t == Value::T::kBool ? a.b : a.i, bi = b.t == Value::T::kBool ? b.b : b.i;
   double af = a.as_double(), bf = b.as_double();
-  if (op == "+") return ints ? Value::integer(ai + bi) : Value::real(af + bf);
-  if (op == "-") return ints ? Value::integer(ai - bi) : Value::real(af - bf);
-  if (op == "*") return ints ? Value::integer(ai * bi) : Value::real(af * bf);
+  int64_t ri = 0;
+  // Python integers do not overflow; ours raise instead of wrapping.
+  auto checked = [&](bool overflow) {
+    if (overflow) fail(at, "integer overflow");
+    return Value::integer(ri);
+  };
+  if (op == "+") return ints ? checked(__builtin_add_overflow(ai, bi, &ri)) : Value::real(af + bf);
+  if (op == "-") return ints ? checked(__builtin_sub_overflow(ai, bi, &ri)) : Value::real(af - bf);
+  if (op == "*") return ints ? checked(__builtin_mul_overflow(ai, bi, &ri)) : Value::real(af * bf);
   if (op == "/") {
     if (bf == 0) fail(at, "division by zero");
     return Value::real(af / bf);
@@ -1749,6 +1802,7 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
   if (op == "//" || op == "%") {
     if (ints) {
       if (bi == 0) fail(at, "integer division or modulo by zero");
+      if (ai == INT64_MIN && bi == -1) fail(at, "integer overflow");
       int64_t q = ai / bi, r = ai % bi;
       if (r != 0 && ((r < 0) != (bi < 0))) {
         --q;
@@ -1763,7 +1817,14 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
   if (op == "**") {
     if (ints && bi >= 0) {
       int64_t r = 1;
-      for (int64_t k = 0; k < bi && k < 64; ++k) r *= ai;
+      for (int64_t k = 0; k < bi; ++k) {
+        if (__builtin_mul_overflow(r, ai, &r)) fail(at, "integer overflow");
+        if (r == 0 || r == 1) break;
+        if (r == -1) {
+          r = (bi % 2 == 0) ? 1 : -1;
+          break;
+        }
+      }
       return Value::integer(r);
     }
     return Value::real(std::pow(af, bf));
@@ -1857,7 +1918,7 @@ bool run_test(const std::string& name, const Value& v, const Args& a, Renderer& 
     if (name == "odd") return x % 2 != 0;
     const Value& d = arg();
     if (d.t != Value::T::kInt || d.i == 0) r.fail(at, "divisibleby needs a non-zero integer");
-    return x % d.i == 0;
+    return d.i == -1 || x % d.i == 0;
   }
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, arg());
   if (name == "ne" || name == "!=") return !equal(v, arg());
@@ -1998,7 +2059,10 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
   if (name == "int") {
     if (v.t == Value::T::kInt) return v;
     if (v.t == Value::T::kBool) return Value::integer(v.b);
-    if (v.t == Value::T::kFloat) return Value::integer(static_cast<int64_t>(v.f));
+    if (v.t == Value::T::kFloat) {
+      if (!(std::fabs(v.f) < 9.2e18)) throw ValueError("cannot convert float to integer");
+      return Value::integer(static_cast<int64_t>(v.f));
+    }
     if (v.is_str()) {
       try {
         size_t used = 0;
@@ -2021,7 +2085,10 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
     return a.get(0, "default") ? *a.get(0, "default") : Value::real(0);
   }
   if (name == "abs") {
-    if (v.t == Value::T::kInt) return Value::integer(v.i < 0 ? -v.i : v.i);
+    if (v.t == Value::T::kInt) {
+      if (v.i == INT64_MIN) throw ValueError("integer overflow");
+      return Value::integer(v.i < 0 ? -v.i : v.i);
+    }
     if (v.t == Value::T::kFloat) return Value::real(std::fabs(v.f));
     throw ValueError("bad operand type for abs()");
   }
@@ -2199,9 +2266,10 @@ Value make_globals_range() {
     }
     if (step == 0) throw ValueError("range() arg 3 must not be zero");
     List out;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
+    for (int64_t k = start; step > 0 ? k < stop : k > stop;) {
       out.push_back(Value::integer(k));
       if (out.size() > 100000) throw ValueError("range too large");
+      if (__builtin_add_overflow(k, step, &k)) break;
     }
     return Value::make_list(std::move(out));
   });
