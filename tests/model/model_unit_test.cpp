@@ -130,6 +130,20 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   EXPECT_LE((next[1][0] - full_a[0][4]).abs().max().item<double>(), 1e-5);
   at::Tensor c_ext = at::cat({c, at::full({1, 1}, 7, at::kLong)}, 1);
   EXPECT_LE((next[0][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), 1e-5);
+  // Ragged prefill of right-padded rows, last-token logits only, then one step.
+  cache.reset();
+  at::Tensor padded = at::cat({a.narrow(1, 0, 6), at::cat({c, at::zeros({1, 2}, at::kLong)}, 1)}, 0);  // [2, 6]
+  at::Tensor last = m.decode(cache, {0, 1}, padded, {{6, 4}, true});
+  ASSERT_EQ(last.sizes(), (at::IntArrayRef{2, m.config().vocab_size}));
+  EXPECT_EQ(cache.length(0), 6);
+  EXPECT_EQ(cache.length(1), 4);
+  EXPECT_LE((last[0] - full_a[0][5]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((last[1] - full_c[0][3]).abs().max().item<double>(), 1e-5);
+  at::Tensor step = m.decode(cache, {0, 1}, at::cat({a.narrow(1, 6, 1), at::full({1, 1}, 7, at::kLong)}, 0));
+  EXPECT_LE((step[0][0] - full_a[0][6]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((step[1][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), 1e-5);
+  EXPECT_THROW(m.decode(cache, {0, 1}, padded, {{6}, false}), ValueError);
+  EXPECT_THROW(m.decode(cache, {0, 1}, padded, {{7, 1}, false}), ValueError);
   // Misuse is an error, not a crash.
   EXPECT_THROW(m.decode(cache, {0}, at::zeros({1, 20}, at::kLong)), ValueError);
   EXPECT_THROW(m.decode(cache, {5}, at::zeros({1, 1}, at::kLong)), ValueError);

@@ -472,7 +472,8 @@ KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   return cache;
 }
 
-at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens) const {
+at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens,
+                            const DecodeOptions& options) const {
   const Impl& m = *impl_;
   check_ids(tokens, "tokens", m.config.vocab_size);
   const int64_t N = tokens.size(0), T = tokens.size(1);
@@ -480,6 +481,14 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     throw ValueError(str("decode: ", slots.size(), " slots for ", N, " token rows"));
   if (static_cast<int64_t>(cache.k_.size()) != m.config.num_hidden_layers)
     throw ValueError("decode: the KV cache was made for another model");
+  if (!options.lengths.empty() && static_cast<int64_t>(options.lengths.size()) != N)
+    throw ValueError(str("decode: ", options.lengths.size(), " lengths for ", N, " token rows"));
+  std::vector<int64_t> counts(N, T);
+  for (int64_t i = 0; i < N && !options.lengths.empty(); ++i) {
+    counts[i] = options.lengths[i];
+    if (counts[i] < 1 || counts[i] > T)
+      throw ValueError(str("decode: row ", i, " has length ", counts[i], ", expected 1..", T));
+  }
   std::vector<int64_t> starts(N);
   std::vector<bool> seen(cache.num_slots(), false);
   int64_t kv_len = 0;
@@ -515,7 +524,11 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     step.v = &cache.v_[l];
     x = layer_forward(m.layers[l], m.config, x, a, &step);
   }
-  for (int64_t i = 0; i < N; ++i) cache.lengths_[slots[i]] += T;
+  for (int64_t i = 0; i < N; ++i) cache.lengths_[slots[i]] += counts[i];
+  if (options.last_only) {
+    at::Tensor last = at::tensor(counts, at::kLong).to(m.device).sub_(1).view({N, 1, 1}).expand({N, 1, x.size(2)});
+    x = x.gather(1, last).squeeze(1);  // [N, C]
+  }
   return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
 }
 

@@ -145,9 +145,22 @@ class CausalLM {
   // decode() appends tokens [N, T'] to the N distinct `slots` (T' = prompt length for a
   // prefill, 1 for a decode step; one call may mix slots at different lengths) and returns
   // the logits [N, T', V] of the new positions. Positions continue from each slot's length.
-  // Runs without autograd.
+  // Runs without autograd. See DecodeOptions for ragged prefills and last-token logits.
   KVCache new_cache(int64_t num_slots, int64_t capacity) const;
-  at::Tensor decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens) const;
+  struct DecodeOptions {
+    // Valid tokens per row when `tokens` is right-padded (ragged prefill); empty = all T'.
+    // A slot advances by its own count; its padded tail is written but never attended to,
+    // so length + T' must still fit in the capacity.
+    std::vector<int64_t> lengths;
+    // Return only each row's last valid position: [N, V] instead of [N, T', V] (what a
+    // sampler needs; skips the lm_head over the rest of a prefill).
+    bool last_only = false;
+  };
+  at::Tensor decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens,
+                    const DecodeOptions& options) const;
+  at::Tensor decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens) const {
+    return decode(cache, slots, tokens, DecodeOptions{});
+  }
 
   struct Impl;
 
