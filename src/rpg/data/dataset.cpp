@@ -156,8 +156,10 @@ std::vector<Row> read_parquet(const fs::path& path) {
   Strings split(r, r.field(extra_info, "extra_info", "split", kExtraInfoType, "string or null"), "extra_info.split",
                 true);
 
+  const auto* index64 = index->type_id() == arrow::Type::INT64 ? static_cast<const arrow::Int64Array*>(index.get()) : nullptr;
   auto integer_at = [&](int64_t i) -> int64_t {
     if (index->IsNull(i)) r.null_value("extra_info.index", i);
+    if (index64) return index64->Value(i);
     auto scalar = index->GetScalar(i);
     if (!scalar.ok()) r.null_value("extra_info.index", i);
     auto as64 = (*scalar)->CastTo(arrow::int64());
