@@ -119,7 +119,7 @@ TEST(RewardRegistry, DispatchStrictOptionAndBatchEqualVerl) {
 }
 
 TEST(RewardOverlong, PenaltyMatchesTheClosedForm) {
-  reward::OverlongConfig c{.enable = true, .buffer_len = 512, .penalty_factor = 1.0, .max_response_length = 1024};
+  reward::OverlongConfig c{.enable = true, .len = 512, .penalty_factor = 1.0, .max_response_length = 1024};
   // expected length 512: no penalty up to it, then a linear ramp to -factor at 1024.
   EXPECT_EQ(reward::overlong_penalty(c, 0), 0.0);
   EXPECT_EQ(reward::overlong_penalty(c, 512), 0.0);
@@ -139,18 +139,18 @@ TEST(RewardOverlong, PenaltyMatchesTheClosedForm) {
 }
 
 TEST(RewardOverlong, InvalidConfigNamesTheField) {
-  reward::OverlongConfig c{.enable = true, .buffer_len = 0, .penalty_factor = 1.0, .max_response_length = 1024};
+  reward::OverlongConfig c{.enable = true, .len = 0, .penalty_factor = 1.0, .max_response_length = 1024};
   try {
     reward::validate(c);
     FAIL();
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("overlong_buffer.len"), std::string::npos);
   }
-  c.buffer_len = 2048;
+  c.len = 2048;
   EXPECT_THROW(reward::validate(c), ValueError);
   std::vector<int64_t> lengths = {1};
   std::vector<double> scores = {1.0, 2.0};
-  c.buffer_len = 512;
+  c.len = 512;
   EXPECT_THROW(reward::apply_overlong_penalty(c, lengths, scores), ValueError);
 }
 

@@ -8,18 +8,18 @@ namespace rpg::reward {
 
 void validate(const OverlongConfig& c) {
   if (!c.enable) return;
-  if (c.buffer_len <= 0) throw ValueError(str("overlong_buffer.len: got ", c.buffer_len, ", expected > 0"));
-  if (c.max_response_length < c.buffer_len)
+  if (c.len <= 0) throw ValueError(str("overlong_buffer.len: got ", c.len, ", expected > 0"));
+  if (c.max_response_length < c.len)
     throw ValueError(str("overlong_buffer: max_response_length ", c.max_response_length,
-                         " must be >= overlong_buffer.len ", c.buffer_len));
+                         " must be >= overlong_buffer.len ", c.len));
 }
 
 double overlong_penalty(const OverlongConfig& c, int64_t response_length) {
   if (!c.enable) return 0.0;
   validate(c);
-  const int64_t expected = c.max_response_length - c.buffer_len;
+  const int64_t expected = c.max_response_length - c.len;
   const double exceed = static_cast<double>(response_length - expected);
-  return std::min(-exceed / static_cast<double>(c.buffer_len) * c.penalty_factor, 0.0);
+  return std::min(-exceed / static_cast<double>(c.len) * c.penalty_factor, 0.0);
 }
 
 void apply_overlong_penalty(const OverlongConfig& c, std::span<const int64_t> lengths, std::span<double> scores) {

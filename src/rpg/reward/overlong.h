@@ -1,6 +1,6 @@
 // DAPO overlong reward shaping, a step separate from scoring: a response whose length
-// L (tokens) falls in the last `buffer_len` tokens before `max_response_length` gets
-//   penalty = min(-(L - (max_response_length - buffer_len)) / buffer_len * penalty_factor, 0)
+// L (tokens) falls in the last `len` tokens before `max_response_length` gets
+//   penalty = min(-(L - (max_response_length - len)) / len * penalty_factor, 0)
 // added to its score (verl's DAPORewardManager overlong_buffer: len, penalty_factor).
 #pragma once
 
@@ -11,9 +11,9 @@ namespace rpg::reward {
 
 struct OverlongConfig {
   bool enable = false;              // apply the penalty at all
-  int64_t buffer_len = 512;         // tokens before the maximum where the penalty ramps up (> 0)
+  int64_t len = 512;                // overlong_buffer.len: tokens before the maximum where the penalty ramps up (> 0)
   double penalty_factor = 1.0;      // penalty at (and beyond) the maximum length
-  int64_t max_response_length = 0;  // the rollout's maximum response length (>= buffer_len)
+  int64_t max_response_length = 0;  // the rollout's maximum response length (>= len)
 };
 
 // Throws ValueError naming the field when an enabled config is invalid.
