@@ -227,3 +227,50 @@ TEST(Safetensors, SerializedHeaderRoundTripsAndIsAligned) {
 
 }  // namespace
 }  // namespace rpg::model
+
+namespace rpg::model {
+namespace {
+
+double status_mb(const std::string& key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stod(line.substr(key.size() + 1)) / 1024.0;
+  return -1;
+}
+
+// Loading holds the weights once: the peak resident memory during from_pretrained is the
+// parameters plus about one tensor's mapped pages, not parameters + the whole mapped file.
+TEST(CheckpointMemory, LoadingNeverHoldsTwoCopies) {
+  rpg::test::TempDir dir;
+  int64_t largest = 0, total = 0;
+  {
+    at::manual_seed(0);
+    CausalLM m(ModelConfig::from_json(test::tiny_config_json("qwen2", R"("vocab_size": 40000, "hidden_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "num_hidden_layers": 4)"),
+                                      "big"),
+               at::kFloat);
+    for (auto& p : m.parameters()) {
+      largest = std::max<int64_t>(largest, p.nbytes());
+      total += p.nbytes();
+    }
+    m.save_pretrained(dir / "m");
+  }
+  const double mb = 1024.0 * 1024.0;
+  ASSERT_GT(total / mb, 80.0);
+  std::ofstream reset("/proc/self/clear_refs");
+  ASSERT_TRUE(reset.good()) << "cannot reset the peak-RSS counter";
+  double before = status_mb("VmRSS");
+  reset << "5" << std::flush;
+  ASSERT_TRUE(reset.good());
+  CausalLM m = CausalLM::from_pretrained(dir / "m");
+  double peak = status_mb("VmHWM") - before;
+  std::printf("[ measure  ] load peak %.1f MB for %.1f MB of parameters (largest tensor %.1f MB)\n", peak,
+              total / mb, largest / mb);
+  // Two copies would be ~2x the parameters; one copy plus one tensor's pages plus slack.
+  EXPECT_LE(peak, (total + largest) / mb + 16.0);
+  EXPECT_GE(peak, total / mb * 0.9) << "the measurement must see the parameters themselves";
+}
+
+}  // namespace
+}  // namespace rpg::model
