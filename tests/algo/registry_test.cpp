@@ -62,9 +62,8 @@ PolicyLossConfig full_config() {
   return c;
 }
 
-class EveryLoss : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(EveryLoss, FiniteLossAndMetrics) {
+void FiniteLossAndMetrics(const std::string& name) {
   for (bool clip : {true, false})
     for (auto kl : {Divergence::FKL, Divergence::RKL, Divergence::UFKL, Divergence::URKL}) {
       auto b = random_batch(1, true);
@@ -73,7 +72,7 @@ TEST_P(EveryLoss, FiniteLossAndMetrics) {
       c.kl = kl;
       c.rollout_correction = RolloutCorrection::Token;
       b.in.normaliser = loss_normaliser(b.in.response_mask, c.loss_agg_mode);
-      auto out = compute_policy_loss(GetParam(), b.in, c);
+      auto out = compute_policy_loss(name, b.in, c);
       ASSERT_EQ(out.loss.dim(), 0);
       EXPECT_TRUE(std::isfinite(out.loss.item<double>()));
       auto g = test::grad_of(out.loss, b.theta);
@@ -83,13 +82,13 @@ TEST_P(EveryLoss, FiniteLossAndMetrics) {
       for (const char* key : {"actor/pg_loss", "actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/pg_clipfrac_upper",
                               "actor/ppo_kl", "actor/ratio_mean", "actor/entropy", "actor/ref_kl",
                               "actor/rollout_is_mean"}) {
-        ASSERT_TRUE(out.metrics.count(key)) << GetParam() << " lacks " << key;
+        ASSERT_TRUE(out.metrics.count(key)) << name << " lacks " << key;
         EXPECT_TRUE(std::isfinite(out.metrics.at(key).item<double>())) << key;
       }
     }
 }
 
-TEST_P(EveryLoss, ZeroAdvantagesAndZeroBetaGiveZeroGradient) {
+void ZeroAdvantagesAndZeroBetaGiveZeroGradient(const std::string& name) {
   for (bool clip : {true, false})
     for (auto kl : {Divergence::FKL, Divergence::RKL, Divergence::UFKL, Divergence::URKL}) {
       auto b = random_batch(2, true);
@@ -100,12 +99,12 @@ TEST_P(EveryLoss, ZeroAdvantagesAndZeroBetaGiveZeroGradient) {
       c.kl = kl;
       c.kl_coef = 0.0;
       b.in.normaliser = loss_normaliser(b.in.response_mask, c.loss_agg_mode);
-      auto g = test::grad_of(compute_policy_loss(GetParam(), b.in, c).loss, b.theta);
-      EXPECT_EQ(g.abs().max().item<double>(), 0.0) << GetParam() << " " << to_string(kl) << " clip=" << clip;
+      auto g = test::grad_of(compute_policy_loss(name, b.in, c).loss, b.theta);
+      EXPECT_EQ(g.abs().max().item<double>(), 0.0) << name << " " << to_string(kl) << " clip=" << clip;
     }
 }
 
-TEST_P(EveryLoss, MicroBatchSplitKeepsLossAndGradient) {
+void MicroBatchSplitKeepsLossAndGradient(const std::string& name) {
   for (auto mode : {LossAggMode::TokenMean, LossAggMode::SeqMeanTokenSum, LossAggMode::SeqMeanTokenMean,
                     LossAggMode::SeqMeanTokenSumNorm})
     for (auto rc : {RolloutCorrection::None, RolloutCorrection::Sequence}) {
@@ -115,40 +114,62 @@ TEST_P(EveryLoss, MicroBatchSplitKeepsLossAndGradient) {
       c.loss_scale_factor = T;
       c.rollout_correction = rc;
       b.in.normaliser = loss_normaliser(b.in.response_mask, mode);
-      auto whole = compute_policy_loss(GetParam(), b.in, c).loss;
+      auto whole = compute_policy_loss(name, b.in, c).loss;
       auto g_whole = test::grad_of(whole, b.theta);
       at::Tensor sum = at::zeros({}, at::kDouble);
       for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}, {3, 6}})
-        sum = sum + compute_policy_loss(GetParam(), rows(b.in, begin, end), c).loss;
+        sum = sum + compute_policy_loss(name, rows(b.in, begin, end), c).loss;
       auto g_sum = test::grad_of(sum, b.theta);
-      EXPECT_NEAR(sum.item<double>(), whole.item<double>(), 1e-12) << GetParam() << " " << to_string(mode);
-      EXPECT_LT(test::max_abs_diff(g_sum, g_whole), 1e-12) << GetParam() << " " << to_string(mode);
+      EXPECT_NEAR(sum.item<double>(), whole.item<double>(), 1e-12) << name << " " << to_string(mode);
+      EXPECT_LT(test::max_abs_diff(g_sum, g_whole), 1e-12) << name << " " << to_string(mode);
       // Using the micro-batch's own normaliser (the accumulation bug) would differ.
       if (mode == LossAggMode::TokenMean && rc == RolloutCorrection::None) {
         at::Tensor buggy = at::zeros({}, at::kDouble);
         for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 2}, {2, 3}, {3, 6}}) {
           auto part = rows(b.in, begin, end);
           part.normaliser = loss_normaliser(part.response_mask, mode) * 3;  // mean of 3 micro-batch means
-          buggy = buggy + compute_policy_loss(GetParam(), part, c).loss;
+          buggy = buggy + compute_policy_loss(name, part, c).loss;
         }
-        EXPECT_GT(std::abs(buggy.item<double>() - whole.item<double>()), 1e-6) << GetParam();
+        EXPECT_GT(std::abs(buggy.item<double>() - whole.item<double>()), 1e-6) << name;
       }
     }
 }
 
-TEST_P(EveryLoss, EntropyBonusSubtractsAggregatedEntropy) {
+void EntropyBonusSubtractsAggregatedEntropy(const std::string& name) {
   auto b = random_batch(6, true);
   auto c = full_config();
   c.loss_agg_mode = LossAggMode::SeqMeanTokenMean;
   b.in.normaliser = loss_normaliser(b.in.response_mask, c.loss_agg_mode);
   c.entropy_coeff = 0.0;
-  auto base = compute_policy_loss(GetParam(), b.in, c).loss;
+  auto base = compute_policy_loss(name, b.in, c).loss;
   c.entropy_coeff = 0.3;
-  auto with_bonus = compute_policy_loss(GetParam(), b.in, c).loss;
+  auto with_bonus = compute_policy_loss(name, b.in, c).loss;
   auto ent = agg_loss(b.in.entropy, b.in.response_mask, c.loss_agg_mode, b.in.normaliser);
   EXPECT_NEAR((with_bonus - base).item<double>(), (-0.3 * ent).item<double>(), 1e-12);
   auto g = test::grad_of(with_bonus - base, b.theta);
   EXPECT_LT(test::max_abs_diff(g, test::grad_of(-0.3 * ent, b.theta)), 1e-12);
+}
+
+class EveryLoss : public ::testing::TestWithParam<std::string> {};
+
+// One process per registered name (each test process pays libtorch start-up).
+TEST_P(EveryLoss, AllProperties) {
+  {
+    SCOPED_TRACE("FiniteLossAndMetrics");
+    FiniteLossAndMetrics(GetParam());
+  }
+  {
+    SCOPED_TRACE("ZeroAdvantagesAndZeroBetaGiveZeroGradient");
+    ZeroAdvantagesAndZeroBetaGiveZeroGradient(GetParam());
+  }
+  {
+    SCOPED_TRACE("MicroBatchSplitKeepsLossAndGradient");
+    MicroBatchSplitKeepsLossAndGradient(GetParam());
+  }
+  {
+    SCOPED_TRACE("EntropyBonusSubtractsAggregatedEntropy");
+    EntropyBonusSubtractsAggregatedEntropy(GetParam());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registered, EveryLoss, ::testing::ValuesIn(policy_loss_names()));
@@ -231,33 +252,50 @@ AdvantageInputs random_rewards(uint64_t seed) {
   return in;
 }
 
-class EveryEstimator : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(EveryEstimator, FiniteAndZeroOnPadding) {
+void FiniteAndZeroOnPadding(const std::string& name) {
   auto in = random_rewards(1);
-  auto out = compute_advantage(GetParam(), in);
+  auto out = compute_advantage(name, in);
   ASSERT_EQ(out.advantages.sizes(), in.token_level_rewards.sizes());
   EXPECT_TRUE(out.advantages.isfinite().all().item<bool>());
   EXPECT_EQ(out.advantages.masked_select(in.response_mask == 0).abs().sum().item<double>(), 0.0);
   EXPECT_FALSE(out.advantages.requires_grad());
 }
 
-TEST_P(EveryEstimator, RowOrderDoesNotMatter) {
+void RowOrderDoesNotMatter(const std::string& name) {
   auto in = random_rewards(2);
   auto perm = at::tensor({3, 0, 6, 1, 5, 2, 4}, at::kLong);
   auto shuffled = in;
   shuffled.token_level_rewards = in.token_level_rewards.index_select(0, perm);
   shuffled.response_mask = in.response_mask.index_select(0, perm);
   shuffled.group_index = in.group_index.index_select(0, perm);
-  auto a = compute_advantage(GetParam(), in).advantages.index_select(0, perm);
-  auto b = compute_advantage(GetParam(), shuffled).advantages;
+  auto a = compute_advantage(name, in).advantages.index_select(0, perm);
+  auto b = compute_advantage(name, shuffled).advantages;
   EXPECT_LT(test::max_abs_diff(a, b), 1e-12);
 }
 
-TEST_P(EveryEstimator, ZeroRewardsGiveZeroAdvantages) {
+void ZeroRewardsGiveZeroAdvantages(const std::string& name) {
   auto in = random_rewards(3);
   in.token_level_rewards = at::zeros_like(in.token_level_rewards);
-  EXPECT_EQ(compute_advantage(GetParam(), in).advantages.abs().max().item<double>(), 0.0);
+  EXPECT_EQ(compute_advantage(name, in).advantages.abs().max().item<double>(), 0.0);
+}
+
+class EveryEstimator : public ::testing::TestWithParam<std::string> {};
+
+// One process per registered name (each test process pays libtorch start-up).
+TEST_P(EveryEstimator, AllProperties) {
+  {
+    SCOPED_TRACE("FiniteAndZeroOnPadding");
+    FiniteAndZeroOnPadding(GetParam());
+  }
+  {
+    SCOPED_TRACE("RowOrderDoesNotMatter");
+    RowOrderDoesNotMatter(GetParam());
+  }
+  {
+    SCOPED_TRACE("ZeroRewardsGiveZeroAdvantages");
+    ZeroRewardsGiveZeroAdvantages(GetParam());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Registered, EveryEstimator, ::testing::ValuesIn(advantage_names()));

@@ -70,11 +70,7 @@ class VerlParity : public ::testing::TestWithParam<uint64_t> {
  protected:
   void SetUp() override {
     batch_ = make_batch(GetParam());
-    // One oracle run per batch (importing verl takes seconds), shared by the tests.
-    static std::map<uint64_t, std::map<std::string, at::Tensor>> cache;
-    auto it = cache.find(GetParam());
-    if (it == cache.end()) it = cache.emplace(GetParam(), run_verl(batch_)).first;
-    verl_ = it->second;
+    verl_ = run_verl(batch_);
   }
   const at::Tensor& verl(const std::string& key) const {
     auto it = verl_.find(key);
@@ -104,95 +100,136 @@ class VerlParity : public ::testing::TestWithParam<uint64_t> {
     if (metrics) *metrics = out.metrics;
     return {out.loss.detach(), test::grad_of(out.loss, lp)};
   }
+
+  void AdvantageEstimators() {
+    AdvantageInputs in;
+    in.token_level_rewards = batch_.t.at("token_level_rewards");
+    in.response_mask = batch_.t.at("response_mask");
+    in.group_index = batch_.t.at("group_index").to(at::kLong);
+    in.gamma = batch_.gamma;
+    for (auto [ours_name, verl_name] : std::vector<std::pair<std::string, std::string>>{
+             {"grpo", "grpo"}, {"drgrpo", "drgrpo"}, {"rpg", "drgrpo"}, {"rloo", "rloo"},
+             {"rfpp", "rfpp"}, {"rfppb", "rfppb"}}) {
+      auto out = compute_advantage(ours_name, in);
+      EXPECT_LT(test::max_abs_diff(out.advantages, verl("adv/" + verl_name)), kTol) << ours_name;
+    }
+    EXPECT_LT(test::max_abs_diff(compute_advantage("rfpp", in).returns, verl("ret/rfpp")), kTol);
+  }
+
+  void PpoClipLossGradientAndMetricsInEveryAggMode() {
+    for (const char* mode : kModes) {
+      std::map<std::string, at::Tensor> metrics;
+      auto [loss, grad] = ours("ppo", config(mode), &metrics);
+      std::string p = std::string("ppo/") + mode + "/";
+      EXPECT_NEAR(loss.item<double>(), verl(p + "loss").item<double>(), kTol) << mode;
+      EXPECT_LT(test::max_abs_diff(grad, verl(p + "grad")), kTol) << mode;
+      for (const char* key : {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"})
+        EXPECT_NEAR(metrics.at(key).item<double>(), verl(p + key).item<double>(), kTol) << mode << " " << key;
+      // The grid must exercise every branch, or the comparison proves little.
+      if (std::string(mode) == "token-mean") {
+        EXPECT_GT(metrics.at("actor/pg_clipfrac").item<double>(), 0.0);
+        EXPECT_GT(metrics.at("actor/pg_clipfrac_lower").item<double>(), 0.0);
+      }
+    }
+  }
+
+  // RPG-Style Clip without KL is PPO dual-clip: Algorithm 1 gives verl's loss and gradient;
+  // Algorithm 2 (a different loss value, -SG(w) A' log pi) gives verl's gradient.
+  void RpgClipWithoutKlMatchesPpo() {
+    for (const char* mode : kModes) {
+      auto c = config(mode);
+      c.clip = true;
+      c.kl_coef = 0.0;
+      std::string p = std::string("ppo/") + mode + "/";
+      auto [loss1, grad1] = ours("rpg", c);
+      EXPECT_NEAR(loss1.item<double>(), verl(p + "loss").item<double>(), kTol) << mode;
+      EXPECT_LT(test::max_abs_diff(grad1, verl(p + "grad")), kTol) << mode;
+      auto [loss2, grad2] = ours("rpg_reinforce", c);
+      EXPECT_LT(test::max_abs_diff(grad2, verl(p + "grad")), kTol) << mode;
+    }
+  }
+
+  void GspoAndCispo() {
+    for (const char* name : {"gspo", "cispo"}) {
+      std::map<std::string, at::Tensor> metrics;
+      auto [loss, grad] = ours(name, config("token-mean"), &metrics);
+      EXPECT_NEAR(loss.item<double>(), verl(std::string(name) + "/loss").item<double>(), kTol) << name;
+      EXPECT_LT(test::max_abs_diff(grad, verl(std::string(name) + "/grad")), kTol) << name;
+      EXPECT_NEAR(metrics.at("actor/pg_clipfrac").item<double>(),
+                  verl(std::string(name) + "/actor/pg_clipfrac").item<double>(), kTol) << name;
+    }
+  }
+
+  void KlEstimators() {
+    const auto& lp = batch_.t.at("log_probs");
+    const auto& ref = batch_.t.at("ref_log_probs");
+    for (const char* est : {"kl", "abs", "mse", "low_var_kl"})
+      EXPECT_LT(test::max_abs_diff(kl_estimate(lp, ref, parse_kl_estimator(est)), verl(std::string("kl/") + est)), kTol)
+          << est;
+  }
+
+  void KlPenaltyInReward() {
+    const auto& mask = batch_.t.at("response_mask");
+    auto ours = apply_kl_penalty(batch_.t.at("token_level_rewards"), batch_.t.at("old_log_probs"),
+                                 batch_.t.at("ref_log_probs"), mask, 0.05, KlEstimator::K1);
+    // verl's compute_rewards does not mask; compare on response tokens.
+    EXPECT_LT(test::max_abs_diff(ours * mask, verl("rewards_kl") * mask), kTol);
+  }
+
+  void MicroBatchAggregationWithGlobalNormaliser() {
+    const auto& mask = batch_.t.at("response_mask");
+    auto mat = batch_.t.at("loss_mat");
+    for (const char* mode : kModes) {
+      auto m = parse_loss_agg_mode(mode);
+      double n = loss_normaliser(mask, m);
+      auto part = agg_loss(mat.slice(0, 0, batch_.split), mask.slice(0, 0, batch_.split), m, n, batch_.scale);
+      EXPECT_NEAR(part.item<double>(), verl(std::string("micro/") + mode + "/loss").item<double>(), kTol) << mode;
+    }
+  }
+
   Batch batch_;
   std::map<std::string, at::Tensor> verl_;
 };
 
-TEST_P(VerlParity, AdvantageEstimators) {
-  AdvantageInputs in;
-  in.token_level_rewards = batch_.t.at("token_level_rewards");
-  in.response_mask = batch_.t.at("response_mask");
-  in.group_index = batch_.t.at("group_index").to(at::kLong);
-  in.gamma = batch_.gamma;
-  for (auto [ours_name, verl_name] : std::vector<std::pair<std::string, std::string>>{
-           {"grpo", "grpo"}, {"drgrpo", "drgrpo"}, {"rpg", "drgrpo"}, {"rloo", "rloo"},
-           {"rfpp", "rfpp"}, {"rfppb", "rfppb"}}) {
-    auto out = compute_advantage(ours_name, in);
-    EXPECT_LT(test::max_abs_diff(out.advantages, verl("adv/" + verl_name)), kTol) << ours_name;
+// One test per batch: the oracle (importing verl takes seconds) runs once per process.
+TEST_P(VerlParity, AgreesWithVerl) {
+  {
+    SCOPED_TRACE("AdvantageEstimators");
+    AdvantageEstimators();
   }
-  EXPECT_LT(test::max_abs_diff(compute_advantage("rfpp", in).returns, verl("ret/rfpp")), kTol);
-}
-
-TEST_P(VerlParity, PpoClipLossGradientAndMetricsInEveryAggMode) {
-  for (const char* mode : kModes) {
-    std::map<std::string, at::Tensor> metrics;
-    auto [loss, grad] = ours("ppo", config(mode), &metrics);
-    std::string p = std::string("ppo/") + mode + "/";
-    EXPECT_NEAR(loss.item<double>(), verl(p + "loss").item<double>(), kTol) << mode;
-    EXPECT_LT(test::max_abs_diff(grad, verl(p + "grad")), kTol) << mode;
-    for (const char* key : {"actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower"})
-      EXPECT_NEAR(metrics.at(key).item<double>(), verl(p + key).item<double>(), kTol) << mode << " " << key;
-    // The grid must exercise every branch, or the comparison proves little.
-    if (std::string(mode) == "token-mean") {
-      EXPECT_GT(metrics.at("actor/pg_clipfrac").item<double>(), 0.0);
-      EXPECT_GT(metrics.at("actor/pg_clipfrac_lower").item<double>(), 0.0);
-    }
+  {
+    SCOPED_TRACE("PpoClipLossGradientAndMetricsInEveryAggMode");
+    PpoClipLossGradientAndMetricsInEveryAggMode();
   }
-}
-
-// RPG-Style Clip without KL is PPO dual-clip: Algorithm 1 gives verl's loss and gradient;
-// Algorithm 2 (a different loss value, -SG(w) A' log pi) gives verl's gradient.
-TEST_P(VerlParity, RpgClipWithoutKlMatchesPpo) {
-  for (const char* mode : kModes) {
-    auto c = config(mode);
-    c.clip = true;
-    c.kl_coef = 0.0;
-    std::string p = std::string("ppo/") + mode + "/";
-    auto [loss1, grad1] = ours("rpg", c);
-    EXPECT_NEAR(loss1.item<double>(), verl(p + "loss").item<double>(), kTol) << mode;
-    EXPECT_LT(test::max_abs_diff(grad1, verl(p + "grad")), kTol) << mode;
-    auto [loss2, grad2] = ours("rpg_reinforce", c);
-    EXPECT_LT(test::max_abs_diff(grad2, verl(p + "grad")), kTol) << mode;
+  {
+    SCOPED_TRACE("RpgClipWithoutKlMatchesPpo");
+    RpgClipWithoutKlMatchesPpo();
+  }
+  {
+    SCOPED_TRACE("GspoAndCispo");
+    GspoAndCispo();
+  }
+  {
+    SCOPED_TRACE("KlEstimators");
+    KlEstimators();
+  }
+  {
+    SCOPED_TRACE("KlPenaltyInReward");
+    KlPenaltyInReward();
+  }
+  {
+    SCOPED_TRACE("MicroBatchAggregationWithGlobalNormaliser");
+    MicroBatchAggregationWithGlobalNormaliser();
   }
 }
 
-TEST_P(VerlParity, GspoAndCispo) {
-  for (const char* name : {"gspo", "cispo"}) {
-    std::map<std::string, at::Tensor> metrics;
-    auto [loss, grad] = ours(name, config("token-mean"), &metrics);
-    EXPECT_NEAR(loss.item<double>(), verl(std::string(name) + "/loss").item<double>(), kTol) << name;
-    EXPECT_LT(test::max_abs_diff(grad, verl(std::string(name) + "/grad")), kTol) << name;
-    EXPECT_NEAR(metrics.at("actor/pg_clipfrac").item<double>(),
-                verl(std::string(name) + "/actor/pg_clipfrac").item<double>(), kTol) << name;
-  }
-}
 
-TEST_P(VerlParity, KlEstimators) {
-  const auto& lp = batch_.t.at("log_probs");
-  const auto& ref = batch_.t.at("ref_log_probs");
-  for (const char* est : {"kl", "abs", "mse", "low_var_kl"})
-    EXPECT_LT(test::max_abs_diff(kl_estimate(lp, ref, parse_kl_estimator(est)), verl(std::string("kl/") + est)), kTol)
-        << est;
-}
 
-TEST_P(VerlParity, KlPenaltyInReward) {
-  const auto& mask = batch_.t.at("response_mask");
-  auto ours = apply_kl_penalty(batch_.t.at("token_level_rewards"), batch_.t.at("old_log_probs"),
-                               batch_.t.at("ref_log_probs"), mask, 0.05, KlEstimator::K1);
-  // verl's compute_rewards does not mask; compare on response tokens.
-  EXPECT_LT(test::max_abs_diff(ours * mask, verl("rewards_kl") * mask), kTol);
-}
 
-TEST_P(VerlParity, MicroBatchAggregationWithGlobalNormaliser) {
-  const auto& mask = batch_.t.at("response_mask");
-  auto mat = batch_.t.at("loss_mat");
-  for (const char* mode : kModes) {
-    auto m = parse_loss_agg_mode(mode);
-    double n = loss_normaliser(mask, m);
-    auto part = agg_loss(mat.slice(0, 0, batch_.split), mask.slice(0, 0, batch_.split), m, n, batch_.scale);
-    EXPECT_NEAR(part.item<double>(), verl(std::string("micro/") + mode + "/loss").item<double>(), kTol) << mode;
-  }
-}
+
+
+
+
 
 INSTANTIATE_TEST_SUITE_P(RandomBatches, VerlParity, ::testing::Values(1u, 2u, 3u));
 
