@@ -1,7 +1,6 @@
 #include "rpg/data/prepare.h"
 
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
@@ -16,13 +15,13 @@ constexpr std::string_view kPromptBefore =
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n";
 constexpr std::string_view kPromptAfter = "\n\nRemember to put your answer on its own line after \"Answer:\".";
 
-std::string field_text(const nlohmann::json& v, const fs::path& path, size_t line, const std::string& key) {
+std::string field_text(const nlohmann::json& v, const std::string& source, size_t line, const std::string& key) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number() || v.is_boolean()) return v.dump();
-  throw FormatError(str(path.string(), ":", line, ": key '", key, "' must be a string or a number, got ", v.type_name()));
+  throw FormatError(str(source, ":", line, ": key '", key, "' must be a string or a number, got ", v.type_name()));
 }
 
-std::vector<std::vector<std::string>> parse_csv(const std::string& text, const fs::path& path) {
+std::vector<std::vector<std::string>> parse_csv(std::string_view text, const std::string& source) {
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> row;
   std::string field;
@@ -69,7 +68,7 @@ std::vector<std::vector<std::string>> parse_csv(const std::string& text, const f
       field_started = true;
     }
   }
-  if (quoted) throw FormatError(str(path.string(), ":", line, ": unterminated quoted field"));
+  if (quoted) throw FormatError(str(source, ":", line, ": unterminated quoted field"));
   if (field_started || !row.empty() || !field.empty()) end_row();
   return rows;
 }
@@ -83,51 +82,62 @@ std::string apply_prompt_template(std::string_view problem) {
   return out;
 }
 
-std::vector<ProblemRecord> read_jsonl_records(const fs::path& path, const RecordColumns& columns) {
-  std::istringstream in(read_file(path));
+std::vector<ProblemRecord> parse_jsonl_records(std::string_view text, const std::string& source,
+                                               const RecordColumns& columns) {
   std::vector<ProblemRecord> out;
-  size_t line_no = 0;
-  for (std::string line; std::getline(in, line);) {
+  size_t line_no = 0, start = 0;
+  while (start < text.size()) {
+    size_t nl = text.find('\n', start);
+    std::string_view line = text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
+    start = nl == std::string_view::npos ? text.size() : nl + 1;
     ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::exception& e) {
-      throw FormatError(str(path.string(), ":", line_no, ": invalid JSON: ", e.what()));
+      throw FormatError(str(source, ":", line_no, ": invalid JSON: ", e.what()));
     }
-    if (!j.is_object()) throw FormatError(str(path.string(), ":", line_no, ": expected a JSON object"));
+    if (!j.is_object()) throw FormatError(str(source, ":", line_no, ": expected a JSON object"));
     ProblemRecord r;
     for (auto [key, dest] : {std::pair{&columns.problem, &r.problem}, std::pair{&columns.answer, &r.answer}}) {
       auto it = j.find(*key);
-      if (it == j.end()) throw FormatError(str(path.string(), ":", line_no, ": missing key '", *key, "'"));
-      *dest = field_text(*it, path, line_no, *key);
+      if (it == j.end()) throw FormatError(str(source, ":", line_no, ": missing key '", *key, "'"));
+      *dest = field_text(*it, source, line_no, *key);
     }
     out.push_back(std::move(r));
   }
   return out;
 }
 
-std::vector<ProblemRecord> read_csv_records(const fs::path& path, const RecordColumns& columns) {
-  auto rows = parse_csv(read_file(path), path);
-  if (rows.empty()) throw FormatError(str(path.string(), ": empty CSV file (expected a header row)"));
+std::vector<ProblemRecord> parse_csv_records(std::string_view text, const std::string& source,
+                                             const RecordColumns& columns) {
+  auto rows = parse_csv(text, source);
+  if (rows.empty()) throw FormatError(str(source, ": empty CSV file (expected a header row)"));
   const auto& header = rows[0];
   auto col = [&](const std::string& name) {
     for (size_t c = 0; c < header.size(); ++c)
       if (header[c] == name) return c;
     std::string have;
     for (const auto& h : header) have += (have.empty() ? "" : ", ") + h;
-    throw FormatError(str(path.string(), ": no column '", name, "' in the header (have: ", have, ")"));
+    throw FormatError(str(source, ": no column '", name, "' in the header (have: ", have, ")"));
   };
   size_t p = col(columns.problem), a = col(columns.answer);
   std::vector<ProblemRecord> out;
   for (size_t i = 1; i < rows.size(); ++i) {
     if (rows[i].size() != header.size())
-      throw FormatError(str(path.string(), ": record ", i, " has ", rows[i].size(), " fields, the header has ",
-                            header.size()));
+      throw FormatError(str(source, ": record ", i, " has ", rows[i].size(), " fields, the header has ", header.size()));
     out.push_back({rows[i][p], rows[i][a]});
   }
   return out;
+}
+
+std::vector<ProblemRecord> read_jsonl_records(const fs::path& path, const RecordColumns& columns) {
+  return parse_jsonl_records(read_file(path), path.string(), columns);
+}
+
+std::vector<ProblemRecord> read_csv_records(const fs::path& path, const RecordColumns& columns) {
+  return parse_csv_records(read_file(path), path.string(), columns);
 }
 
 std::vector<ProblemRecord> read_records(const fs::path& path, const RecordColumns& columns) {

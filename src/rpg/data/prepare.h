@@ -31,6 +31,11 @@ struct RecordColumns {
 std::vector<ProblemRecord> read_jsonl_records(const std::filesystem::path& path, const RecordColumns& columns = {});
 // CSV (RFC 4180: quoted fields, "" escapes, newlines inside quotes) with a header row.
 std::vector<ProblemRecord> read_csv_records(const std::filesystem::path& path, const RecordColumns& columns = {});
+// The same parsers on text in memory; `source` names it in error messages.
+std::vector<ProblemRecord> parse_jsonl_records(std::string_view text, const std::string& source,
+                                               const RecordColumns& columns = {});
+std::vector<ProblemRecord> parse_csv_records(std::string_view text, const std::string& source,
+                                             const RecordColumns& columns = {});
 // By extension: .jsonl / .json / .ndjson -> JSONL, .csv -> CSV; otherwise a UsageError.
 std::vector<ProblemRecord> read_records(const std::filesystem::path& path, const RecordColumns& columns = {});
 
