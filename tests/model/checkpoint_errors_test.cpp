@@ -267,8 +267,10 @@ TEST(CheckpointMemory, LoadingNeverHoldsTwoCopies) {
   double peak = status_mb("VmHWM") - before;
   std::printf("[ measure  ] load peak %.1f MB for %.1f MB of parameters (largest tensor %.1f MB)\n", peak,
               total / mb, largest / mb);
-  // Two copies would be ~2x the parameters; one copy plus one tensor's pages plus slack.
-  EXPECT_LE(peak, (total + largest) / mb + 16.0);
+  // Two copies would be ~2x the parameters. One copy, plus the 16 MB slice being copied,
+  // plus slack for the allocator and libraries, is the bound (below params + largest tensor).
+  EXPECT_LE(peak, total / mb + 16.0 + 12.0);
+  EXPECT_LT(total / mb + 16.0 + 12.0, (total + largest) / mb);
   EXPECT_GE(peak, total / mb * 0.9) << "the measurement must see the parameters themselves";
 }
 

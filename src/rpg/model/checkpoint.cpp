@@ -3,8 +3,8 @@
 //
 // Loading never holds the weights twice: files are memory-mapped (page cache, not process
 // memory), each tensor is viewed in place with at::from_blob and converted once into its
-// preallocated parameter, then its pages are dropped with madvise. Peak memory is the
-// parameters plus at most one tensor's mapped pages.
+// preallocated parameter, 16 MB of rows at a time, each slice's pages dropped with madvise
+// right after. Peak memory is the parameters plus ~16 MB of mapped pages.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
@@ -56,6 +56,8 @@ std::string shape_str(const std::vector<int64_t>& s) {
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
 }
+
+constexpr uint64_t kSliceBytes = uint64_t{16} << 20;
 
 struct OpenFile {
   std::unique_ptr<st::MappedFile> map;
@@ -164,18 +166,31 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
     const Located& loc = tensors.at(shapes[i].first);
     const st::TensorInfo& t = *loc.info;
     at::ScalarType src_type = *torch_dtype(t.dtype);
-    uint64_t offset = loc.file->header.data_start + t.begin;
-    void* ptr = const_cast<uint8_t*>(loc.file->map->data() + offset);
-    at::Tensor src;
-    if (reinterpret_cast<uintptr_t>(ptr) % st::dtype_size(t.dtype) == 0) {
-      src = at::from_blob(ptr, t.shape, at::TensorOptions().dtype(src_type));
-    } else {
-      // An exporter without header padding: copy to aligned memory first (one tensor only).
-      src = at::empty(t.shape, at::TensorOptions().dtype(src_type));
-      std::memcpy(src.data_ptr(), ptr, t.end - t.begin);
+    const uint64_t item = st::dtype_size(t.dtype);
+    // Copy in slices of rows of at most kSliceBytes, dropping each slice's pages right
+    // after: the mapped pages resident at any time stay bounded even for a 1 GB embedding.
+    const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+    const uint64_t row_bytes = rows > 0 ? (t.end - t.begin) / static_cast<uint64_t>(rows) : 0;
+    const int64_t step = row_bytes > 0 ? std::max<int64_t>(1, static_cast<int64_t>(kSliceBytes / row_bytes)) : 1;
+    for (int64_t r = 0; r < rows; r += step) {
+      const int64_t n = std::min(step, rows - r);
+      std::vector<int64_t> shape = t.shape.empty() ? std::vector<int64_t>{} : t.shape;
+      if (!shape.empty()) shape[0] = n;
+      uint64_t offset = loc.file->header.data_start + t.begin + static_cast<uint64_t>(r) * row_bytes;
+      uint64_t bytes = t.shape.empty() ? t.end - t.begin : static_cast<uint64_t>(n) * row_bytes;
+      void* ptr = const_cast<uint8_t*>(loc.file->map->data() + offset);
+      at::Tensor src;
+      if (reinterpret_cast<uintptr_t>(ptr) % item == 0) {
+        src = at::from_blob(ptr, shape, at::TensorOptions().dtype(src_type));
+      } else {
+        // An exporter without header padding: bounce through aligned memory (one slice).
+        src = at::empty(shape, at::TensorOptions().dtype(src_type));
+        std::memcpy(src.data_ptr(), ptr, bytes);
+      }
+      if (t.shape.empty()) ptrs[i]->copy_(src);
+      else ptrs[i]->narrow(0, r, n).copy_(src);
+      loc.file->map->drop(offset, bytes);
     }
-    ptrs[i]->copy_(src);
-    loc.file->map->drop(offset, t.end - t.begin);
   }
   return CausalLM(std::move(impl));
 }
