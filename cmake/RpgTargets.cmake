@@ -33,10 +33,12 @@ function(rpg_add_test name)
   add_executable(${name} ${ARG_SOURCES})
   rpg_setup_target(${name} "${ARG_TORCH}")
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} rpg_test_common GTest::gtest GTest::gtest_main)
+  # CTest runs tests in parallel (-j2 on 2 cores): one intra-op thread per test process
+  # (ours and the Python oracles') avoids oversubscription, which costs more than it gives.
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 120
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 900)
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 900 ENVIRONMENT "OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
 endfunction()
 
 # rpg_add_fuzz_target(<name> SOURCES <target.cpp> <library .cpp files it exercises>...

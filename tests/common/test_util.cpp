@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,7 +9,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <stdexcept>
 
@@ -94,6 +97,54 @@ ProcessResult run_oracle(const std::string& script, const std::vector<std::strin
   if (r.exit_code != 0)
     throw std::runtime_error("oracle " + script + " failed (exit " + std::to_string(r.exit_code) + "): " + r.err);
   return r;
+}
+
+namespace {
+uint64_t fnv1a(std::string_view data, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+fs::path oracle_output_dir(const std::string& script, const std::vector<std::string>& args) {
+  uint64_t key = fnv1a(script);
+  std::vector<fs::path> oracles;
+  for (const auto& e : fs::directory_iterator(source_dir() / "tests" / "oracles"))
+    if (e.path().extension() == ".py") oracles.push_back(e.path());
+  std::sort(oracles.begin(), oracles.end());
+  for (const auto& p : oracles) {
+    std::ifstream in(p, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    key = fnv1a(p.filename().string() + "\n" + text, key);
+  }
+  for (const auto& a : args) key = fnv1a(a + "\n", key);
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(key));
+  const fs::path root = binary_dir() / "oracle-cache";
+  fs::create_directories(root);
+  const fs::path out = root / (fs::path(script).stem().string() + "-" + hex);
+  // One process builds; the others wait on the lock and then find the result.
+  int lock = open((root / (out.filename().string() + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock < 0) throw std::runtime_error("cannot open oracle cache lock in " + root.string());
+  flock(lock, LOCK_EX);
+  if (!fs::exists(out)) {
+    fs::path tmp = out;
+    tmp += ".tmp";
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    std::vector<std::string> full = {tmp.string()};
+    full.insert(full.end(), args.begin(), args.end());
+    try {
+      run_oracle(script, full);
+    } catch (...) {
+      fs::remove_all(tmp);
+      close(lock);
+      throw;
+    }
+    fs::rename(tmp, out);
+  }
+  close(lock);
+  return out;
 }
 
 TempDir::TempDir() {

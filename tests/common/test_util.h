@@ -27,6 +27,12 @@ ProcessResult run_process(const std::vector<std::string>& argv,
 // test (via an exception) when Python or the oracle's imports are missing: never skips.
 ProcessResult run_oracle(const std::string& script, const std::vector<std::string>& args = {});
 
+// For oracles that build fixtures (models, tokenizers) into a directory: runs
+// `script OUT_DIR args...` once per build tree and input, and returns OUT_DIR. Other test
+// processes of the same suite (CTest runs each test in its own process) reuse it. The key
+// hashes every oracle script and the arguments, so editing an oracle rebuilds its output.
+std::filesystem::path oracle_output_dir(const std::string& script, const std::vector<std::string>& args = {});
+
 // A fresh directory under the system temp dir, removed when the object dies.
 class TempDir {
  public:

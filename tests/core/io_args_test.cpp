@@ -111,6 +111,14 @@ TEST(Args, UsageErrors) {
   EXPECT_NE(error_of({"m", "extra"}).find("unexpected argument 'extra'"), std::string::npos);
 }
 
+TEST(Args, RepeatedListOption) {
+  std::vector<std::string> prompts;
+  ArgParser p("rpg x", "test");
+  p.option_list("--prompt", &prompts, "a prompt");
+  ASSERT_TRUE(p.parse({"--prompt", "a b", "--prompt=c"}));
+  EXPECT_EQ(prompts, (std::vector<std::string>{"a b", "c"}));
+}
+
 TEST(Args, NegativeNumbersArePositionals) {
   std::string a;
   ArgParser p("rpg x", "test");

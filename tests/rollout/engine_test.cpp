@@ -24,22 +24,18 @@ const std::vector<std::string> kModels = {"qwen2_fp32", "qwen3_fp32", "llama3_fp
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new test::TempDir();
-    test::run_oracle("rollout_hf_generate.py", {dir_->path().string()});
-    ref_ = new nlohmann::json(nlohmann::json::parse(read_file(dir_->path() / "generate.json")));
+    dir_ = test::oracle_output_dir("rollout_hf_generate.py");
+    ref_ = new nlohmann::json(nlohmann::json::parse(read_file(dir_ / "generate.json")));
   }
-  static void TearDownTestSuite() {
-    delete ref_;
-    delete dir_;
-  }
-  static model::CausalLM load(const std::string& name) { return model::CausalLM::from_pretrained(dir_->path() / name); }
+  static void TearDownTestSuite() { delete ref_; }
+  static model::CausalLM load(const std::string& name) { return model::CausalLM::from_pretrained(dir_ / name); }
   static std::vector<std::vector<int64_t>> prompts(const std::string& name) {
     return (*ref_)[name]["prompts"].get<std::vector<std::vector<int64_t>>>();
   }
-  static test::TempDir* dir_;
+  static fs::path dir_;
   static nlohmann::json* ref_;
 };
-test::TempDir* EngineTest::dir_ = nullptr;
+fs::path EngineTest::dir_;
 nlohmann::json* EngineTest::ref_ = nullptr;
 
 TEST_F(EngineTest, GreedyEqualsTransformersGenerate) {

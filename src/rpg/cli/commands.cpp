@@ -16,6 +16,7 @@ const std::vector<Command>& commands() {
       {"version", "print rpg's version and the versions of its libraries", run_version},
       {"data prepare", "JSONL / CSV {problem, answer} records -> Parquet in the paper's schema", run_data_prepare},
       {"data show", "print a Parquet dataset's schema, row count and first rows", run_data_show},
+      {"generate", "sample responses from a model for a dataset or prompts (JSON lines)", run_generate},
   };
   return table;
 }

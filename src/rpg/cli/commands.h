@@ -17,6 +17,7 @@ struct Command {
 const std::vector<Command>& commands();
 
 int run_config_show(const std::string& full_name, const std::vector<std::string>& args);
+int run_generate(const std::string& full_name, const std::vector<std::string>& args);
 int run_version(const std::string& full_name, const std::vector<std::string>& args);
 int run_data_prepare(const std::string& full_name, const std::vector<std::string>& args);  // cmd_data.cpp
 int run_data_show(const std::string& full_name, const std::vector<std::string>& args);     // cmd_data.cpp

@@ -43,6 +43,13 @@ ArgParser& ArgParser::option(std::string name, double* out, std::string help, st
   return *this;
 }
 
+ArgParser& ArgParser::option_list(std::string name, std::vector<std::string>* out, std::string help,
+                                  std::string metavar) {
+  options_.push_back({std::move(name), std::move(help), std::move(metavar), true,
+                      [out](const std::string& v) { out->push_back(v); }});
+  return *this;
+}
+
 ArgParser& ArgParser::positional(std::string name, std::string* out, std::string help, bool required) {
   positionals_.push_back({std::move(name), std::move(help), required, out});
   return *this;

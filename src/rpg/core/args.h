@@ -19,6 +19,9 @@ class ArgParser {
   ArgParser& option(std::string name, std::string* out, std::string help, std::string metavar = "VALUE");
   ArgParser& option(std::string name, int64_t* out, std::string help, std::string metavar = "N");
   ArgParser& option(std::string name, double* out, std::string help, std::string metavar = "X");
+  // May be given several times; each value is appended.
+  ArgParser& option_list(std::string name, std::vector<std::string>* out, std::string help,
+                         std::string metavar = "VALUE");
   // A required positional argument unless `required` is false.
   ArgParser& positional(std::string name, std::string* out, std::string help, bool required = true);
   // Every remaining positional argument (after the named positionals).

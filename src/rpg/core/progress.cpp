@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 
 #include "rpg/core/error.h"
 
@@ -33,7 +34,14 @@ ProgressBar::ProgressBar(std::string label, int64_t total, std::string unit, dou
   draw(true);
 }
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+  // Unwinding from an error: the error message is the last word, not a final bar.
+  if (std::uncaught_exceptions() > 0) {
+    if (tty_ && out_ && !finished_) std::fputc('\n', out_);
+    return;
+  }
+  finish();
+}
 
 void ProgressBar::advance(int64_t n, const std::string& postfix) {
   done_ += n;

@@ -27,18 +27,15 @@ struct Active {
 
 }  // namespace
 
-
 RolloutEngine::RolloutEngine(const model::CausalLM& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_num_seqs < 1) throw ValueError(str("max_num_seqs: must be >= 1, got ", options_.max_num_seqs));
   if (options_.max_kv_tokens < 0) throw ValueError(str("max_kv_tokens: must be >= 0, got ", options_.max_kv_tokens));
 }
 
-std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
-                                              const SamplingParams& params,
-                                              const std::function<void(int64_t, int64_t)>& on_finished) {
+void RolloutEngine::validate_request(const std::vector<std::vector<int64_t>>& prompts,
+                                     const SamplingParams& params) const {
   params.validate();
   const auto& cfg = model_.config();
-  int64_t max_prompt = 0;
   for (size_t p = 0; p < prompts.size(); ++p) {
     const auto& prompt = prompts[p];
     if (prompt.empty()) throw ValueError(str("prompt ", p, " is empty"));
@@ -49,8 +46,15 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
     if (cfg.max_position_embeddings > 0 && len + params.max_new_tokens > cfg.max_position_embeddings)
       throw ValueError(str("prompt ", p, " has ", len, " tokens; with max_new_tokens=", params.max_new_tokens,
                            " it exceeds the model context of ", cfg.max_position_embeddings, " tokens"));
-    max_prompt = std::max(max_prompt, len);
   }
+}
+
+std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int64_t>>& prompts,
+                                              const SamplingParams& params,
+                                              const std::function<void(int64_t, int64_t)>& on_finished) {
+  validate_request(prompts, params);
+  int64_t max_prompt = 0;
+  for (const auto& prompt : prompts) max_prompt = std::max(max_prompt, static_cast<int64_t>(prompt.size()));
   stats_ = {};
   const int64_t total = static_cast<int64_t>(prompts.size()) * params.n;
   std::vector<Response> out(static_cast<size_t>(total));

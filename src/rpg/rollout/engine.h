@@ -44,6 +44,8 @@ class RolloutEngine {
   std::vector<Response> generate(const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params,
                                  const std::function<void(int64_t, int64_t)>& on_finished = {});
   const GenerateStats& last_stats() const { return stats_; }
+  // The checks generate() starts with, for callers that want errors before other work.
+  void validate_request(const std::vector<std::vector<int64_t>>& prompts, const SamplingParams& params) const;
 
  private:
   const model::CausalLM& model_;

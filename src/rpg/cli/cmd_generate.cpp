@@ -1,0 +1,54 @@
+// `rpg generate`: argument parsing only; the work is in rpg/eval/generate.
+#include "rpg/cli/commands.h"
+#include "rpg/core/args.h"
+#include "rpg/core/error.h"
+#include "rpg/core/log.h"
+#include "rpg/eval/generate.h"
+
+namespace rpg::cli {
+
+int run_generate(const std::string& full_name, const std::vector<std::string>& args) {
+  eval::GenerateOptions o;
+  std::string model, data, output;
+  int64_t seed = 0;
+  bool no_chat_template = false, no_progress = false;
+  ArgParser parser(full_name,
+                   "Samples n responses per prompt from a Hugging Face model directory with rpg's rollout engine\n"
+                   "(the model's chat template, KV cache, continuous batching) and writes one JSON line per\n"
+                   "response: prompt, response text and ids, finish reason, data_source and ground truth.");
+  parser.option("--model", &model, "Hugging Face model directory (weights, config, tokenizer)", "DIR")
+      .option("--data", &data, "Parquet dataset in the paper's schema", "FILE")
+      .option_list("--prompt", &o.prompts, "a user message (repeatable; used without --data)", "TEXT")
+      .option("--output", &output, "write JSON lines here (.jsonl) instead of stdout", "FILE")
+      .option("--n", &o.sampling.n, "responses per prompt (default 1)", "N")
+      .option("--temperature", &o.sampling.temperature, "sampling temperature, 0 = greedy (default 1.0)", "T")
+      .option("--top-p", &o.sampling.top_p, "nucleus mass in (0, 1] (default 1.0)", "P")
+      .option("--top-k", &o.sampling.top_k, "keep the k most likely tokens, -1 = all (default -1)", "K")
+      .option("--max-new-tokens", &o.sampling.max_new_tokens, "tokens per response (default 512)", "N")
+      .option("--seed", &seed, "random seed (default 0)", "S")
+      .flag("--ignore-eos", &o.sampling.ignore_eos, "keep generating past end-of-sequence tokens")
+      .option("--max-num-seqs", &o.engine.max_num_seqs, "sequences decoded together (default 64)", "N")
+      .option("--max-kv-tokens", &o.engine.max_kv_tokens, "KV-cache budget in tokens, 0 = none (default 0)", "N")
+      .option("--limit", &o.limit, "use only the first N rows of --data", "N")
+      .flag("--no-chat-template", &no_chat_template, "encode the prompt text as is")
+      .option("--dtype", &o.dtype, "auto | float32 | bfloat16 | float16 (default auto)", "TYPE")
+      .option("--device", &o.device, "auto | cpu | cuda (default auto)", "DEV")
+      .flag("--no-progress", &no_progress, "no progress bar")
+      .epilog("example: rpg generate --model ckpt/step_100/actor --data aime-2024.parquet --n 4 --output out.jsonl");
+  if (!parser.parse(args)) return 0;
+  if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
+  if (!data.empty() && !o.prompts.empty()) throw UsageError(str(full_name, ": give --data or --prompt, not both"));
+  o.model_dir = model;
+  o.data = data;
+  o.output = output;
+  o.sampling.seed = static_cast<uint64_t>(seed);
+  o.chat_template = !no_chat_template;
+  o.progress = !no_progress;
+  auto s = eval::run_generate(o);
+  log_info(str("generated ", s.responses, " responses for ", s.prompts, " prompts: ", s.stats.generated_tokens,
+               " tokens in ", s.stats.seconds, " s (", static_cast<int64_t>(s.stats.tokens_per_second()), " tokens/s)",
+               output.empty() ? "" : ", written to " + output));
+  return 0;
+}
+
+}  // namespace rpg::cli
