@@ -124,20 +124,23 @@ bool is_equiv(const U& a, const U& b) {
   return *sa == *sb;
 }
 
-std::optional<U> last_boxed_only_string(const U& s) {
-  if (contains(s, U"\\boxed ")) {
-    auto after = split(s, U"\\boxed ").back();
-    return U"\\boxed " + split(after, U"$")[0];
+// last_boxed_only_string of math_reward. Every pattern is ASCII and an ASCII byte never
+// occurs inside a multi-byte UTF-8 sequence, so this works on the bytes directly (only the
+// extracted answer is decoded): the same result as on code points, in one pass.
+std::optional<std::string_view> last_boxed_only_string(std::string_view s) {
+  if (size_t at = s.rfind("\\boxed "); at != std::string_view::npos) {
+    std::string_view after = s.substr(at + 7);  // split("\\boxed ")[-1]
+    return s.substr(at, 7 + after.substr(0, after.find('$')).size());
   }
-  size_t idx = s.rfind(U"\\boxed");
-  if (idx == U::npos) {
-    idx = s.rfind(U"\\fbox");
-    if (idx == U::npos) return std::nullopt;
+  size_t idx = s.rfind("\\boxed");
+  if (idx == std::string_view::npos) {
+    idx = s.rfind("\\fbox");
+    if (idx == std::string_view::npos) return std::nullopt;
   }
-  int open = 0;
+  int64_t open = 0;
   for (size_t i = idx; i < s.size(); ++i) {
-    if (s[i] == U'{') ++open;
-    if (s[i] == U'}') {
+    if (s[i] == '{') ++open;
+    if (s[i] == '}') {
       --open;
       if (open == 0) return s.substr(idx, i + 1 - idx);
     }
@@ -167,9 +170,9 @@ bool lighteval_is_equiv(std::string_view a, std::string_view b) { return is_equi
 
 ScoreResult lighteval_score(std::string_view response, std::string_view ground_truth) {
   ScoreResult r;
-  auto boxed = last_boxed_only_string(text::decode(response));
+  auto boxed = last_boxed_only_string(response);
   if (!boxed) return r;
-  auto answer = remove_boxed(*boxed);
+  auto answer = remove_boxed(text::decode(*boxed));
   if (!answer) return r;
   r.pred = text::encode(*answer);
   r.acc = is_equiv(*answer, text::decode(ground_truth));
