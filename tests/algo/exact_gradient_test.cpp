@@ -117,6 +117,38 @@ TEST(ExactGradientControl, WrongMassIsDetected) {
   EXPECT_GT(test::max_abs_diff(got, target), 1e-3);
 }
 
+// ---- Rollout correction combined with the RPG losses ----
+// The engine samples from pi_rollout != pi_old; weighting each token by rho = pi_old/pi_rollout
+// (cap not binding) makes the expected gradient under x ~ pi_rollout exact again; without the
+// correction it is not.
+TEST(RolloutCorrectionExact, RestoresTheGradientUnderSamplingMismatch) {
+  for (const char* loss : {"rpg", "rpg_reinforce"})
+    for (auto kl : {Divergence::FKL, Divergence::RKL, Divergence::UFKL, Divergence::URKL})
+      for (auto mode : {RolloutCorrection::None, RolloutCorrection::Token, RolloutCorrection::Sequence}) {
+        auto p = make_problem(7, /*unnormalized=*/false, /*on_policy=*/false);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+        auto log_r = at::log_softmax(at::randn({K}, gen, at::kDouble), 0);
+        auto c = make_config(kl, 0.3, /*clip=*/false, 1.0);
+        c.rollout_correction = mode;
+        c.rollout_correction_cap = 1e6;
+        auto log_p = at::log_softmax(p.theta, 0);
+        auto adv = p.R - kBaseline;
+        at::Tensor total = at::zeros({}, at::kDouble);
+        for (int64_t x = 0; x < K; ++x) {
+          auto in = one_outcome_batch(log_p, p.log_old, adv, x, x % 3);
+          in.rollout_log_probs = in.old_log_probs + (log_r[x] - p.log_old[x]);
+          total = total + log_r[x].exp() * compute_policy_loss(loss, in, c).loss;
+        }
+        auto target = -grad_of(objective(p.theta, p.R, p.log_old, kl, 0.3), p.theta);
+        double err = test::max_abs_diff(grad_of(total, p.theta), target);
+        if (mode == RolloutCorrection::None) {
+          EXPECT_GT(err, 1e-3) << loss << " " << to_string(kl);
+        } else {
+          EXPECT_LT(err, 1e-10) << loss << " " << to_string(kl) << " " << to_string(mode);
+        }
+      }
+}
+
 // ---- GRPO's KL term (Section 2.2) ----
 
 struct GrpoCase {

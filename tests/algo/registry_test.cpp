@@ -176,7 +176,7 @@ INSTANTIATE_TEST_SUITE_P(Registered, EveryLoss, ::testing::ValuesIn(policy_loss_
 
 TEST(PolicyLossRegistry, HasThePaperAndBaselineNames) {
   for (const char* name : {"grpo", "grpo_corrected", "dapo", "rfpp", "rfppb", "rloo", "rpg", "rpg_reinforce", "ppo",
-                           "gspo", "cispo"})
+                           "vanilla", "gspo", "cispo"})
     EXPECT_TRUE(policy_loss_registry().contains(name)) << name;
 }
 
@@ -301,7 +301,8 @@ TEST_P(EveryEstimator, AllProperties) {
 INSTANTIATE_TEST_SUITE_P(Registered, EveryEstimator, ::testing::ValuesIn(advantage_names()));
 
 TEST(AdvantageRegistry, NamesAndErrors) {
-  for (const char* name : {"grpo", "drgrpo", "rpg", "rpg_batch", "rloo", "rfpp", "rfppb"})
+  for (const char* name : {"grpo", "drgrpo", "rpg", "rpg_batch", "rloo", "rfpp", "rfppb", "reinforce_plus_plus",
+                           "reinforce_plus_plus_baseline"})
     EXPECT_TRUE(advantage_registry().contains(name)) << name;
   auto in = random_rewards(4);
   try {

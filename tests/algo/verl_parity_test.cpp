@@ -109,11 +109,15 @@ class VerlParity : public ::testing::TestWithParam<uint64_t> {
     in.gamma = batch_.gamma;
     for (auto [ours_name, verl_name] : std::vector<std::pair<std::string, std::string>>{
              {"grpo", "grpo"}, {"drgrpo", "drgrpo"}, {"rpg", "drgrpo"}, {"rloo", "rloo"},
-             {"rfpp", "rfpp"}, {"rfppb", "rfppb"}}) {
+             {"rfpp", "rfpp"}, {"rfppb", "rfppb"}, {"reinforce_plus_plus", "rfpp"},
+             {"reinforce_plus_plus_baseline", "rfppb"}}) {
       auto out = compute_advantage(ours_name, in);
       EXPECT_LT(test::max_abs_diff(out.advantages, verl("adv/" + verl_name)), kTol) << ours_name;
     }
     EXPECT_LT(test::max_abs_diff(compute_advantage("rfpp", in).returns, verl("ret/rfpp")), kTol);
+    auto no_std = in;
+    no_std.norm_adv_by_std_in_grpo = false;
+    EXPECT_LT(test::max_abs_diff(compute_advantage("grpo", no_std).advantages, verl("adv/drgrpo")), kTol);
   }
 
   void PpoClipLossGradientAndMetricsInEveryAggMode() {

@@ -59,7 +59,8 @@ AdvantageOutput grpo_advantage(const AdvantageInputs& in) {
   at::NoGradGuard no_grad;
   auto s = outcome_scores(in);
   auto g = group_stats(s, in.group_index);
-  return same(broadcast((s - g.mean) / (g.std + in.epsilon), in.response_mask));
+  auto adv = in.norm_adv_by_std_in_grpo ? (s - g.mean) / (g.std + in.epsilon) : s - g.mean;
+  return same(broadcast(adv, in.response_mask));
 }
 
 AdvantageOutput group_mean_advantage(const AdvantageInputs& in) {
@@ -124,6 +125,8 @@ void register_advantages(Registry<AdvantageFn>& r) {
   r.add("rloo", rloo_advantage);
   r.add("rfpp", rfpp_advantage);
   r.add("rfppb", rfppb_advantage);
+  r.add("reinforce_plus_plus", rfpp_advantage);  // verl's names
+  r.add("reinforce_plus_plus_baseline", rfppb_advantage);
 }
 
 }  // namespace

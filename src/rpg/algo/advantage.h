@@ -10,6 +10,7 @@
 //   rloo             n/(n-1) (s_i - mean_g): leave-one-out baseline (Ahmadian et al. 2024)
 //   rfpp             discounted return-to-go of token rewards, whitened over the batch (REINFORCE++)
 //   rfppb            s_i - mean_g broadcast to tokens, then whitened over the batch (REINFORCE++-baseline)
+//   reinforce_plus_plus, reinforce_plus_plus_baseline: verl's names of rfpp, rfppb
 // Singleton groups use mean 0 (and std 1), as verl.
 #pragma once
 
@@ -29,6 +30,7 @@ struct AdvantageInputs {
   at::Tensor group_index;          // [B] integer id of the prompt group of each row
   double gamma = 1.0;              // discount for token-level returns (rfpp)
   double epsilon = 1e-6;           // std floor (grpo)
+  bool norm_adv_by_std_in_grpo = true;  // grpo: false = Dr.GRPO (same as drgrpo), verl's switch
 };
 
 struct AdvantageOutput {

@@ -22,6 +22,7 @@ namespace {
 
 void register_policy_losses(Registry<PolicyLossFn>& r) {
   r.add("ppo", ppo_clip_loss);
+  r.add("vanilla", ppo_clip_loss);  // verl's name of the same loss (actor.policy_loss default)
   r.add("dapo", ppo_clip_loss);
   r.add("rfpp", ppo_clip_loss);
   r.add("rfppb", ppo_clip_loss);

@@ -2,7 +2,7 @@
 // PolicyLossConfig and returns the scalar loss of this micro-batch plus verl-style metrics.
 //
 //   registered name   what                                              paper / origin
-//   ppo               PPO clip, eps_low/eps_high + dual-clip c          (C.3), Ye et al. 2020
+//   ppo, vanilla      PPO clip, eps_low/eps_high + dual-clip c          (C.3), Ye et al. 2020
 //   dapo, rfpp, rfppb, rloo
 //                     the same PPO clip loss (these baselines differ in advantage estimator
 //                     and config: DAPO clip-higher + token-mean, REINFORCE++ KL in reward)
