@@ -194,7 +194,9 @@ def test_strings():
         "\\frac{1}{2} + \\sqrt{3} = \\boxed{42}", "$$x^2 + y^2 = z^2$$", "Answer: 42",
         "\x00\x01\x02 control \x7f", "\u200b\u200c\u200d zero width", "\ufeffBOM", "\U0001F600" * 20,
         "a" * 300, " " * 100, "\n" * 50, "ab" * 200, "1" * 100, "😀" * 50, "中" * 200,
-        "Z\u0351\u0352\u0353\u0354\u0355\u0356\u0357\u0358", "ﬁ ﬂ ﬀ", "K Å Ω", "ß ẞ ſ", "İ ı",
+        "Z\u0351\u0352\u0353\u0354\u0355\u0356\u0357\u0358", "ﬁ ﬂ ﬀ", "K Å Ω", "ß ẞ ſ", "İ ı", "'ſt 'ſand 'ſ1 'ſ", "'S'T'RE'VE'M'LL'D'x", "'re're", "a'b'c", "\u2060\u180e\u3164\uffa0",
+        "\U0001F1E6\U0001F1E8 \U000E0067", "١٢٣٤٥٦٧ ۱۲۳ ⑴⑵ ⅷ 𝟙𝟚𝟛", "x\x85y\u2029z\x1d\x1e\x1f", "\t \t\n\t \n", " \r\n \r \n",
+        "<|im_end|><|im_end|>\n<|im_start|>", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
     ]
     out = [s.encode("utf-8") for s in fixed]
     specials = QWEN_SPECIAL + LLAMA_SPECIAL + QWEN_ADDED + ["<|mask|>", "cafe\u0301!", "café!"]
