@@ -71,6 +71,12 @@ TEST(HfParity, LogitsLogProbsAndGreedyMatchTransformersOnPaddedBatches) {
     std::printf("[ measure  ] %-20s max |logit - transformers| = %.3g (tolerance %.0e, logit scale %.3g)\n",
                 spec.name.c_str(), diff, tol, hf.abs().max().item<double>());
     EXPECT_TRUE(at::isfinite(ours).all().item<bool>()) << "padding positions must stay finite";
+    // Row 0 has no padding: alone, it takes the plain causal path (no mask tensor).
+    ASSERT_TRUE(mask[0].all().item<bool>());
+    EXPECT_LE(max_abs_diff_masked(m.forward(ids.narrow(0, 0, 1), mask.narrow(0, 0, 1)), hf.narrow(0, 0, 1),
+                                  mask.narrow(0, 0, 1)),
+              tol);
+    EXPECT_LE(max_abs_diff_masked(m.forward(ids.narrow(0, 0, 1)), hf.narrow(0, 0, 1), mask.narrow(0, 0, 1)), tol);
     // Default position ids (from the mask) are the verl layout the oracle used.
     EXPECT_LE(max_abs_diff_masked(m.forward(ids, mask), hf, mask), tol);
 

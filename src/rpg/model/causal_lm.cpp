@@ -384,7 +384,9 @@ at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor
                                           : default_positions(ids, attention_mask.defined() ? attention_mask.to(m.device) : at::Tensor());
   AttnInputs a;
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
-  if (attention_mask.defined()) {
+  // A mask without padding is plain causal attention: the flag lets SDPA pick its fused
+  // causal kernels (and native GQA) instead of reading a [B, 1, T, T] mask.
+  if (attention_mask.defined() && !attention_mask.to(at::kBool).all().item<bool>()) {
     // Causal AND key-is-a-token, OR the diagonal: a padding query would otherwise see no
     // key at all, and SDPA's NaN for an empty row would leak into valid rows through V.
     at::Tensor keys = attention_mask.to(m.device).to(at::kBool).view({B, 1, 1, T});
