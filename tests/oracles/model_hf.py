@@ -69,18 +69,32 @@ def padded_batch(seed):
 
 
 def reference(model, ids, mask, pos, R, compute_dtype):
-    with torch.no_grad():
+    """Logits, response log-probs / entropies and, in fp32, the gradients of a weighted sum
+    of them (the shape of a policy-gradient loss) with respect to every parameter."""
+    train = compute_dtype == torch.float32
+    model.zero_grad()
+    with torch.set_grad_enabled(train):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
-    T = ids.shape[1]
-    z = logits[:, T - R - 1:T - 1].float() / TEMPERATURE
-    logp_all = torch.log_softmax(z, -1)
-    targets = ids[:, T - R:]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, "logits": logits.float().contiguous(),
-            "targets": targets.contiguous(), "log_probs": logp.contiguous(), "entropy": entropy.contiguous(),
-            "temperature": torch.tensor([TEMPERATURE]),
-            "num_parameters": torch.tensor([model.num_parameters()], dtype=torch.int64)}
+        T = ids.shape[1]
+        z = logits[:, T - R - 1:T - 1].float() / TEMPERATURE
+        logp_all = torch.log_softmax(z, -1)
+        targets = ids[:, T - R:]
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        g = torch.Generator().manual_seed(7)
+        resp = mask[:, T - R:].float()
+        w_lp, w_ent = torch.randn(logp.shape, generator=g) * resp, torch.randn(logp.shape, generator=g) * resp
+        out = {"input_ids": ids, "attention_mask": mask, "position_ids": pos,
+               "logits": logits.detach().float().contiguous(), "targets": targets.contiguous(),
+               "log_probs": logp.detach().contiguous(), "entropy": entropy.detach().contiguous(),
+               "temperature": torch.tensor([TEMPERATURE]),
+               "num_parameters": torch.tensor([model.num_parameters()], dtype=torch.int64),
+               "loss_w_lp": w_lp, "loss_w_ent": w_ent}
+        if train:
+            ((logp * w_lp).sum() + (entropy * w_ent).sum()).backward()
+            for name, p in model.named_parameters():
+                out["grad." + name] = p.grad.detach().contiguous()
+    return out
 
 
 def make(out_dir, names):
