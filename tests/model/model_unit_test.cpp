@@ -239,3 +239,53 @@ TEST(ModelConfig, RejectsUnsupportedOrInvalidValuesNamingFileAndKey) {
 
 }  // namespace
 }  // namespace rpg::model
+
+namespace rpg::model {
+namespace {
+
+// On a CUDA build with a GPU: the same model on the device agrees with the CPU in every
+// forward mode (fused SDPA kernels instead of the CPU ones, so fp32 tolerances are those
+// of differently ordered fp32 sums; TF32 is off by default in libtorch matmuls).
+TEST(ModelCuda, ForwardDecodeAndLogProbsMatchCpu_cuda) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no cuda device in this build / machine";
+  CausalLM cpu = test::random_model("qwen3", at::kFloat, "", 31);
+  CausalLM gpu(cpu.config(), at::kFloat, at::Device(at::kCUDA, 0));
+  gpu.copy_parameters_from(cpu);
+  auto b = test::padded_batch(cpu.config().vocab_size, 4);
+  at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
+  {
+    at::NoGradGuard no_grad;
+    at::Tensor lc = cpu.forward(b.input_ids, b.attention_mask), lg = gpu.forward(b.input_ids, b.attention_mask);
+    EXPECT_TRUE(lg.is_cuda());
+    EXPECT_LE(test::max_abs_diff_masked(lg.cpu(), lc, b.attention_mask), 1e-4);
+    KVCache cache = gpu.new_cache(2, 16);
+    at::Tensor row = b.input_ids.narrow(0, 0, 1);
+    at::Tensor d = gpu.decode(cache, {1}, row.narrow(1, 0, 4));
+    for (int64_t t = 4; t < row.size(1); ++t) d = at::cat({d, gpu.decode(cache, {1}, row.narrow(1, t, 1))}, 1);
+    EXPECT_LE((d.cpu() - cpu.forward(row)).abs().max().item<double>(), 1e-4);
+  }
+  LogProbOptions o{0.7, true, 5};
+  TokenLogProbs pc = cpu.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, o);
+  TokenLogProbs pg = gpu.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, o);
+  at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R);
+  EXPECT_LE(test::max_abs_diff_masked(pg.log_probs.cpu(), pc.log_probs, resp), 1e-4);
+  EXPECT_LE(test::max_abs_diff_masked(pg.entropy.cpu(), pc.entropy, resp), 1e-4);
+  at::Tensor rf = resp.to(at::kFloat);
+  (pc.log_probs * rf).sum().backward();
+  (pg.log_probs * rf.cuda()).sum().backward();
+  auto a = cpu.named_parameters(), g = gpu.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    double scale = std::max(1.0, a[i].second.grad().abs().max().item<double>());
+    EXPECT_LE((g[i].second.grad().cpu() - a[i].second.grad()).abs().max().item<double>() / scale, 1e-4) << a[i].first;
+  }
+  // bf16 on the device runs and stays near fp32.
+  CausalLM bf(cpu.config(), at::kBFloat16, at::Device(at::kCUDA, 0));
+  bf.copy_parameters_from(cpu);
+  at::NoGradGuard no_grad;
+  EXPECT_LE(test::max_abs_diff_masked(bf.forward(b.input_ids, b.attention_mask).cpu(),
+                                      cpu.forward(b.input_ids, b.attention_mask), b.attention_mask),
+            5e-2);
+}
+
+}  // namespace
+}  // namespace rpg::model
