@@ -237,11 +237,11 @@ TEST(K3Estimator, ExpectationEqualsUnnormalizedKl) {
 
 class MonteCarlo : public ::testing::TestWithParam<ExactParam> {};
 
-void check_monte_carlo(const std::string& loss, Divergence kl, double beta) {
-  SCOPED_TRACE(loss + " " + to_string(kl) + " beta=" + std::to_string(beta));
+void check_monte_carlo(const std::string& loss, Divergence kl, double beta, bool clip) {
+  SCOPED_TRACE(loss + " " + to_string(kl) + " beta=" + std::to_string(beta) + " clip=" + std::to_string(clip));
   const int64_t n = 200000;
   auto p = make_problem(41, is_unnormalized(kl), /*on_policy=*/false);
-  auto c = make_config(kl, beta, /*clip=*/false, p.Z);
+  auto c = make_config(kl, beta, clip, p.Z);
   auto target = -grad_of(objective(p.theta, p.R, p.log_old, kl, beta), p.theta);
 
   auto gen = at::make_generator<at::CPUGeneratorImpl>(42);
@@ -273,7 +273,9 @@ void check_monte_carlo(const std::string& loss, Divergence kl, double beta) {
 }
 
 TEST_P(MonteCarlo, SampledGradientWithinFourStandardErrors) {
-  for (double beta : {0.0, 0.05, 0.3}) check_monte_carlo(std::get<0>(GetParam()), std::get<1>(GetParam()), beta);
+  for (double beta : {0.0, 0.05, 0.3})
+    for (bool clip : {false, true})  // clip on: bounds that never bind (make_config)
+      check_monte_carlo(std::get<0>(GetParam()), std::get<1>(GetParam()), beta, clip);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllVariants, MonteCarlo, kAllVariants, variant_name);

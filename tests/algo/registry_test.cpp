@@ -150,6 +150,28 @@ void EntropyBonusSubtractsAggregatedEntropy(const std::string& name) {
   EXPECT_LT(test::max_abs_diff(g, test::grad_of(-0.3 * ent, b.theta)), 1e-12);
 }
 
+// The trainer passes float32 log-probs and a bool or integer mask: same result as float64.
+void Float32InputsAndBoolMask(const std::string& name) {
+  auto b = random_batch(7, true);
+  auto c = full_config();
+  c.rollout_correction = RolloutCorrection::Token;
+  b.in.normaliser = loss_normaliser(b.in.response_mask, c.loss_agg_mode);
+  auto ref = compute_policy_loss(name, b.in, c).loss.item<double>();
+  auto f = b.in;
+  auto theta32 = b.theta.detach().to(at::kFloat).requires_grad_(true);
+  f.log_probs = theta32 * 1.0f;
+  for (auto* t : {&f.old_log_probs, &f.ref_log_probs, &f.rollout_log_probs, &f.advantages})
+    *t = t->to(at::kFloat);
+  f.entropy = theta32.exp() * 0.5f + 0.1f;
+  for (auto mask : {b.in.response_mask != 0, b.in.response_mask.to(at::kLong)}) {
+    f.response_mask = mask;
+    auto out = compute_policy_loss(name, f, c);
+    EXPECT_EQ(out.loss.scalar_type(), at::kFloat);
+    EXPECT_NEAR(out.loss.item<double>(), ref, 1e-4 * (1 + std::abs(ref))) << name;
+    EXPECT_TRUE(test::grad_of(out.loss, theta32).isfinite().all().item<bool>());
+  }
+}
+
 class EveryLoss : public ::testing::TestWithParam<std::string> {};
 
 // One process per registered name (each test process pays libtorch start-up).
@@ -169,6 +191,10 @@ TEST_P(EveryLoss, AllProperties) {
   {
     SCOPED_TRACE("EntropyBonusSubtractsAggregatedEntropy");
     EntropyBonusSubtractsAggregatedEntropy(GetParam());
+  }
+  {
+    SCOPED_TRACE("Float32InputsAndBoolMask");
+    Float32InputsAndBoolMask(GetParam());
   }
 }
 
