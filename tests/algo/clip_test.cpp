@@ -138,7 +138,9 @@ TEST(ClipBehaviour, RpgReinforceAlgorithm2) {
           double g = grad("rpg_reinforce", w, adv, clip_config(true, kl, beta));
           double unclipped = grad("rpg_reinforce", w, adv, clip_config(false, kl, beta));
           // Table 2 / Appendix F weight of grad log pi: -grad L = Weight; beta = 0 -> w A.
-          if (beta == 0.0) EXPECT_NEAR(unclipped, -adv * w, 1e-12);
+          if (beta == 0.0) {
+            EXPECT_NEAR(unclipped, -adv * w, 1e-12);
+          }
           if (flows(region_of(w), adv > 0)) {
             EXPECT_NEAR(g, unclipped, 1e-12) << to_string(kl) << " beta=" << beta << " w=" << w << " A=" << adv;
           } else {
