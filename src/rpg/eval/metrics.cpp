@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <unordered_map>
 
 #include "rpg/core/error.h"
@@ -58,6 +59,44 @@ double majority_value(std::span<const double> values, std::span<const std::strin
   return values[seen[best].second];
 }
 
+Moments majority_of_k(std::span<const double> values, std::span<const std::string> preds, int64_t k,
+                      int64_t n_bootstrap, uint64_t seed) {
+  if (values.size() != preds.size() || values.empty() || k < 1 || n_bootstrap < 1)
+    throw ValueError(str("majority_of_k: ", values.size(), " values, ", preds.size(), " predictions, k=", k,
+                         ", n_bootstrap=", n_bootstrap));
+  // Predictions as small integers, so one resample is a few array operations.
+  std::unordered_map<std::string_view, size_t> ids;
+  std::vector<size_t> id(preds.size());
+  for (size_t i = 0; i < preds.size(); ++i) id[i] = ids.try_emplace(preds[i], ids.size()).first->second;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> pick(0, values.size() - 1);
+  std::vector<int64_t> count(ids.size(), 0);
+  std::vector<size_t> draw(static_cast<size_t>(k)), order;
+  std::vector<double> first_value(ids.size());
+  std::vector<double> results(static_cast<size_t>(n_bootstrap));
+  for (auto& result : results) {
+    order.clear();
+    for (auto& d : draw) {
+      d = pick(rng);
+      size_t p = id[d];
+      if (count[p]++ == 0) {
+        order.push_back(p);
+        first_value[p] = values[d];
+      }
+    }
+    size_t best = order[0];
+    for (size_t p : order)
+      if (count[p] > count[best]) best = p;
+    result = first_value[best];
+    for (size_t p : order) count[p] = 0;
+  }
+  double mean = 0, var = 0;
+  for (double r : results) mean += r;
+  mean /= static_cast<double>(results.size());
+  for (double r : results) var += (r - mean) * (r - mean);
+  return {mean, std::sqrt(var / static_cast<double>(results.size()))};
+}
+
 std::vector<int64_t> bootstrap_sizes(int64_t n) {
   std::vector<int64_t> out;
   if (n <= 1) return out;
@@ -106,7 +145,14 @@ void variable_metrics(const std::string& var, const std::vector<double>& v, cons
     out[str(var, "/worst@", k, "/mean")] = worst.mean;
     out[str(var, "/worst@", k, "/std")] = worst.std;
   }
-  if (p.all_preds) out[str(var, "/maj@", n)] = majority_value(v, p.preds);
+  if (p.all_preds) {
+    out[str(var, "/maj@", n)] = majority_value(v, p.preds);
+    for (int64_t k : bootstrap_sizes(n)) {
+      auto maj = majority_of_k(v, p.preds, k);
+      out[str(var, "/maj@", k, "/mean")] = maj.mean;
+      out[str(var, "/maj@", k, "/std")] = maj.std;
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,72 @@
+#include "rpg/eval/evaluate.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "rpg/core/error.h"
+#include "rpg/core/progress.h"
+
+namespace rpg::eval {
+
+EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
+                    const rollout::SamplingParams& sampling_in, const rollout::EngineOptions& engine_options,
+                    const reward::ScorerRegistry& scorers, bool progress, bool chat_template) {
+  for (const auto& r : rows) (void)scorers.find(r.data_source);  // unknown data_source: fail before generating
+  rollout::SamplingParams sampling = sampling_in;
+  for (int64_t id : policy.stop_token_ids)
+    if (std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), id) == sampling.stop_token_ids.end())
+      sampling.stop_token_ids.push_back(id);
+
+  std::vector<std::vector<int64_t>> prompts;
+  prompts.reserve(rows.size());
+  for (const auto& r : rows) {
+    std::vector<ChatMessage> messages;
+    for (const auto& m : r.prompt) messages.push_back({m.role, m.content});
+    prompts.push_back(rollout::render_prompt(policy.tokenizer, messages, chat_template));
+  }
+  rollout::RolloutEngine engine(policy.model, engine_options);
+  engine.validate_request(prompts, sampling);
+  std::unique_ptr<ProgressBar> bar;
+  if (progress) bar = std::make_unique<ProgressBar>("eval", static_cast<int64_t>(rows.size()) * sampling.n, "seq");
+  auto responses = engine.generate(prompts, sampling, [&](int64_t, int64_t) {
+    if (bar) bar->advance(1);
+  });
+  if (bar) bar->finish();
+
+  EvalResult out;
+  out.stats = engine.last_stats();
+  out.texts.reserve(responses.size());
+  std::vector<reward::ScoreRequest> requests;
+  for (const auto& r : responses) {
+    std::vector<TokenId> ids(r.token_ids.begin(), r.token_ids.end());
+    out.texts.push_back(policy.tokenizer.decode(ids, /*skip_special_tokens=*/true));
+  }
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const auto& row = rows[static_cast<size_t>(responses[i].prompt_index)];
+    requests.push_back({row.data_source, out.texts[i], row.reward_model.ground_truth});
+  }
+  auto scores = reward::score_batch(scorers, requests);
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const auto& row = rows[static_cast<size_t>(responses[i].prompt_index)];
+    ScoredResponse s;
+    s.data_source = row.data_source;
+    // The k repeats of one problem (extra_info.index 0..k-1) and their n samples form one group.
+    s.problem = row.extra_info.raw_problem.empty() ? row.prompt.empty() ? "" : row.prompt.back().content
+                                                   : row.extra_info.raw_problem;
+    s.score = scores[i].score;
+    s.acc = scores[i].acc;
+    s.pred = scores[i].pred;
+    out.responses.push_back(std::move(s));
+  }
+  out.metrics = compute_metrics(out.responses);
+  return out;
+}
+
+std::string format_metrics(const MetricTable& metrics) {
+  std::string out;
+  for (const auto& [source, table] : metrics)
+    for (const auto& [name, value] : table) out += str(source, "/", name, ": ", value, "\n");
+  return out;
+}
+
+}  // namespace rpg::eval

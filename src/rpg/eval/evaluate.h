@@ -1,0 +1,34 @@
+// Evaluation of a policy on datasets in the paper's schema: n responses per row, scored by
+// the reward registry (data_source), summarised as mean@k / pass@k / maj@k per data_source.
+// Used by `rpg eval` and by the trainer's validation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "rpg/data/dataset.h"
+#include "rpg/eval/metrics.h"
+#include "rpg/reward/registry.h"
+#include "rpg/rollout/engine.h"
+#include "rpg/rollout/policy.h"
+
+namespace rpg::eval {
+
+struct EvalResult {
+  MetricTable metrics;            // data_source -> metric -> value
+  rollout::GenerateStats stats;   // generation throughput
+  std::vector<ScoredResponse> responses;
+  std::vector<std::string> texts;  // decoded responses, in the order of `responses`
+};
+
+// Stop tokens of the policy are added to `sampling`. Throws ValueError for an unknown
+// data_source before generating anything.
+EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
+                    const rollout::SamplingParams& sampling, const rollout::EngineOptions& engine,
+                    const reward::ScorerRegistry& scorers, bool progress = true, bool chat_template = true);
+
+// "aime2024/acc/mean@32: 0.4375" lines, sorted.
+std::string format_metrics(const MetricTable& metrics);
+
+}  // namespace rpg::eval
