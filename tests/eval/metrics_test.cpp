@@ -53,7 +53,7 @@ TEST(EvalMajority, BootstrapOfOnePredictionIsTheValueOfARandomDraw) {
   EXPECT_NEAR(m.std, std::sqrt(3.0) / 4.0, 0.01);
   auto again = eval::majority_of_k(v, p, 3, 20000, 7);
   EXPECT_EQ(m.mean, again.mean);  // seeded: reproducible
-  // Unanimous values give zero spread; "A" x3 vs "B" x1: maj@4 resamples mostly pick A.
+  // k = 1: the vote is the single draw, so the mean is the mean of the values.
   std::vector<double> v2 = {1, 1, 1, 0};
   std::vector<std::string> p2 = {"A", "A", "A", "B"};
   auto m2 = eval::majority_of_k(v2, p2, 1, 20000, 1);
