@@ -200,6 +200,9 @@ TEST(ModelConfig, AcceptsOldAndNewRopeSpellings) {
       "rope_theta": 1000000.0, "use_sliding_window": false, "sliding_window": 4096})",
                                      "qwen.json");
   EXPECT_EQ(qwen.num_key_value_heads, 2);
+  EXPECT_EQ(qwen.head_dim, 4);
+  EXPECT_EQ(ModelConfig::from_json(test::tiny_config_json("qwen2", R"("head_dim": 10)"), "c").head_dim, 10);
+  EXPECT_EQ(ModelConfig::from_json(test::tiny_config_json("llama", R"("head_dim": null)"), "c").head_dim, 8);
   EXPECT_EQ(qwen.rope_theta, 1e6);
   EXPECT_TRUE(qwen.qkv_bias);
   EXPECT_NE(describe(qwen).find("parameters: "), std::string::npos);

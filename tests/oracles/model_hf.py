@@ -32,7 +32,8 @@ SPECS = {
                                           intermediate_size=96, num_hidden_layers=2, tie_word_embeddings=True),
                         torch.bfloat16, torch.bfloat16, {}),
     # fp16 checkpoint, loaded by both sides into fp32
-    "qwen2_fp16file": (Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
+    # (and an explicit head_dim 24 != 64/4, which Qwen2 also honours)
+    "qwen2_fp16file": (Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
                                          intermediate_size=128, num_hidden_layers=2), torch.float16, torch.float32, {}),
     # head_dim 24 != 64/8, GQA ratio 4, tied, fp32
     "qwen3_fp32": (Qwen3Config, dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=24,

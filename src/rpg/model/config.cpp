@@ -131,9 +131,8 @@ ModelConfig ModelConfig::from_json(std::string_view text, const std::string& sou
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     r.fail("num_key_value_heads", str("got ", c.num_key_value_heads, ", expected a divisor of num_attention_heads ",
                                       c.num_attention_heads));
-  // Qwen2 ignores any head_dim key (it always splits hidden evenly); Qwen3 and Llama honour it.
-  bool explicit_head_dim = c.family != Family::kQwen2 && r.find("head_dim");
-  if (explicit_head_dim) {
+  // transformers honours a non-null head_dim in every family; otherwise hidden / heads.
+  if (r.find("head_dim")) {
     c.head_dim = r.positive_int("head_dim");
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
