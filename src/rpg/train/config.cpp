@@ -41,6 +41,7 @@ void ActorConfig::validate() const {
   require_one_of(loss_agg_mode, {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"},
                  p + "loss_agg_mode");
   require(grad_clip > 0, p + "grad_clip", str("must be > 0, got ", grad_clip));
+  require_one_of(kl_form, {"fkl", "rkl", "ufkl", "urkl"}, p + "kl_form");
   require(ref_update_freq > 0, p + "ref_update_freq", str("must be > 0, got ", ref_update_freq));
   require(optim.lr >= 0, p + "optim.lr", str("must be >= 0, got ", optim.lr));
   require(optim.betas.size() == 2, p + "optim.betas", "expected two values [beta1, beta2]");

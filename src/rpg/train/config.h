@@ -157,6 +157,8 @@ struct ActorConfig {
   bool use_iterative_ref_model = false;  // the RPG fork: pi_ref <- pi_theta periodically
   int64_t ref_update_freq = 1;           // steps between reference updates when iterative
   std::string policy_loss = "vanilla";   // policy loss by registry name
+  std::string kl_form = "ufkl";          // rpg / rpg_reinforce: fkl | rkl | ufkl | urkl
+  bool rpg_style_clip = true;            // rpg / rpg_reinforce: RPG-Style Clip (Algorithms 1, 2)
   double grad_clip = 1.0;
   OptimConfig optim;
 
@@ -181,7 +183,9 @@ struct ActorConfig {
     v("kl_loss_coef", kl_loss_coef, "KL coefficient beta");
     v("use_iterative_ref_model", use_iterative_ref_model, "update the reference policy to the current one");
     v("ref_update_freq", ref_update_freq, "steps between reference updates");
-    v("policy_loss", policy_loss, "policy loss by name (see `rpg algo list`)");
+    v("policy_loss", policy_loss, "policy loss by registry name (docs/algorithms.md)");
+    v("kl_form", kl_form, "rpg / rpg_reinforce regulariser: fkl | rkl | ufkl | urkl");
+    v("rpg_style_clip", rpg_style_clip, "rpg / rpg_reinforce: RPG-Style Clip");
     v("grad_clip", grad_clip, "max global gradient norm");
     v.section("optim", optim, "optimizer and LR schedule");
     for (const char* key : {"strategy", "fsdp_config", "ulysses_sequence_parallel_size", "use_torch_compile",

@@ -1,0 +1,87 @@
+// `rpg train` and `rpg eval`: argument parsing only; the work is in rpg/train and rpg/eval.
+#include <iostream>
+
+#include "rpg/cli/commands.h"
+#include "rpg/core/args.h"
+#include "rpg/core/config.h"
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+#include "rpg/core/log.h"
+#include "rpg/eval/evaluate.h"
+#include "rpg/train/trainer.h"
+
+namespace rpg::cli {
+
+int run_train(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string file;
+  std::vector<std::string> overrides;
+  ArgParser parser(full_name,
+                   "Runs RL training as configured: a YAML file in verl's key layout plus key=value overrides\n"
+                   "(the overrides of a verl/RPG run script can be copied as they are). Metrics go to\n"
+                   "trainer.default_local_dir (metrics.jsonl, TensorBoard), models to global_step_N/actor.");
+  parser.positional("CONFIG", &file, "YAML file ('-' for defaults only)")
+      .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.policy_loss=rpg_reinforce")
+      .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
+  if (!parser.parse(args)) return 0;
+  auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
+  for (const auto& notice : loaded.notices) log_info(notice);
+  // The resolved configuration, beside the run's metrics and checkpoints.
+  const std::string resolved = config_to_yaml(loaded.value);
+  const std::filesystem::path run_dir = loaded.value.trainer.default_local_dir;
+  train::Trainer trainer(std::move(loaded.value), reward::builtin_scorers());
+  write_file_atomic(run_dir / "config.yaml", resolved);
+  trainer.fit();
+  return 0;
+}
+
+int run_eval(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string model, output, dtype = "auto", device = "auto";
+  std::vector<std::string> files;
+  rollout::SamplingParams sampling;
+  rollout::EngineOptions engine;
+  int64_t seed = 0;
+  bool no_progress = false, strict_box = false;
+  sampling.temperature = 1.0;
+  sampling.max_new_tokens = 4096;
+  ArgParser parser(full_name,
+                   "Evaluates a model on datasets in the paper's schema: n responses per row, scored by the\n"
+                   "data_source's rule (DAPO for math_dapo / aime* / amc*), reported as mean@n, pass@k and maj@n\n"
+                   "per data_source, as verl's validation does.");
+  parser.option("--model", &model, "Hugging Face model directory", "DIR")
+      .option_list("--data", &files, "Parquet dataset (repeatable)", "FILE")
+      .option("--n", &sampling.n, "responses per row (default 1)", "N")
+      .option("--temperature", &sampling.temperature, "sampling temperature, 0 = greedy (default 1.0)", "T")
+      .option("--top-p", &sampling.top_p, "nucleus mass (default 1.0)", "P")
+      .option("--top-k", &sampling.top_k, "top-k, -1 = all (default -1)", "K")
+      .option("--max-new-tokens", &sampling.max_new_tokens, "tokens per response (default 4096)", "N")
+      .option("--seed", &seed, "random seed (default 0)", "S")
+      .option("--max-num-seqs", &engine.max_num_seqs, "sequences decoded together (default 64)", "N")
+      .option("--output", &output, "also write the metrics as JSON here", "FILE")
+      .flag("--strict-box", &strict_box, "DAPO strict-box mode: judge only the last \\boxed{}")
+      .option("--dtype", &dtype, "auto | float32 | bfloat16 | float16", "TYPE")
+      .option("--device", &device, "auto | cpu | cuda", "DEV")
+      .flag("--no-progress", &no_progress, "no progress bar");
+  if (!parser.parse(args)) return 0;
+  if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
+  if (files.empty()) throw UsageError(str(full_name, ": at least one --data FILE is required"));
+  sampling.seed = static_cast<uint64_t>(seed);
+  std::vector<data::Row> rows;
+  for (const auto& f : files) {
+    auto part = data::read_parquet(f);
+    rows.insert(rows.end(), part.begin(), part.end());
+  }
+  auto policy = rollout::load_policy(model, dtype, device);
+  reward::ScorerOptions so;
+  so.strict_box_verify = strict_box;
+  auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress);
+  std::cout << eval::format_metrics(result.metrics);
+  if (!output.empty()) {
+    nlohmann::json j = result.metrics;
+    write_file_atomic(output, j.dump(2) + "\n");
+  }
+  log_info(str("evaluated ", rows.size(), " rows x ", sampling.n, " responses: ", result.stats.generated_tokens,
+               " tokens in ", result.stats.seconds, " s"));
+  return 0;
+}
+
+}  // namespace rpg::cli

@@ -1,0 +1,525 @@
+#include "rpg/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "rpg/algo/advantage.h"
+#include "rpg/algo/policy_loss.h"
+#include "rpg/core/error.h"
+#include "rpg/core/log.h"
+#include "rpg/core/metrics.h"
+#include "rpg/core/progress.h"
+#include "rpg/core/rng.h"
+#include "rpg/data/dataset.h"
+#include "rpg/eval/evaluate.h"
+#include "rpg/reward/overlong.h"
+#include "rpg/rollout/batch.h"
+#include "rpg/rollout/engine.h"
+#include "rpg/rollout/policy.h"
+#include "rpg/train/optim.h"
+
+namespace fs = std::filesystem;
+
+namespace rpg::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One training prompt, rendered and tokenized once.
+struct Prompt {
+  std::vector<int64_t> ids;
+  std::string data_source, ground_truth;
+};
+
+std::vector<data::Row> read_rows(const std::vector<std::string>& files, int64_t max_samples, const std::string& key) {
+  if (files.empty()) throw ConfigError(str(key, ": no files given"));
+  std::vector<data::Row> rows;
+  for (const auto& f : files) {
+    auto part = data::read_parquet(f);
+    rows.insert(rows.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+  }
+  if (max_samples >= 0 && static_cast<int64_t>(rows.size()) > max_samples) rows.resize(static_cast<size_t>(max_samples));
+  return rows;
+}
+
+std::vector<ChatMessage> messages_of(const data::Row& row) {
+  std::vector<ChatMessage> m;
+  for (const auto& msg : row.prompt) m.push_back({msg.role, msg.content});
+  return m;
+}
+
+double mean_of(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+// Masked mean of a [B, T] tensor.
+double masked_mean(const at::Tensor& x, const at::Tensor& mask) {
+  at::Tensor m = mask.to(x.scalar_type());
+  return ((x * m).sum() / m.sum().clamp_min(1)).item<double>();
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  TrainConfig cfg;
+  reward::ScorerRegistry scorers;
+  rollout::Policy policy;
+  std::unique_ptr<model::CausalLM> reference;  // for KL-to-reference losses (grpo)
+  std::unique_ptr<Optimizer> optimizer;
+  LrSchedule schedule;
+  std::vector<Prompt> prompts;
+  std::vector<data::Row> val_rows;
+  fs::path run_dir;
+  std::unique_ptr<MetricsLogger> logger;
+  int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
+  // Data position: epoch and cursor in that epoch's order.
+  int64_t epoch = 0, cursor = 0;
+  std::vector<int64_t> order;
+
+  Impl(TrainConfig c, reward::ScorerRegistry s)
+      : cfg(std::move(c)),
+        scorers(std::move(s)),
+        policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, "float32", cfg.trainer.device)) {}
+
+  void set_epoch(int64_t e) {
+    epoch = e;
+    cursor = 0;
+    const int64_t n = static_cast<int64_t>(prompts.size());
+    if (cfg.data.shuffle) {
+      order = random_permutation(n, mix_key(static_cast<uint64_t>(cfg.data.seed.value_or(cfg.trainer.seed)),
+                                            static_cast<uint64_t>(e)));
+    } else {
+      order.resize(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+    }
+  }
+
+  // The next `k` prompts of the data stream. Like verl's DataLoader(drop_last=True), an
+  // epoch's last partial batch is skipped and the next epoch starts.
+  std::vector<const Prompt*> next_prompts(int64_t k) {
+    if (cursor + k > static_cast<int64_t>(order.size())) set_epoch(epoch + 1);
+    std::vector<const Prompt*> out;
+    for (int64_t i = 0; i < k; ++i) out.push_back(&prompts[static_cast<size_t>(order[static_cast<size_t>(cursor++)])]);
+    return out;
+  }
+
+  algo::PolicyLossConfig loss_config() const {
+    const auto& a = cfg.actor_rollout_ref.actor;
+    algo::PolicyLossConfig l;
+    l.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
+    l.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
+    l.clip_ratio_c = a.clip_ratio_c;
+    l.clip = a.rpg_style_clip;
+    l.kl = algo::parse_divergence(a.kl_form);
+    l.kl_coef = a.use_kl_loss ? a.kl_loss_coef : 0.0;
+    l.kl_loss_type = algo::parse_kl_estimator(a.kl_loss_type);
+    l.loss_agg_mode = algo::parse_loss_agg_mode(a.loss_agg_mode);
+    l.entropy_coeff = a.entropy_coeff;
+    algo::validate(l);
+    return l;
+  }
+
+  rollout::SamplingParams sampling(bool validation) const {
+    const auto& r = cfg.actor_rollout_ref.rollout;
+    rollout::SamplingParams p;
+    if (validation) {
+      p.temperature = r.val_kwargs.do_sample ? r.val_kwargs.temperature : 0.0;
+      p.top_p = r.val_kwargs.top_p;
+      p.top_k = r.val_kwargs.top_k;
+      p.n = r.val_kwargs.n;
+    } else {
+      p.temperature = r.temperature;
+      p.top_p = r.top_p;
+      p.top_k = r.top_k;
+      p.n = r.n;
+    }
+    p.max_new_tokens = cfg.data.max_response_length;
+    p.ignore_eos = r.ignore_eos;
+    p.stop_token_ids = policy.stop_token_ids;
+    return p;
+  }
+
+  // Log-probs of the batch's responses under `m` without gradient, in micro-batches.
+  at::Tensor log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
+    c10::NoGradGuard no_grad;
+    std::vector<at::Tensor> parts;
+    for (const auto& rows : micro_batches(b)) {
+      rollout::Batch mb = b.select(rows);
+      model::LogProbOptions lo;
+      lo.temperature = temperature;
+      parts.push_back(m.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
+                                  mb.get("responses"), lo)
+                          .log_probs);
+    }
+    // Micro-batches may reorder rows (token packing); put them back.
+    at::Tensor out = at::empty_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
+    size_t k = 0;
+    for (const auto& rows : micro_batches(b)) {
+      out.index_copy_(0, at::tensor(rows, at::kLong), parts[k++]);
+    }
+    return out;
+  }
+
+  std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b) const {
+    const auto& a = cfg.actor_rollout_ref.actor;
+    if (a.use_dynamic_bsz) {
+      at::Tensor lengths = b.get("attention_mask").sum(1);
+      std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
+      return rollout::split_by_tokens(l, a.ppo_max_token_len_per_gpu);
+    }
+    return rollout::split_by_rows(b.rows(), a.ppo_micro_batch_size_per_gpu.value_or(b.rows()));
+  }
+};
+
+Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
+  config.validate();
+  if (config.actor_rollout_ref.model.path.empty())
+    throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
+  impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
+  Impl& s = *impl_;
+  const auto& cfg = s.cfg;
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  at::manual_seed(static_cast<uint64_t>(cfg.trainer.seed));
+  s.policy.model.set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
+  (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
+  (void)algo::policy_loss_registry().get(actor.policy_loss);
+  (void)s.loss_config();
+
+  // Training prompts, rendered like verl's RLHFDataset.
+  auto rows = read_rows(cfg.data.train_files, cfg.data.train_max_samples, "data.train_files");
+  for (const auto& r : rows) (void)s.scorers.find(r.data_source);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Prompt p;
+    p.ids = rollout::render_prompt(s.policy.tokenizer, messages_of(rows[i]));
+    p.data_source = rows[i].data_source;
+    p.ground_truth = rows[i].reward_model.ground_truth;
+    const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
+    if (len > max_len) {
+      if (cfg.data.filter_overlong_prompts) continue;
+      if (cfg.data.truncation == "left") p.ids.erase(p.ids.begin(), p.ids.end() - max_len);
+      else if (cfg.data.truncation == "right") p.ids.resize(static_cast<size_t>(max_len));
+      else
+        throw ValueError(str("data.train_files: row ", i, " has a prompt of ", len, " tokens > data.max_prompt_length=",
+                             max_len, " (set data.truncation=left|right or data.filter_overlong_prompts=true)"));
+    }
+    s.prompts.push_back(std::move(p));
+  }
+  const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
+  if (static_cast<int64_t>(s.prompts.size()) < std::max(cfg.data.train_batch_size, gen_batch))
+    throw ConfigError(str("data.train_batch_size / data.gen_batch_size (", std::max(cfg.data.train_batch_size, gen_batch),
+                          ") exceed the ", s.prompts.size(), " usable training prompts"));
+  if (!cfg.data.val_files.empty()) s.val_rows = read_rows(cfg.data.val_files, cfg.data.val_max_samples, "data.val_files");
+
+  s.steps_per_epoch = static_cast<int64_t>(s.prompts.size()) / cfg.data.train_batch_size;
+  s.total_steps = cfg.trainer.total_training_steps.value_or(s.steps_per_epoch * cfg.trainer.total_epochs);
+  s.set_epoch(0);
+
+  // Optimizer and LR schedule (verl's rules).
+  const auto& o = actor.optim;
+  OptimizerOptions oo;
+  oo.type = o.optim_type;
+  oo.lr = o.lr;
+  oo.beta1 = o.betas[0];
+  oo.beta2 = o.betas[1];
+  oo.weight_decay = o.weight_decay;
+  const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, s.total_steps);
+  oo.warmup_steps = warmup;
+  s.optimizer = make_optimizer(oo, s.policy.model.named_parameters());
+  s.schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, s.total_steps, o.min_lr_ratio,
+                          o.num_cycles};
+
+  if (actor.use_kl_loss && actor.policy_loss.rfind("grpo", 0) == 0) {
+    s.reference = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
+        cfg.actor_rollout_ref.model.path, {at::kFloat, s.policy.model.device()}));
+    s.reference->set_requires_grad(false);
+  }
+
+  s.run_dir = cfg.trainer.default_local_dir;
+  s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true);
+  log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
+               " steps; policy loss ", actor.policy_loss, ", advantages ", cfg.algorithm.adv_estimator, "; run dir ",
+               s.run_dir.string()));
+}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::global_step() const { return impl_->step; }
+int64_t Trainer::total_steps() const { return impl_->total_steps; }
+const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
+
+Metrics Trainer::train_step() {
+  Impl& s = *impl_;
+  const auto& cfg = s.cfg;
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  const int64_t n = cfg.actor_rollout_ref.rollout.n;
+  const auto t_step = Clock::now();
+  Metrics m;
+
+  // 1. Generate and score until train_batch_size groups survive dynamic sampling.
+  struct Group {
+    const Prompt* prompt;
+    std::vector<rollout::Response> responses;
+    std::vector<double> scores;
+    std::vector<bool> acc;
+  };
+  std::vector<Group> kept;
+  int64_t rounds = 0, generated_groups = 0;
+  double gen_seconds = 0;
+  int64_t gen_tokens = 0;
+  const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
+  rollout::RolloutEngine engine(s.policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
+  reward::OverlongConfig overlong{cfg.reward_model.overlong_buffer.enable, cfg.reward_model.overlong_buffer.len,
+                                  cfg.reward_model.overlong_buffer.penalty_factor, cfg.data.max_response_length};
+  std::vector<double> all_scores, all_acc;
+  s.optimizer->use_train_weights();
+  while (static_cast<int64_t>(kept.size()) < cfg.data.train_batch_size) {
+    const auto& fg = cfg.algorithm.filter_groups;
+    if (rounds > 0 && fg.max_num_gen_batches > 0 && rounds >= fg.max_num_gen_batches)
+      throw ValueError(str("dynamic sampling: ", rounds, " generation batches gave only ", kept.size(), " of ",
+                           cfg.data.train_batch_size, " groups with varying ", fg.metric,
+                           "; raise algorithm.filter_groups.max_num_gen_batches or check the data"));
+    ++rounds;
+    auto batch_prompts = s.next_prompts(gen_batch);
+    std::vector<std::vector<int64_t>> ids;
+    for (const auto* p : batch_prompts) ids.push_back(p->ids);
+    rollout::SamplingParams sp = s.sampling(false);
+    sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(s.step),
+                      static_cast<uint64_t>(rounds));
+    auto t_gen = Clock::now();
+    auto responses = engine.generate(ids, sp);
+    gen_seconds += seconds_since(t_gen);
+    gen_tokens += engine.last_stats().generated_tokens;
+
+    std::vector<std::string> texts;
+    std::vector<reward::ScoreRequest> requests;
+    texts.reserve(responses.size());
+    for (const auto& r : responses) {
+      std::vector<TokenId> tid(r.token_ids.begin(), r.token_ids.end());
+      texts.push_back(s.policy.tokenizer.decode(tid, /*skip_special_tokens=*/true));
+    }
+    for (size_t i = 0; i < responses.size(); ++i) {
+      const Prompt* p = batch_prompts[static_cast<size_t>(responses[i].prompt_index)];
+      requests.push_back({p->data_source, texts[i], p->ground_truth});
+    }
+    auto results = reward::score_batch(s.scorers, requests);
+    std::vector<int64_t> lengths;
+    std::vector<double> scores;
+    for (size_t i = 0; i < responses.size(); ++i) {
+      lengths.push_back(static_cast<int64_t>(responses[i].token_ids.size()));
+      scores.push_back(results[i].score);
+    }
+    reward::apply_overlong_penalty(overlong, lengths, scores);
+
+    for (size_t g = 0; g < batch_prompts.size(); ++g) {
+      Group grp{batch_prompts[g], {}, {}, {}};
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t i = g * static_cast<size_t>(n) + static_cast<size_t>(j);
+        grp.responses.push_back(responses[i]);
+        grp.scores.push_back(scores[i]);
+        grp.acc.push_back(results[i].acc);
+        all_scores.push_back(scores[i]);
+        all_acc.push_back(results[i].acc ? 1.0 : 0.0);
+      }
+      ++generated_groups;
+      if (fg.enable) {
+        // DAPO: a group whose metric is the same for every response has zero advantage.
+        std::vector<double> metric;
+        for (int64_t j = 0; j < n; ++j) metric.push_back(fg.metric == "acc" ? (grp.acc[j] ? 1.0 : 0.0) : grp.scores[j]);
+        const bool constant = std::all_of(metric.begin(), metric.end(), [&](double x) { return x == metric[0]; });
+        if (constant && n > 1) continue;
+      }
+      kept.push_back(std::move(grp));
+    }
+    if (!fg.enable) break;
+  }
+  kept.resize(static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kept.size()), cfg.data.train_batch_size)));
+
+  // 2. The verl layout, outcome scores on each response's last token.
+  std::vector<std::vector<int64_t>> group_prompts;
+  std::vector<rollout::Response> flat;
+  std::vector<double> flat_scores;
+  int64_t finished_by_length = 0;
+  for (size_t g = 0; g < kept.size(); ++g) {
+    group_prompts.push_back(kept[g].prompt->ids);
+    for (size_t j = 0; j < kept[g].responses.size(); ++j) {
+      rollout::Response r = kept[g].responses[j];
+      r.prompt_index = static_cast<int64_t>(g);
+      if (r.finish_reason == rollout::FinishReason::kLength) ++finished_by_length;
+      flat.push_back(std::move(r));
+      flat_scores.push_back(kept[g].scores[j]);
+    }
+  }
+  rollout::Batch batch = rollout::make_rollout_batch(group_prompts, flat, s.policy.pad_token_id);
+  const at::Tensor& mask = batch.get("response_mask");
+  at::Tensor lengths = mask.sum(1);
+  at::Tensor token_level_scores = at::zeros(mask.sizes(), at::kFloat);
+  for (int64_t b = 0; b < batch.rows(); ++b) {
+    const int64_t last = lengths[b].item<int64_t>() - 1;
+    if (last >= 0) token_level_scores[b][last] = flat_scores[static_cast<size_t>(b)];
+  }
+
+  // 3. Old (sampling-policy) log-probs recomputed by the trainer, and the reference's.
+  const double temperature = cfg.actor_rollout_ref.rollout.temperature;
+  auto t_old = Clock::now();
+  at::Tensor old_log_probs = s.log_probs_no_grad(s.policy.model, batch, temperature);
+  at::Tensor ref_log_probs;
+  if (s.reference) ref_log_probs = s.log_probs_no_grad(*s.reference, batch, temperature);
+  const double old_seconds = seconds_since(t_old);
+  m["training/rollout_probs_diff_max"] =
+      ((old_log_probs.exp() - batch.get("rollout_log_probs").exp()).abs() * mask).max().item<double>();
+
+  // 4. Rewards (optionally KL-penalised, REINFORCE++) and advantages on the whole batch.
+  at::Tensor token_level_rewards = token_level_scores;
+  if (cfg.algorithm.use_kl_in_reward) {
+    if (!ref_log_probs.defined()) ref_log_probs = old_log_probs;
+    token_level_rewards =
+        algo::apply_kl_penalty(token_level_scores, old_log_probs, ref_log_probs, mask, cfg.algorithm.kl_ctrl.kl_coef,
+                               algo::parse_kl_estimator(cfg.algorithm.kl_penalty));
+  }
+  algo::AdvantageInputs ai;
+  ai.token_level_rewards = token_level_rewards;
+  ai.response_mask = mask;
+  ai.group_index = batch.get("group_index");
+  ai.gamma = cfg.algorithm.gamma;
+  ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
+  at::Tensor advantages = algo::compute_advantage(cfg.algorithm.adv_estimator, ai).advantages;
+  batch.set("old_log_probs", old_log_probs);
+  if (ref_log_probs.defined()) batch.set("ref_log_probs", ref_log_probs);
+  batch.set("advantages", advantages);
+
+  // 5. Policy updates: ppo_epochs x mini-batches (whole groups) x micro-batches.
+  const algo::PolicyLossConfig lc = s.loss_config();
+  const double lr = actor.optim.lr * s.schedule.factor(s.optimizer->step_count());
+  const int64_t rows_per_mini = std::min<int64_t>(actor.ppo_mini_batch_size * n, batch.rows());
+  std::map<std::string, std::vector<double>> loss_metrics;
+  std::vector<double> grad_norms;
+  int64_t skipped = 0;
+  auto t_update = Clock::now();
+  const bool want_entropy = actor.entropy_coeff != 0.0;
+  for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
+    std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
+    std::iota(row_order.begin(), row_order.end(), 0);
+    if (actor.shuffle && e > 0) {
+      auto perm = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), s.step, e));
+      row_order = perm;
+    }
+    for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
+      std::vector<int64_t> mini_rows(row_order.begin() + start,
+                                     row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
+      rollout::Batch mini = batch.select(mini_rows);
+      const double normaliser = algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
+      for (const auto& rows : s.micro_batches(mini)) {
+        rollout::Batch mb = mini.select(rows);
+        model::LogProbOptions lo;
+        lo.temperature = temperature;
+        lo.with_entropy = true;
+        auto lp = s.policy.model.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
+                                           mb.get("responses"), lo);
+        algo::PolicyLossInputs in;
+        in.log_probs = lp.log_probs;
+        in.old_log_probs = mb.get("old_log_probs");
+        if (mb.has("ref_log_probs")) in.ref_log_probs = mb.get("ref_log_probs");
+        in.rollout_log_probs = mb.get("rollout_log_probs");
+        in.advantages = mb.get("advantages");
+        in.response_mask = mb.get("response_mask");
+        in.entropy = want_entropy ? lp.entropy : lp.entropy.detach();
+        in.normaliser = normaliser;
+        auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
+        out.loss.backward();
+        for (const auto& [k, v] : out.metrics) loss_metrics[k].push_back(v.item<double>());
+      }
+      const double norm = clip_grad_norm(s.optimizer->params(), actor.grad_clip);
+      grad_norms.push_back(norm);
+      if (std::isfinite(norm)) s.optimizer->step(lr);
+      else ++skipped;
+      s.optimizer->zero_grad();
+    }
+  }
+  const double update_seconds = seconds_since(t_update);
+
+  // 6. Iterative reference: the reference becomes the current policy every ref_update_freq steps.
+  ++s.step;
+  if (s.reference && actor.use_iterative_ref_model && s.step % actor.ref_update_freq == 0)
+    s.reference->copy_parameters_from(s.policy.model);
+
+  // 7. Metrics, with verl's names.
+  for (const auto& [k, v] : loss_metrics) m[k] = mean_of(v);
+  m["actor/grad_norm"] = mean_of(grad_norms);
+  m["actor/lr"] = lr;
+  m["actor/skipped_steps"] = static_cast<double>(skipped);
+  m["critic/score/mean"] = mean_of(flat_scores);
+  m["critic/rewards/mean"] = token_level_rewards.sum(1).to(at::kDouble).mean().item<double>();
+  m["critic/advantages/mean"] = masked_mean(advantages, mask);
+  m["critic/advantages/max"] = (advantages * mask).max().item<double>();
+  m["critic/advantages/min"] = (advantages * mask).min().item<double>();
+  m["acc/mean"] = mean_of(all_acc);
+  m["acc/generated_score_mean"] = mean_of(all_scores);
+  m["response_length/mean"] = lengths.to(at::kDouble).mean().item<double>();
+  m["response_length/max"] = lengths.max().item<double>();
+  m["response_length/clip_ratio"] = static_cast<double>(finished_by_length) / static_cast<double>(batch.rows());
+  m["prompt_length/mean"] = batch.get("attention_mask").sum(1).sub(lengths).to(at::kDouble).mean().item<double>();
+  m["train/num_gen_batches"] = static_cast<double>(rounds);
+  m["train/kept_group_ratio"] = static_cast<double>(kept.size()) / static_cast<double>(std::max<int64_t>(1, generated_groups));
+  m["train/epoch"] = static_cast<double>(s.epoch);
+  m["timing_s/gen"] = gen_seconds;
+  m["timing_s/old_log_prob"] = old_seconds;
+  m["timing_s/update_actor"] = update_seconds;
+  m["timing_s/step"] = seconds_since(t_step);
+  m["perf/gen_tokens_per_s"] = gen_seconds > 0 ? static_cast<double>(gen_tokens) / gen_seconds : 0.0;
+  s.logger->log(s.step, m);
+  return m;
+}
+
+Metrics Trainer::validate() {
+  Impl& s = *impl_;
+  Metrics m;
+  if (s.val_rows.empty()) return m;
+  s.optimizer->use_eval_weights();
+  auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
+                               s.scorers, /*progress=*/false);
+  s.optimizer->use_train_weights();
+  for (const auto& [source, table] : result.metrics)
+    for (const auto& [name, value] : table) m[str("val-core/", source, "/", name)] = value;
+  s.logger->log(s.step, m);
+  return m;
+}
+
+void Trainer::save_model(const std::string& dir) {
+  Impl& s = *impl_;
+  s.optimizer->use_eval_weights();
+  model::SaveOptions so;
+  so.copy_files_from = s.cfg.actor_rollout_ref.model.path;
+  s.policy.model.save_pretrained(dir, so);
+  s.optimizer->use_train_weights();
+}
+
+void Trainer::fit() {
+  Impl& s = *impl_;
+  const auto& t = s.cfg.trainer;
+  if (t.val_before_train && !s.val_rows.empty()) {
+    for (const auto& [k, val] : validate()) log_info(str("before training: ", k, " = ", val));
+  }
+  ProgressBar bar("train", s.total_steps, "step");
+  bar.advance(s.step);
+  while (s.step < s.total_steps) {
+    auto m = train_step();
+    bar.advance(1, str("score=", m["critic/score/mean"], " acc=", m["acc/mean"], " len=", m["response_length/mean"]));
+    if (t.test_freq > 0 && s.step % t.test_freq == 0 && !s.val_rows.empty()) {
+      for (const auto& [k, val] : validate()) log_info(str("step ", s.step, ": ", k, " = ", val));
+    }
+    if (t.save_freq > 0 && s.step % t.save_freq == 0 && s.step < s.total_steps)
+      save_model((s.run_dir / str("global_step_", s.step) / "actor").string());
+  }
+  bar.finish();
+  save_model((s.run_dir / str("global_step_", s.step) / "actor").string());
+  s.logger->flush(/*durable=*/true);
+}
+
+}  // namespace rpg::train

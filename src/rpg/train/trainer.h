@@ -1,0 +1,55 @@
+// `rpg train`: the paper's RL loop (Section 5, Algorithms 1-2) configured like verl.
+//
+// One step: generate n responses for a batch of prompts with the live weights -> score them
+// (reward registry by data_source) -> DAPO overlong shaping -> dynamic sampling (drop groups
+// whose metric is constant, generate more until train_batch_size groups) -> old log-probs
+// (and reference log-probs) -> advantages -> ppo_epochs x mini-batches x micro-batches of
+// the chosen policy loss, with the global normaliser of each mini-batch -> clip -> step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "rpg/reward/registry.h"
+#include "rpg/train/config.h"
+
+namespace rpg::model {
+class CausalLM;
+}
+
+namespace rpg::train {
+
+using Metrics = std::map<std::string, double>;
+
+class Trainer {
+ public:
+  // Loads the model, tokenizer and datasets; throws ConfigError / FormatError / IoError
+  // naming the key or file at fault.
+  Trainer(TrainConfig config, reward::ScorerRegistry scorers);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Validates before training if configured, runs every remaining step, validates every
+  // test_freq steps, saves the model every save_freq steps and at the end.
+  void fit();
+  // One RL step; returns its metrics (verl's names: critic/score/mean, actor/pg_loss, ...).
+  Metrics train_step();
+  // Generates on the validation files with val_kwargs; metrics "val-core/<source>/acc/mean@n".
+  Metrics validate();
+  // Writes the policy (evaluation weights for schedule-free AdamW) as a Hugging Face model
+  // directory, atomically.
+  void save_model(const std::string& dir);
+
+  int64_t global_step() const;
+  int64_t total_steps() const;
+  const model::CausalLM& model() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rpg::train
