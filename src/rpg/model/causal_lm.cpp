@@ -68,7 +68,7 @@ struct CacheStep {
 // What every layer shares for one forward call.
 struct AttnInputs {
   at::Tensor cos, sin;   // [B, T, 1, D]
-  at::Tensor mask;       // [B, 1, T, S] bool (true = attend), or undefined for plain causal
+  at::Tensor mask;       // make_mask(): [B, 1, (rep*)T, S] bool (true = attend), or undefined = causal
   bool is_causal = false;
 };
 
@@ -97,23 +97,32 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
       v = cache->v->narrow(1, 0, cache->kv_len).index_select(0, rows);
     }
   }
-  // Grouped-query attention: without a mask, SDPA's enable_gqa shares each K/V head across
-  // its H/Hkv query heads in place (flash supports it). With a mask the fused kernel that
-  // takes masks (memory-efficient) lacks GQA and SDPA would fall back to the math kernel,
-  // which materialises [B, H, T, S] scores; repeating K/V ([B, S, H, D]) is far cheaper.
-  bool gqa = H != Hkv;
-  if (gqa && a.mask.defined()) {
-    const int64_t S = k.size(1), rep = H / Hkv;
-    k = k.unsqueeze(3).expand({k.size(0), S, Hkv, rep, D}).reshape({k.size(0), S, H, D});
-    v = v.unsqueeze(3).expand({v.size(0), S, Hkv, rep, D}).reshape({v.size(0), S, H, D});
-    gqa = false;
+  const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
+  if (H != Hkv && a.mask.defined()) {
+    // Grouped-query attention with a mask: fold each group's query heads into the query
+    // length, [B, T, H, D] -> [B, Hkv, rep*T, D] (head h = kv * rep + r reads K/V head kv,
+    // as repeat_kv does), and attend over the Hkv heads directly with the mask folded the
+    // same way (make_mask). Nothing of size K/V is copied, unlike repeating K/V to H heads
+    // (which a decode step would pay for the whole cache) or SDPA's GQA fallback.
+    const int64_t rep = H / Hkv;
+    at::Tensor qf = q.view({B, T, Hkv, rep, D}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, rep * T, D});
+    at::Tensor o = at::scaled_dot_product_attention(qf, kt, vt, a.mask);  // [B, Hkv, rep*T, D]
+    return at::linear(o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D}), w.o_w);
   }
-  // [B, T, H, D] -> [B, H, T, D]
+  // Without a mask SDPA's enable_gqa shares K/V heads in place (flash supports it).
   at::Tensor o = at::scaled_dot_product_attention(
-      q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-      a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, /*dropout_p=*/0.0, a.is_causal,
-      /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+      q.transpose(1, 2), kt, vt, a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt,
+      /*dropout_p=*/0.0, a.is_causal, /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
   return at::linear(o.transpose(1, 2).reshape({B, T, H * D}), w.o_w);
+}
+
+// The attention mask as attention() consumes it: [B, 1, T, S] bool, or for grouped-query
+// models [B, 1, rep*T, S] with each query row repeated for the rep heads folded into it.
+at::Tensor make_mask(const at::Tensor& mask, const ModelConfig& c) {
+  const int64_t rep = c.num_attention_heads / c.num_key_value_heads;
+  if (rep == 1) return mask;
+  const int64_t B = mask.size(0), T = mask.size(2), S = mask.size(3);
+  return mask.unsqueeze(2).expand({B, 1, rep, T, S}).reshape({B, 1, rep * T, S});
 }
 
 at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
@@ -392,7 +401,7 @@ at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor
     at::Tensor keys = attention_mask.to(m.device).to(at::kBool).view({B, 1, 1, T});
     at::Tensor causal = at::ones({T, T}, ids.options().dtype(at::kBool)).tril();
     at::Tensor eye = at::eye(T, ids.options().dtype(at::kBool));
-    a.mask = causal.logical_and(keys).logical_or(eye);  // [B, 1, T, T]
+    a.mask = make_mask(causal.logical_and(keys).logical_or(eye), m.config);  // [B, 1, T, T]
   } else {
     a.is_causal = true;
   }
@@ -514,7 +523,8 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
   // Key j is visible to the query at absolute position p iff j <= p: that covers both the
   // causal order among the new tokens and the slot's length (stale entries lie beyond).
-  a.mask = (at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= pos.unsqueeze(2)).unsqueeze(1);  // [N, 1, T, L]
+  a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= pos.unsqueeze(2)).unsqueeze(1),
+                     m.config);  // [N, 1, T, L]
   CacheStep step;
   step.slot_index = at::tensor(slots, at::kLong).to(m.device).unsqueeze(1);
   step.write_pos = pos;
