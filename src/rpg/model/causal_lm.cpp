@@ -62,7 +62,13 @@ struct CacheStep {
   at::Tensor slot_index;    // [N, 1] int64 on device
   at::Tensor write_pos;     // [N, T] int64 on device
   int64_t kv_len = 0;       // keys to attend: max over rows of (length + T)
-  bool all_slots = false;   // slots are 0..S-1 in order: read the cache without a gather
+  // How attention reads the cache for the N rows:
+  //   kAll:    the rows are slots 0..S-1 in order; the cache is used as is.
+  //   kDense:  most slots are active (2N > S): the N queries are scattered into S rows and
+  //            attention runs over the whole cache (idle rows see one key and are dropped),
+  //            cheaper than copying N rows of K/V out of it.
+  //   kGather: few slots active: their K/V rows are gathered.
+  enum class Read { kAll, kDense, kGather } read = Read::kGather;
 };
 
 // What every layer shares for one forward call.
@@ -71,6 +77,9 @@ struct AttnInputs {
   at::Tensor mask;       // make_mask(): [B, 1, (rep*)T, S] bool (true = attend), or undefined = causal
   bool is_causal = false;
 };
+
+at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const AttnInputs& a);
 
 at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
                      const CacheStep* cache) {
@@ -88,15 +97,26 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
   if (cache) {
     cache->k->index_put_({cache->slot_index, cache->write_pos}, k);
     cache->v->index_put_({cache->slot_index, cache->write_pos}, v);
-    if (cache->all_slots) {
-      k = cache->k->narrow(1, 0, cache->kv_len);
-      v = cache->v->narrow(1, 0, cache->kv_len);
-    } else {
-      at::Tensor rows = cache->slot_index.view({-1});
-      k = cache->k->narrow(1, 0, cache->kv_len).index_select(0, rows);
-      v = cache->v->narrow(1, 0, cache->kv_len).index_select(0, rows);
+    at::Tensor rows = cache->slot_index.view({-1});
+    k = cache->k->narrow(1, 0, cache->kv_len);
+    v = cache->v->narrow(1, 0, cache->kv_len);
+    if (cache->read == CacheStep::Read::kGather) {
+      k = k.index_select(0, rows);
+      v = v.index_select(0, rows);
+    } else if (cache->read == CacheStep::Read::kDense) {
+      const int64_t S = cache->k->size(0);
+      at::Tensor o = attend(c, at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q), k, v, a);
+      return at::linear(o.index_select(0, rows), w.o_w);
     }
   }
+  return at::linear(attend(c, q, k, v, a), w.o_w);
+}
+
+// softmax(q k^T / sqrt(D) + mask) v for q [B, T, H, D], k and v [B, S, Hkv, D] -> [B, T, H*D].
+at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const AttnInputs& a) {
+  const int64_t B = q.size(0), T = q.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                D = c.head_dim;
   const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
   if (H != Hkv && a.mask.defined()) {
     // Grouped-query attention with a mask: fold each group's query heads into the query
@@ -107,13 +127,13 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
     const int64_t rep = H / Hkv;
     at::Tensor qf = q.view({B, T, Hkv, rep, D}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, rep * T, D});
     at::Tensor o = at::scaled_dot_product_attention(qf, kt, vt, a.mask);  // [B, Hkv, rep*T, D]
-    return at::linear(o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D}), w.o_w);
+    return o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D});
   }
   // Without a mask SDPA's enable_gqa shares K/V heads in place (flash supports it).
   at::Tensor o = at::scaled_dot_product_attention(
       q.transpose(1, 2), kt, vt, a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt,
       /*dropout_p=*/0.0, a.is_causal, /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
-  return at::linear(o.transpose(1, 2).reshape({B, T, H * D}), w.o_w);
+  return o.transpose(1, 2).reshape({B, T, H * D});
 }
 
 // The attention mask as attention() consumes it: [B, 1, T, S] bool, or for grouped-query
@@ -521,15 +541,20 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   at::Tensor pos = start.unsqueeze(1) + at::arange(T, long_opt).unsqueeze(0);          // [N, T]
   AttnInputs a;
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
-  // Key j is visible to the query at absolute position p iff j <= p: that covers both the
-  // causal order among the new tokens and the slot's length (stale entries lie beyond).
-  a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= pos.unsqueeze(2)).unsqueeze(1),
-                     m.config);  // [N, 1, T, L]
   CacheStep step;
   step.slot_index = at::tensor(slots, at::kLong).to(m.device).unsqueeze(1);
   step.write_pos = pos;
   step.kv_len = kv_len;
-  step.all_slots = all_slots;
+  const int64_t S = cache.num_slots();
+  step.read = all_slots ? CacheStep::Read::kAll : 2 * N > S ? CacheStep::Read::kDense : CacheStep::Read::kGather;
+  // Key j is visible to the query at absolute position p iff j <= p: that covers both the
+  // causal order among the new tokens and the slot's length (stale entries lie beyond).
+  // Dense reads attend for every slot; idle ones get position 0 so they see key 0 only.
+  at::Tensor query_pos = pos;
+  if (step.read == CacheStep::Read::kDense)
+    query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);
+  a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= query_pos.unsqueeze(2)).unsqueeze(1),
+                     m.config);  // [N or S, 1, T, L]
   at::Tensor x = at::embedding(m.embed, tokens.to(m.device, at::kLong));
   for (size_t l = 0; l < m.layers.size(); ++l) {
     step.k = &cache.k_[l];
