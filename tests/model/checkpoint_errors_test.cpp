@@ -211,6 +211,27 @@ TEST_F(CheckpointErrors, ShardedIndexProblems) {
   }
 }
 
+TEST_F(CheckpointErrors, SaveErrorsKeepTheOldDirectoryAndSavesReplaceItWhole) {
+  CausalLM m = CausalLM::from_pretrained(model_);
+  std::string before = read_file(file_);
+  // Sharded output whose extra-file copy fails: an error, and the old model untouched.
+  SaveOptions o;
+  o.max_shard_bytes = 30000;
+  o.copy_files_from = dir_ / "does-not-exist";
+  EXPECT_THROW(m.save_pretrained(model_, o), IoError);
+  EXPECT_EQ(read_file(file_), before);
+  EXPECT_FALSE(fs::exists(model_ / "model.safetensors.index.json"));
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir_.path())) entries += e.path().filename() != "m";
+  EXPECT_EQ(entries, 0) << "no temporary directory left behind";
+  // A successful save replaces it as a whole (the single file becomes shards).
+  o.copy_files_from.clear();
+  m.save_pretrained(model_, o);
+  EXPECT_FALSE(fs::exists(file_));
+  EXPECT_TRUE(fs::exists(model_ / "model.safetensors.index.json"));
+  EXPECT_NO_THROW(CausalLM::from_pretrained(model_));
+}
+
 TEST(Safetensors, SerializedHeaderRoundTripsAndIsAligned) {
   namespace st = safetensors;
   std::vector<st::TensorInfo> ts = {{"a", st::DType::kBF16, {3, 5}, 0, 30}, {"b", st::DType::kF32, {}, 30, 34}};

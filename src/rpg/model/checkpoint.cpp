@@ -229,6 +229,8 @@ void CausalLM::save_pretrained(const fs::path& dir, const SaveOptions& options) 
     s.tensors.push_back(p);
   }
 
+  if (!options.copy_files_from.empty() && !fs::is_directory(options.copy_files_from))
+    throw IoError(str("save_pretrained: copy_files_from ", options.copy_files_from.string(), " is not a directory"));
   AtomicDir out(dir);
   const size_t n = shards.size();
   nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
