@@ -904,7 +904,19 @@ class Parser {
         // Subscript or slice a[b], a[b:c], a[b:c:d], any part optional.
         ExprP parts[3];
         int colons = 0;
-        if (!is_op(":")) parts[0] = parse_expr();
+        if (!is_op(":") && !is_op("]")) {
+          parts[0] = parse_expr();
+          if (is_op(",")) {
+            auto tup = make(Expr::K::kTuple, at);
+            tup->kids.push_back(std::move(parts[0]));
+            while (is_op(",")) {
+              ++i_;
+              if (is_op("]")) break;
+              tup->kids.push_back(parse_expr());
+            }
+            parts[0] = std::move(tup);
+          }
+        }
         while (is_op(":") && colons < 2) {
           ++i_;
           ++colons;
@@ -912,7 +924,7 @@ class Parser {
         }
         expect_op("]");
         auto n = make(colons ? Expr::K::kSlice : Expr::K::kItem, at);
-        if (!colons && !parts[0]) fail(at, "empty subscript");
+        if (!colons && !parts[0]) parts[0] = make(Expr::K::kTuple, at);
         n->kids.push_back(std::move(e));
         for (auto& p : parts) n->kids.push_back(std::move(p));
         if (!colons) n->kids.resize(2);
@@ -1029,10 +1041,24 @@ class Renderer {
   // as in jinja2 (the reason templates use namespace()).
   std::vector<std::shared_ptr<Dict>> frames;
 
+  // Names the template assigns at its top level. jinja2 compiles them as locals of the
+  // top-level frame, so inside loops and macros they are undefined until assigned (even
+  // when the caller passed a variable of that name); at the top level itself the caller's
+  // value shows until then.
+  const std::set<std::string>* root_stored = nullptr;
+  std::set<std::string> root_assigned;
+
   Value lookup(const std::string& name) const {
-    for (auto it = frames.rbegin(); it != frames.rend(); ++it)
-      if (const Value* v = (*it)->find(name)) return *v;
+    for (size_t k = frames.size(); k-- > 0;) {
+      if (k <= 1 && frames.size() > 2 && root_stored->count(name) && !root_assigned.count(name))
+        return Value::undefined(name);
+      if (const Value* v = frames[k]->find(name)) return *v;
+    }
     return Value::undefined(name);
+  }
+  void set_var(const std::string& name, Value v) {
+    if (frames.size() == 2) root_assigned.insert(name);
+    frames.back()->set(name, std::move(v));
   }
 
   void render(const Body& body, std::string& out) {
@@ -1073,10 +1099,10 @@ class Renderer {
       case Node::K::kSetBlock: {
         std::string captured;
         render(n.body, captured);
-        frames.back()->set(n.targets[0], Value::str(std::move(captured)));
+        set_var(n.targets[0], Value::str(std::move(captured)));
         break;
       }
-      case Node::K::kMacro: frames.back()->set(n.targets[0], make_macro(n)); break;
+      case Node::K::kMacro: set_var(n.targets[0], make_macro(n)); break;
       case Node::K::kBreak: throw LoopControl{true};
       case Node::K::kContinue: throw LoopControl{false};
       case Node::K::kGeneration: render(n.body, out); break;
@@ -1086,13 +1112,13 @@ class Renderer {
 
   void assign(const std::vector<std::string>& targets, Value v, Pos at) {
     if (targets.size() == 1) {
-      frames.back()->set(targets[0], std::move(v));
+      set_var(targets[0], std::move(v));
       return;
     }
     List items = iterate(v, at);
     if (items.size() != targets.size())
       fail(at, str("cannot unpack ", items.size(), " values into ", targets.size(), " names"));
-    for (size_t k = 0; k < targets.size(); ++k) frames.back()->set(targets[k], items[k]);
+    for (size_t k = 0; k < targets.size(); ++k) set_var(targets[k], items[k]);
   }
 
   List iterate(const Value& v, Pos at) {
@@ -1145,6 +1171,9 @@ class Renderer {
     int64_t len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       if (++steps_ > kMaxSteps) fail(n.at, "template exceeded the render step limit");
+      // jinja2 starts every iteration from the enclosing scope: assignments made in the
+      // body do not carry over to the next iteration.
+      frame->items.clear();
       assign(n.targets, items[static_cast<size_t>(k)], n.at);
       Value loop = Value::make_dict();
       auto& d = *loop.dict;
@@ -1688,6 +1717,20 @@ Value Renderer::get_attr(const Value& obj, const std::string& name, Pos at) {
       return Value::undefined(name);
     case Value::T::kList:
       if (kMutating.count(name)) fail(at, str("access to attribute '", name, "' of 'list' object is unsafe"));
+      if (name == "count" || name == "index") {
+        Value self = obj;
+        return Value::func([self, name](Args& a) -> Value {
+          if (a.pos.empty()) throw ValueError(str(name, "() takes exactly one argument"));
+          int64_t n = 0;
+          for (size_t k = 0; k < self.list->size(); ++k) {
+            if (!equal((*self.list)[k], a.pos[0])) continue;
+            if (name == "index") return Value::integer(static_cast<int64_t>(k));
+            ++n;
+          }
+          if (name == "index") throw ValueError("value is not in list");
+          return Value::integer(n);
+        });
+      }
       return Value::undefined(name);
     default: return Value::undefined(name);
   }
@@ -1756,11 +1799,11 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
       if (a.s.size() + b.s.size() > kMaxOutput) fail(at, "string too large");
       return Value::str(a.s + b.s);
     }
-    if (a.is_list() && b.is_list()) {
+    if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
       if (a.list->size() + b.list->size() > kMaxListItems) fail(at, "list too large");
       List items = *a.list;
       items.insert(items.end(), b.list->begin(), b.list->end());
-      return Value::make_list(std::move(items));
+      return a.tuple ? Value::make_tuple(std::move(items)) : Value::make_list(std::move(items));
     }
   }
   if (op == "*") {
@@ -1778,10 +1821,16 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
       }
       List items;
       for (int64_t k = 0; k < times; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
-      return Value::make_list(std::move(items));
+      return seq->tuple ? Value::make_tuple(std::move(items)) : Value::make_list(std::move(items));
     }
   }
-  if (op == "%" && a.is_str()) fail(at, "unsupported construct: printf-style string formatting");
+  if (op == "%" && a.is_str()) {
+    if (a.s.find('%') != std::string::npos) fail(at, "unsupported construct: printf-style string formatting");
+    // No specifiers: Python returns the string for a mapping-like right side (dict, list)
+    // or an empty tuple, and complains about unconverted arguments otherwise.
+    if (b.is_dict() || (b.is_list() && (!b.tuple || b.list->empty()))) return a;
+    fail(at, "not all arguments converted during string formatting");
+  }
   if (!a.is_number() || !b.is_number()) bad_types();
   bool ints = a.t != Value::T::kFloat && b.t != Value::T::kFloat;
   int64_t ai = a.t == Value::T::kBool ? a.b : a.i, bi = b.t == Value::T::kBool ? b.b : b.i;
@@ -1811,8 +1860,24 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
       return Value::integer(op == "//" ? q : r);
     }
     if (bf == 0) fail(at, "float division by zero");
-    double q = std::floor(af / bf);
-    return Value::real(op == "//" ? q : af - q * bf);
+    // CPython's float_divmod, for bit-identical results.
+    double mod = std::fmod(af, bf), div = (af - mod) / bf;
+    if (mod != 0) {
+      if ((bf < 0) != (mod < 0)) {
+        mod += bf;
+        div -= 1.0;
+      }
+    } else {
+      mod = std::copysign(0.0, bf);
+    }
+    double floordiv;
+    if (div != 0) {
+      floordiv = std::floor(div);
+      if (div - floordiv > 0.5) floordiv += 1.0;
+    } else {
+      floordiv = std::copysign(0.0, af / bf);
+    }
+    return Value::real(op == "//" ? floordiv : mod);
   }
   if (op == "**") {
     if (ints && bi >= 0) {
@@ -1844,6 +1909,9 @@ bool Renderer::compare(const std::string& op, const Value& a, const Value& b, Po
     } else if (b.is_list()) {
       r = std::any_of(b.list->begin(), b.list->end(), [&](const Value& x) { return equal(x, a); });
     } else if (b.is_dict()) {
+      if (a.is_list() || a.is_dict() || a.t == Value::T::kNamespace) {
+        if (!(a.is_list() && a.tuple)) fail(at, str("unhashable type: '", type_name(a), "'"));
+      }
       r = a.is_str() && b.dict->find(a.s);
     } else if (b.is_undefined()) {
       r = false;
@@ -1858,6 +1926,12 @@ bool Renderer::compare(const std::string& op, const Value& a, const Value& b, Po
     c = x < y ? -1 : x > y ? 1 : 0;
   } else if (a.is_str() && b.is_str()) {
     c = a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+  } else if (a.is_list() && b.is_list() && a.tuple == b.tuple) {
+    // Lexicographic, as Python compares sequences.
+    size_t k = 0;
+    while (k < a.list->size() && k < b.list->size() && equal((*a.list)[k], (*b.list)[k])) ++k;
+    if (k < a.list->size() && k < b.list->size()) return compare(op, (*a.list)[k], (*b.list)[k], at);
+    c = a.list->size() < b.list->size() ? -1 : a.list->size() > b.list->size() ? 1 : 0;
   } else {
     fail(at, str("'", op, "' not supported between instances of '", type_name(a), "' and '", type_name(b), "'"));
   }
@@ -1907,18 +1981,19 @@ bool run_test(const std::string& name, const Value& v, const Args& a, Renderer& 
   if (name == "mapping") return v.is_dict();
   if (name == "iterable") return v.is_str() || v.is_list() || v.is_dict() || v.is_undefined();
   if (name == "sequence") return v.is_str() || v.is_list() || v.is_dict();
-  if (name == "callable") return v.t == Value::T::kFunc;
+  if (name == "callable") return v.t == Value::T::kFunc || v.is_undefined();  // Undefined has __call__
   if (name == "escaped") return false;
-  if (name == "lower") return v.is_str() && py_case(v.s, 0) == v.s;
-  if (name == "upper") return v.is_str() && py_case(v.s, 1) == v.s;
+  if (name == "lower" || name == "upper") {
+    // str(value).islower() / .isupper(): some cased character, none of the other case.
+    Args none;
+    Value r2 = string_method(Value::str(to_str(v)), name == "lower" ? "islower" : "isupper", none);
+    return r2.b;
+  }
   if (name == "even" || name == "odd" || name == "divisibleby") {
-    if (v.t != Value::T::kInt && v.t != Value::T::kBool) r.fail(at, str("test '", name, "' needs an integer"));
-    int64_t x = v.t == Value::T::kBool ? v.b : v.i;
-    if (name == "even") return x % 2 == 0;
-    if (name == "odd") return x % 2 != 0;
-    const Value& d = arg();
-    if (d.t != Value::T::kInt || d.i == 0) r.fail(at, "divisibleby needs a non-zero integer");
-    return d.i == -1 || x % d.i == 0;
+    // jinja2: value % 2 == 0, value % 2 == 1, value % num == 0.
+    Value divisor = name == "divisibleby" ? arg() : Value::integer(2);
+    Value rem = r.binary("%", v, divisor, at);
+    return equal(rem, Value::integer(name == "odd" ? 1 : 0));
   }
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, arg());
   if (name == "ne" || name == "!=") return !equal(v, arg());
@@ -2056,6 +2131,8 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
     }
     return Value::str(out);
   }
+  if ((name == "int" || name == "float") && v.is_undefined())
+    throw ValueError(str("'", v.s.empty() ? "value" : v.s, "' is undefined"));
   if (name == "int") {
     if (v.t == Value::T::kInt) return v;
     if (v.t == Value::T::kBool) return Value::integer(v.b);
@@ -2071,6 +2148,13 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
         if (used == s.size()) return Value::integer(x);
       } catch (const std::exception&) {
       }
+      // int() failed: jinja2 retries int(float(value)).
+      std::string t = py_strip(v.s, nullptr, true, true);
+      char* end = nullptr;
+      double d = std::strtod(t.c_str(), &end);
+      bool hexish = t.find_first_of("xXpP") != std::string::npos;
+      if (!t.empty() && end == t.c_str() + t.size() && !hexish && std::isfinite(d) && std::fabs(d) < 9.2e18)
+        return Value::integer(static_cast<int64_t>(d));
     }
     return a.get(0, "default") ? *a.get(0, "default") : Value::integer(0);
   }
@@ -2090,10 +2174,14 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
       return Value::integer(v.i < 0 ? -v.i : v.i);
     }
     if (v.t == Value::T::kFloat) return Value::real(std::fabs(v.f));
-    throw ValueError("bad operand type for abs()");
+    if (v.t == Value::T::kBool) return Value::integer(v.b);
+    throw ValueError(str("bad operand type for abs(): '", type_name(v), "'"));
   }
   if (name == "round") {
+    if (!v.is_number()) throw ValueError(str("type ", type_name(v), " doesn't define __round__ method"));
     int64_t prec = int_arg(a.get(0, "precision"), 0, "round");
+    std::string how = a.get(1, "method") ? to_str(*a.get(1, "method")) : "common";
+    if (how == "common" && v.t != Value::T::kFloat && prec >= 0) return Value::integer(v.t == Value::T::kBool ? v.b : v.i);
     std::string method = a.get(1, "method") ? to_str(*a.get(1, "method")) : "common";
     double x = v.as_double(), m = std::pow(10.0, static_cast<double>(prec));
     double y;
@@ -2146,6 +2234,7 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
   if (name == "unique") {
     List out;
     for (auto& x : as_list(v)) {
+      if ((x.is_list() && !x.tuple) || x.is_dict()) throw ValueError(str("unhashable type: '", type_name(x), "'"));
       bool seen = false;
       for (auto& y : out)
         if (x.is_str() && y.is_str() ? py_case(x.s, 0) == py_case(y.s, 0) : equal(x, y)) seen = true;
@@ -2169,6 +2258,9 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
     }
     return best;
   }
+  if ((name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr" || name == "map") &&
+      !truthy(v))
+    return Value::make_list();  // jinja2 iterates only `if value`
   if (name == "select" || name == "reject" || name == "selectattr" || name == "rejectattr") {
     bool by_attr = name.size() > 6;
     bool keep_if = name[0] == 's';
@@ -2211,6 +2303,7 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
   }
   if (name == "attr") return r.get_attr(v, to_str(need_str(a.get(0, "name"), "attr")), at);
   if (name == "indent") {
+    if (!v.is_str()) throw ValueError(str("unsupported operand type(s) for +=: '", type_name(v), "' and 'str'"));
     const Value* w = a.get(0, "width");
     std::string pad = w && w->is_str() ? w->s : std::string(static_cast<size_t>(std::clamp<int64_t>(int_arg(w, 4, "indent"), 0, 1000)), ' ');
     bool first = a.get(1, "first") && truthy(*a.get(1, "first"));
@@ -2280,7 +2373,23 @@ Value make_globals_range() {
 struct Template::Impl {
   std::string origin;
   Body body;
+  std::set<std::string> root_stored;
 };
+
+namespace {
+void collect_root_stored(const Body& body, std::set<std::string>& out) {
+  for (const NodeP& n : body) {
+    switch (n->k) {
+      case Node::K::kSet:
+        if (n->attr.empty()) out.insert(n->targets.begin(), n->targets.end());
+        break;
+      case Node::K::kSetBlock:
+      case Node::K::kMacro: out.insert(n->targets[0]); break;
+      default: break;  // if, for, macro and generation bodies are scopes of their own for jinja2
+    }
+  }
+}
+}  // namespace
 
 Template Template::parse(std::string_view source, const std::string& origin) {
   auto impl = std::make_shared<Impl>();
@@ -2290,11 +2399,13 @@ Template Template::parse(std::string_view source, const std::string& origin) {
   Lexer lexer(source, impl->origin);
   Parser parser(lexer.run(), impl->origin);
   impl->body = parser.parse_template();
+  collect_root_stored(impl->body, impl->root_stored);
   return Template(std::move(impl));
 }
 
 std::string Template::render(const nlohmann::ordered_json& vars) const {
   Renderer r(impl_->origin);
+  r.root_stored = &impl_->root_stored;
   auto globals = std::make_shared<Dict>();
   globals->set("range", make_globals_range());
   globals->set("namespace", Value::func([](Args& a) -> Value {

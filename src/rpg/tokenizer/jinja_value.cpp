@@ -302,7 +302,7 @@ void json_dump(std::string& out, const Value& v, bool ensure_ascii, int indent, 
 std::string repr(const Value& v) {
   switch (v.t) {
     case Value::T::kStr: return str_repr(v.s);
-    case Value::T::kUndefined: return "";
+    case Value::T::kUndefined: return "Undefined";
     default: return to_str(v);
   }
 }
