@@ -179,6 +179,19 @@ TEST(ModelUnit, NamedParametersAreTrainableLeavesWithHfNames) {
   for (auto& p : m.parameters()) EXPECT_FALSE(p.requires_grad());
 }
 
+TEST(ModelUnit, BadCallsThrowInsteadOfCrashing) {
+  CausalLM m = random_model("llama");
+  at::Tensor ids = at::randint(0, 300, {2, 6}, at::kLong);
+  EXPECT_THROW(m.forward(at::full({1, 3}, 300, at::kLong)), std::exception);  // id == vocab
+  EXPECT_THROW(m.forward(at::zeros({6}, at::kLong)), std::exception);        // not [B, T]
+  EXPECT_THROW(m.forward(ids, at::ones({2, 5}, at::kLong)), std::exception);  // mask shape
+  EXPECT_THROW(m.log_probs(ids, {}, {}, ids), std::exception);                // R = T > T - 1
+  EXPECT_THROW(m.log_probs(ids, {}, {}, ids.narrow(1, 1, 5), {0.0, false, 4}), ValueError);
+  EXPECT_THROW(m.log_probs(ids, {}, {}, ids.narrow(1, 1, 5), {1.0, false, 0}), ValueError);
+  EXPECT_THROW(m.new_cache(0, 4), ValueError);
+  EXPECT_THROW(CausalLM(m.config(), at::kLong), ValueError);
+}
+
 // ---- config.json ----
 
 TEST(ModelConfig, AcceptsOldAndNewRopeSpellings) {

@@ -289,10 +289,10 @@ at::Tensor default_positions(const at::Tensor& input_ids, const at::Tensor& atte
   return at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(input_ids);
 }
 
-void check_ids(const at::Tensor& ids, const char* what, int64_t vocab) {
-  TORCH_CHECK(ids.defined() && ids.dim() == 2, what, " must be [B, T], got ", ids.sizes());
+// Token ids must be [B, T] integers; out-of-vocabulary ids are caught by at::embedding.
+void check_ids(const at::Tensor& ids, const char* what) {
+  TORCH_CHECK(ids.defined() && ids.dim() == 2, what, " must be [B, T], got ", ids.defined() ? ids.sizes() : at::IntArrayRef{});
   TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, what, " must be integer");
-  (void)vocab;
 }
 
 }  // namespace
@@ -400,7 +400,7 @@ bool CausalLM::gradient_checkpointing() const { return impl_->checkpointing; }
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                    const at::Tensor& position_ids) const {
   const Impl& m = *impl_;
-  check_ids(input_ids, "input_ids", m.config.vocab_size);
+  check_ids(input_ids, "input_ids");
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   if (attention_mask.defined())
     TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
@@ -450,7 +450,7 @@ at::Tensor CausalLM::forward(const at::Tensor& input_ids, const at::Tensor& atte
 TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                   const at::Tensor& position_ids, const at::Tensor& targets,
                                   const LogProbOptions& options) const {
-  check_ids(targets, "targets", impl_->config.vocab_size);
+  check_ids(targets, "targets");
   const int64_t B = input_ids.size(0), T = input_ids.size(1), R = targets.size(1);
   TORCH_CHECK(targets.size(0) == B, "targets rows ", targets.size(0), " != input_ids rows ", B);
   TORCH_CHECK(R >= 1 && R <= T - 1, "targets length ", R, " must be in [1, T-1] for T = ", T);
@@ -506,7 +506,7 @@ KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
 at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens,
                             const DecodeOptions& options) const {
   const Impl& m = *impl_;
-  check_ids(tokens, "tokens", m.config.vocab_size);
+  check_ids(tokens, "tokens");
   const int64_t N = tokens.size(0), T = tokens.size(1);
   if (static_cast<int64_t>(slots.size()) != N)
     throw ValueError(str("decode: ", slots.size(), " slots for ", N, " token rows"));
