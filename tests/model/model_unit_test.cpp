@@ -240,6 +240,8 @@ TEST(ModelConfig, RejectsUnsupportedOrInvalidValuesNamingFileAndKey) {
       {R"({"model_type": "qwen2", "vocab_size": 10.5, "hidden_size": 8})", "vocab_size"},
       {R"({"model_type": "qwen2", "hidden_size": 8})", "vocab_size: missing"},
       {"[1, 2]", "expected a JSON object"},
+      {test::tiny_config_json("qwen2", R"("vocab_size": 1099511627776, "hidden_size": 1099511627776,
+                                           "num_attention_heads": 4)"), "2^50"},
   };
   for (const auto& c : cases) {
     try {

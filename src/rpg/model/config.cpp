@@ -163,6 +163,14 @@ ModelConfig ModelConfig::from_json(std::string_view text, const std::string& sou
   c.qk_norm = c.family == Family::kQwen3;
   parse_rope(root, r, source, c);
   c.dtype = r.string("dtype", r.string("torch_dtype", ""));
+  // Each value is capped, but products of them are not: bound the total in floating point
+  // so that later int64 arithmetic on shapes cannot overflow. 2^50 parameters is ~1000x
+  // any model in existence; more means a corrupt file.
+  const double C = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
+  const double per_layer = C * D * (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) + 3.0 * C * I;
+  const double total = 2.0 * V * C + c.num_hidden_layers * per_layer;
+  if (!(total < std::ldexp(1.0, 50)))
+    throw FormatError(str(source, ": the sizes describe ~", total, " parameters, more than 2^50: not a real model"));
   return c;
 }
 
