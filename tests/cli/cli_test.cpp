@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "test_util.h"
 
@@ -90,6 +91,23 @@ TEST(Cli, ConfigShowErrors) {
   test::write_text(dir / "bad.yaml", "data: {train_batch_size: 3\n");
   expect_one_line_error(rpg({"config", "show", (dir / "bad.yaml").string()}), 1, "malformed YAML");
   expect_one_line_error(rpg({"config", "show"}), 2, "missing argument CONFIG");
+}
+
+// Every recipe of the paper's matrix loads, validates, and keeps the paper's shared settings.
+TEST(Cli, EveryRecipeLoads) {
+  size_t count = 0;
+  for (const auto& e : std::filesystem::directory_iterator(test::source_dir() / "recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    ++count;
+    ProcessResult r = rpg({"config", "show", e.path().string()});
+    ASSERT_EQ(r.exit_code, 0) << e.path() << ": " << r.err;
+    EXPECT_NE(r.out.find("lr: 1e-06"), std::string::npos) << e.path();
+    EXPECT_NE(r.out.find("train_batch_size: 512"), std::string::npos) << e.path();
+    EXPECT_NE(r.out.find("n: 16"), std::string::npos) << e.path();
+  }
+  EXPECT_EQ(count, 24u);  // 4 baselines + 4 RPG + 4 divergences x 2 clip pairs x 2 optimizers
+  expect_one_line_error(rpg({"config", "show", "-", "actor_rollout_ref.actor.policy_loss=rpg_reinfroce"}), 1,
+                        "actor_rollout_ref.actor.policy_loss: unknown name 'rpg_reinfroce'; valid:");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // `rpg train` and `rpg eval`: argument parsing only; the work is in rpg/train and rpg/eval.
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
@@ -35,7 +36,7 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
 }
 
 int run_eval(const std::string& full_name, const std::vector<std::string>& args) {
-  std::string model, output, dtype = "auto", device = "auto";
+  std::string model, output, responses, dtype = "auto", device = "auto";
   std::vector<std::string> files;
   rollout::SamplingParams sampling;
   rollout::EngineOptions engine;
@@ -49,6 +50,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
                    "per data_source, as verl's validation does.");
   parser.option("--model", &model, "Hugging Face model directory", "DIR")
       .option_list("--data", &files, "Parquet dataset (repeatable)", "FILE")
+      .option("--responses", &responses, "score this `rpg generate` output instead of generating", "FILE")
       .option("--n", &sampling.n, "responses per row (default 1)", "N")
       .option("--temperature", &sampling.temperature, "sampling temperature, 0 = greedy (default 1.0)", "T")
       .option("--top-p", &sampling.top_p, "nucleus mass (default 1.0)", "P")
@@ -62,6 +64,19 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       .option("--device", &device, "auto | cpu | cuda", "DEV")
       .flag("--no-progress", &no_progress, "no progress bar");
   if (!parser.parse(args)) return 0;
+  reward::ScorerOptions so;
+  so.strict_box_verify = strict_box;
+  auto write_output = [&](const eval::MetricTable& metrics) {
+    std::cout << eval::format_metrics(metrics);
+    if (!output.empty()) write_file_atomic(output, nlohmann::json(metrics).dump(2) + "\n");
+  };
+  if (!responses.empty()) {
+    if (!model.empty() || !files.empty())
+      throw UsageError(str(full_name, ": --responses scores a file; do not also give --model or --data"));
+    auto result = eval::evaluate_responses(responses, reward::builtin_scorers(so));
+    write_output(result.metrics);
+    return 0;
+  }
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (files.empty()) throw UsageError(str(full_name, ": at least one --data FILE is required"));
   sampling.seed = static_cast<uint64_t>(seed);
@@ -71,14 +86,8 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
     rows.insert(rows.end(), part.begin(), part.end());
   }
   auto policy = rollout::load_policy(model, dtype, device);
-  reward::ScorerOptions so;
-  so.strict_box_verify = strict_box;
   auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress);
-  std::cout << eval::format_metrics(result.metrics);
-  if (!output.empty()) {
-    nlohmann::json j = result.metrics;
-    write_file_atomic(output, j.dump(2) + "\n");
-  }
+  write_output(result.metrics);
   log_info(str("evaluated ", rows.size(), " rows x ", sampling.n, " responses: ", result.stats.generated_tokens,
                " tokens in ", result.stats.seconds, " s"));
   return 0;

@@ -4,6 +4,9 @@
 #include <memory>
 
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
+
+#include <nlohmann/json.hpp>
 #include "rpg/core/progress.h"
 
 namespace rpg::eval {
@@ -57,6 +60,50 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
     s.acc = scores[i].acc;
     s.pred = scores[i].pred;
     out.responses.push_back(std::move(s));
+  }
+  out.metrics = compute_metrics(out.responses);
+  return out;
+}
+
+EvalResult evaluate_responses(const std::filesystem::path& path, const reward::ScorerRegistry& scorers) {
+  const std::string text = read_file(path);
+  struct Line {
+    std::string data_source, ground_truth, prompt, response;
+  };
+  std::vector<Line> lines;
+  size_t start = 0, number = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    ++number;
+    std::string_view raw(text.data() + start, end - start);
+    start = end + 1;
+    if (raw.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    auto j = nlohmann::json::parse(raw, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) throw FormatError(str(path.string(), ":", number, ": not a JSON object"));
+    Line l;
+    for (auto [key, field] : {std::pair{"data_source", &l.data_source}, std::pair{"ground_truth", &l.ground_truth},
+                              std::pair{"prompt", &l.prompt}, std::pair{"response", &l.response}}) {
+      if (!j.contains(key) || !j[key].is_string())
+        throw FormatError(str(path.string(), ":", number, ": missing string field '", key, "'"));
+      *field = j[key].get<std::string>();
+    }
+    lines.push_back(std::move(l));
+  }
+  if (lines.empty()) throw FormatError(str(path.string(), ": no responses"));
+  std::vector<reward::ScoreRequest> requests;
+  for (const auto& l : lines) requests.push_back({l.data_source, l.response, l.ground_truth});
+  auto scores = reward::score_batch(scorers, requests);
+  EvalResult out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    ScoredResponse s;
+    s.data_source = lines[i].data_source;
+    s.problem = lines[i].prompt;
+    s.score = scores[i].score;
+    s.acc = scores[i].acc;
+    s.pred = scores[i].pred;
+    out.responses.push_back(std::move(s));
+    out.texts.push_back(lines[i].response);
   }
   out.metrics = compute_metrics(out.responses);
   return out;

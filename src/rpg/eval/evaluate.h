@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,12 @@ struct EvalResult {
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling, const rollout::EngineOptions& engine,
                     const reward::ScorerRegistry& scorers, bool progress = true, bool chat_template = true);
+
+// Scores a responses file written by `rpg generate` (JSON lines with data_source,
+// ground_truth, prompt and response) without generating: the same metrics as evaluate().
+// Responses with the same data_source and prompt form one problem. Throws IoError /
+// FormatError naming the file and line, ValueError for an unknown data_source.
+EvalResult evaluate_responses(const std::filesystem::path& path, const reward::ScorerRegistry& scorers);
 
 // "aime2024/acc/mean@32: 0.4375" lines, sorted.
 std::string format_metrics(const MetricTable& metrics);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "rpg/algo/advantage.h"
+#include "rpg/algo/policy_loss.h"
 #include "rpg/core/error.h"
 
 namespace rpg {
@@ -50,8 +52,21 @@ void ActorConfig::validate() const {
                  p + (optim.warmup_style ? "optim.warmup_style" : "optim.lr_scheduler_type"));
 }
 
+// A name missing from a registry is an error listing the valid ones, naming the key.
+void require_registered(bool ok, const std::string& key, const std::string& name, const std::vector<std::string>& names) {
+  if (ok) return;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw ConfigError(str(key, ": unknown name '", name, "'; valid: ", list));
+}
+
 void TrainConfig::validate() const {
   data.validate();
+  const auto& loss = actor_rollout_ref.actor.policy_loss;
+  require_registered(algo::policy_loss_registry().contains(loss), "actor_rollout_ref.actor.policy_loss", loss,
+                     algo::policy_loss_names());
+  require_registered(algo::advantage_registry().contains(algorithm.adv_estimator), "algorithm.adv_estimator",
+                     algorithm.adv_estimator, algo::advantage_names());
   actor_rollout_ref.actor.validate();
   const auto& r = actor_rollout_ref.rollout;
   const std::string p = "actor_rollout_ref.rollout.";
