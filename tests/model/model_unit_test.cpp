@@ -144,6 +144,16 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   EXPECT_LE((step[1][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), 1e-5);
   EXPECT_THROW(m.decode(cache, {0, 1}, padded, {{6}, false}), ValueError);
   EXPECT_THROW(m.decode(cache, {0, 1}, padded, {{7, 1}, false}), ValueError);
+  // copy_slot: one prefill shared by two continuations.
+  cache.reset();
+  m.decode(cache, {0}, a.narrow(1, 0, 5));
+  cache.copy_slot(0, 1);
+  EXPECT_EQ(cache.length(1), 5);
+  at::Tensor fork = m.decode(cache, {0, 1}, at::cat({a.narrow(1, 5, 1), at::full({1, 1}, 7, at::kLong)}, 0));
+  at::Tensor a_alt = at::cat({a.narrow(1, 0, 5), at::full({1, 1}, 7, at::kLong)}, 1);
+  EXPECT_LE((fork[0][0] - full_a[0][5]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((fork[1][0] - m.forward(a_alt)[0][5]).abs().max().item<double>(), 1e-5);
+  EXPECT_THROW(cache.copy_slot(0, 9), ValueError);
   // Misuse is an error, not a crash.
   EXPECT_THROW(m.decode(cache, {0}, at::zeros({1, 20}, at::kLong)), ValueError);
   EXPECT_THROW(m.decode(cache, {5}, at::zeros({1, 1}, at::kLong)), ValueError);
