@@ -139,13 +139,28 @@ void throughput_report(const std::string& python, const fs::path& script, int th
   double fwd = median_seconds([&] { m.forward(ids, mask); }, repeats);
   double lp = median_seconds(
       [&] { m.log_probs(ids, mask, {}, ids.narrow(1, 1, T - 1), LogProbOptions{0.7, true, 1024}); }, repeats);
-  double hf_fwd = hf["forward_s"], hf_lp = hf["log_probs_s"];
+  // Greedy generation through the KV cache: prefill 64-token prompts, 64 decode steps.
+  const int64_t prompt = 64, fresh = 64;
+  double gen = median_seconds(
+      [&] {
+        auto cache = m.new_cache(B, prompt + fresh);
+        std::vector<int64_t> slots(B);
+        for (int64_t i = 0; i < B; ++i) slots[i] = i;
+        at::Tensor next = m.decode(cache, slots, ids.narrow(1, 0, prompt), {{}, true}).argmax(-1, true);
+        for (int64_t t = 1; t < fresh; ++t) next = m.decode(cache, slots, next, {{}, true}).argmax(-1, true);
+      },
+      repeats);
+  double hf_fwd = hf["forward_s"], hf_lp = hf["log_probs_s"], hf_gen = hf["generate_s"];
   std::printf("== throughput, qwen2 fp32 (hidden 512, 4 layers, vocab 32000), batch %d x %d tokens, %d threads ==\n",
               B, T, threads);
   std::printf("forward:   rpg %.4f s (%.0f tok/s)   transformers %.4f s (%.0f tok/s)   speed ratio %.2f\n", fwd,
               B * T / fwd, hf_fwd, B * T / hf_fwd, hf_fwd / fwd);
   std::printf("log-probs: rpg %.4f s (%.0f tok/s)   transformers %.4f s (%.0f tok/s)   speed ratio %.2f\n", lp,
               B * T / lp, hf_lp, B * T / hf_lp, hf_lp / lp);
+  std::printf("generate:  rpg %.4f s (%.0f new tok/s)   transformers %.4f s (%.0f new tok/s)   speed ratio %.2f"
+              "   (greedy, %lld-token prompts, %lld new tokens per row)\n",
+              gen, B * fresh / gen, hf_gen, B * fresh / hf_gen, hf_gen / gen, static_cast<long long>(prompt),
+              static_cast<long long>(fresh));
 }
 
 }  // namespace

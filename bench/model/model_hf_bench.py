@@ -5,7 +5,8 @@
   model_hf_bench.py time <dir> <batch> <seq> <repeats> <threads>
       Times transformers' forward (logits) and log-prob computation (forward, fp32
       log_softmax at temperature 0.7, gather, entropy) on a random batch, without grad.
-      Prints one JSON line: {"forward_s": ..., "log_probs_s": ...} (median seconds).
+      and greedy generation of 64 tokens after 64-token prompts with the KV cache.
+      Prints one JSON line: {"forward_s", "log_probs_s", "generate_s"} (median seconds).
 """
 import json
 import statistics
@@ -14,6 +15,9 @@ import time
 
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
+
+
+PROMPT, NEW = 64, 64  # generation benchmark: prompt tokens, new tokens per row
 
 
 def make(d, vocab, hidden, layers, heads, kv, inter):
@@ -50,7 +54,13 @@ def run(d, batch, seq, repeats, threads):
             lp = torch.log_softmax(z, -1)
             return lp.gather(-1, ids[:, 1:, None]).squeeze(-1), -(lp.exp() * lp).sum(-1)
 
-    print(json.dumps({"forward_s": timed(forward, repeats), "log_probs_s": timed(log_probs, repeats)}))
+    def generate():  # greedy, KV cache, exactly NEW tokens per row
+        with torch.no_grad():
+            return model.generate(input_ids=ids[:, :PROMPT], attention_mask=mask[:, :PROMPT], max_new_tokens=NEW,
+                                  min_new_tokens=NEW, do_sample=False, pad_token_id=0)
+
+    print(json.dumps({"forward_s": timed(forward, repeats), "log_probs_s": timed(log_probs, repeats),
+                      "generate_s": timed(generate, repeats)}))
 
 
 if __name__ == "__main__":
