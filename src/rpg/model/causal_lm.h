@@ -132,8 +132,9 @@ class CausalLM {
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                            const at::Tensor& position_ids = {}) const;  // [B, T, C] after the final norm
 
-  // Log-probabilities (and entropies) of `targets` [B, R], the last R tokens of
-  // input_ids, each scored by the logits at the position before it (so R <= T - 1):
+  // Log-probabilities (and entropies) of `targets` [B, R] (in verl's layout the responses,
+  // i.e. the last R tokens of input_ids), scored by the logits of the R positions before
+  // the last one (so R <= T - 1):
   // log softmax(logits[:, T-R-1 : T-1] / temperature)[targets]. The lm_head projection
   // runs in chunks of options.chunk_tokens rows, forward and backward, so [B, R, V]
   // logits never exist in fp32. Differentiable w.r.t. the parameters.
