@@ -383,6 +383,7 @@ struct Node {
   std::vector<std::string> targets;  // set / for targets; "ns.attr" for namespace assignment
   std::string attr;                  // set ns.attr
   std::vector<std::pair<std::string, ExprP>> params;  // macro parameters with defaults
+  std::set<std::string> stored;      // for / macro: names its body assigns directly
 };
 
 const std::set<std::string, std::less<>> kFilters = {
@@ -1045,16 +1046,29 @@ class Renderer {
   // top-level frame, so inside loops and macros they are undefined until assigned (even
   // when the caller passed a variable of that name); at the top level itself the caller's
   // value shows until then.
+  // The same holds for every scope: a name a loop or macro body assigns is, seen from a
+  // loop nested in it, undefined until that body has assigned it.
   const std::set<std::string>* root_stored = nullptr;
   std::set<std::string> root_assigned;
+  std::vector<const std::set<std::string>*> frame_stored;  // parallel to frames; null = none
 
   Value lookup(const std::string& name) const {
+    size_t inner = frames.size() - 1;
     for (size_t k = frames.size(); k-- > 0;) {
-      if (k <= 1 && frames.size() > 2 && root_stored->count(name) && !root_assigned.count(name))
+      if (k == 1) {
+        if (k < inner && root_stored->count(name) && !root_assigned.count(name)) return Value::undefined(name);
+      } else if (k < inner && k < frame_stored.size() && frame_stored[k] && frame_stored[k]->count(name) &&
+                 !frames[k]->find(name)) {
         return Value::undefined(name);
+      }
       if (const Value* v = frames[k]->find(name)) return *v;
     }
     return Value::undefined(name);
+  }
+  void push_frame(std::shared_ptr<Dict> f, const std::set<std::string>* stored) {
+    frames.push_back(std::move(f));
+    frame_stored.resize(frames.size(), nullptr);
+    frame_stored.back() = stored;
   }
   void set_var(const std::string& name, Value v) {
     if (frames.size() == 2) root_assigned.insert(name);
@@ -1150,7 +1164,7 @@ class Renderer {
   void exec_for(const Node& n, std::string& out) {
     List items = iterate(eval(*n.expr), n.at);
     auto frame = std::make_shared<Dict>();
-    frames.push_back(frame);
+    push_frame(frame, &n.stored);
     struct Pop {
       Renderer* r;
       ~Pop() { r->frames.pop_back(); }
@@ -1219,17 +1233,20 @@ class Renderer {
       } depth_guard{++call_depth_};
       // A macro sees the template's top-level names, not the caller's loop variables.
       std::vector<std::shared_ptr<Dict>> saved;
+      std::vector<const std::set<std::string>*> saved_stored = frame_stored;
       saved.swap(frames);
       frames.assign(saved.begin(), saved.begin() + 2);  // globals and template top level
-      frames.push_back(frame);
+      push_frame(frame, &node->stored);
       std::string out;
       try {
         render(node->body, out);
       } catch (...) {
         frames.swap(saved);
+        frame_stored = saved_stored;
         throw;
       }
       frames.swap(saved);
+      frame_stored = saved_stored;
       return Value::str(std::move(out));
     });
   }
@@ -1789,6 +1806,13 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
   auto bad_types = [&]() {
     fail(at, str("unsupported operand type(s) for ", op, ": '", type_name(a), "' and '", type_name(b), "'"));
   };
+  if (op == "%" && a.is_str()) {
+    if (a.s.find('%') != std::string::npos) fail(at, "unsupported construct: printf-style string formatting");
+    // No specifiers: Python returns the string for a mapping-like right side (dict, list)
+    // or an empty tuple, and complains about unconverted arguments otherwise.
+    if (b.is_dict() || b.is_undefined() || (b.is_list() && (!b.tuple || b.list->empty()))) return a;
+    fail(at, "not all arguments converted during string formatting");
+  }
   if (a.is_undefined() || b.is_undefined()) {
     if (op == "+" && (a.is_str() || b.is_str() || a.is_undefined() || b.is_undefined()))
       fail(at, str("'", a.is_undefined() ? a.s : b.s, "' is undefined"));
@@ -1823,13 +1847,6 @@ Value Renderer::binary(const std::string& op, const Value& a, const Value& b, Po
       for (int64_t k = 0; k < times; ++k) items.insert(items.end(), seq->list->begin(), seq->list->end());
       return seq->tuple ? Value::make_tuple(std::move(items)) : Value::make_list(std::move(items));
     }
-  }
-  if (op == "%" && a.is_str()) {
-    if (a.s.find('%') != std::string::npos) fail(at, "unsupported construct: printf-style string formatting");
-    // No specifiers: Python returns the string for a mapping-like right side (dict, list)
-    // or an empty tuple, and complains about unconverted arguments otherwise.
-    if (b.is_dict() || (b.is_list() && (!b.tuple || b.list->empty()))) return a;
-    fail(at, "not all arguments converted during string formatting");
   }
   if (!a.is_number() || !b.is_number()) bad_types();
   bool ints = a.t != Value::T::kFloat && b.t != Value::T::kFloat;
@@ -1980,7 +1997,7 @@ bool run_test(const std::string& name, const Value& v, const Args& a, Renderer& 
   if (name == "string") return v.is_str();
   if (name == "mapping") return v.is_dict();
   if (name == "iterable") return v.is_str() || v.is_list() || v.is_dict() || v.is_undefined();
-  if (name == "sequence") return v.is_str() || v.is_list() || v.is_dict();
+  if (name == "sequence") return v.is_str() || v.is_list() || v.is_dict() || v.is_undefined();
   if (name == "callable") return v.t == Value::T::kFunc || v.is_undefined();  // Undefined has __call__
   if (name == "escaped") return false;
   if (name == "lower" || name == "upper") {
@@ -2090,7 +2107,32 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
   }
   if (name == "upper") return Value::str(py_case(to_str(v), 1));
   if (name == "lower") return Value::str(py_case(to_str(v), 0));
-  if (name == "title") return Value::str(py_title(to_str(v)));
+  if (name == "title") {
+    // jinja2's own title: words start after whitespace, '-', '(', '{', '[' or '<'; the
+    // first character of each goes upper case and the rest lower case.
+    std::string s = to_str(v), out, word;
+    auto flush = [&] {
+      if (!word.empty()) out += py_capitalize(word);
+      word.clear();
+    };
+    size_t i = 0;
+    while (i < s.size()) {
+      char32_t c;
+      size_t bad;
+      size_t len = tok::decode_utf8(s, i, c, bad);
+      if (len == 0) len = bad, c = tok::kReplacement;
+      bool sep = py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+      if (sep) {
+        flush();
+        out.append(s, i, len);
+      } else {
+        word.append(s, i, len);
+      }
+      i += len;
+    }
+    flush();
+    return Value::str(out);
+  }
   if (name == "capitalize") return Value::str(py_capitalize(to_str(v)));
   if (name == "replace") {
     return Value::str(py_replace(to_str(v), to_str(need_str(a.get(0, "old"), "replace")),
@@ -2389,6 +2431,16 @@ void collect_root_stored(const Body& body, std::set<std::string>& out) {
     }
   }
 }
+
+// Records on every for / macro node the names its body assigns directly.
+void annotate_scopes(const Body& body) {
+  for (const NodeP& n : body) {
+    if (n->k == Node::K::kFor || n->k == Node::K::kMacro) collect_root_stored(n->body, n->stored);
+    for (auto& [cond, b] : n->branches) annotate_scopes(b);
+    annotate_scopes(n->body);
+    annotate_scopes(n->else_body);
+  }
+}
 }  // namespace
 
 Template Template::parse(std::string_view source, const std::string& origin) {
@@ -2400,6 +2452,7 @@ Template Template::parse(std::string_view source, const std::string& origin) {
   Parser parser(lexer.run(), impl->origin);
   impl->body = parser.parse_template();
   collect_root_stored(impl->body, impl->root_stored);
+  annotate_scopes(impl->body);
   return Template(std::move(impl));
 }
 
