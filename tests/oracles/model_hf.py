@@ -57,8 +57,9 @@ SPECS = {
 def padded_batch(seed):
     """verl layout: prompts left-padded to P, responses right-padded to R."""
     g = torch.Generator().manual_seed(seed)
-    P, R = 9, 7
-    prompt_lens, response_lens = [9, 4, 2, 6], [7, 3, 1, 5]
+    # Long enough (T = 70) that attention kernels work in several blocks.
+    P, R = 40, 30
+    prompt_lens, response_lens = [40, 17, 3, 26], [30, 12, 1, 21]
     B = len(prompt_lens)
     ids = torch.randint(1, VOCAB, (B, P + R), generator=g)
     mask = torch.zeros(B, P + R, dtype=torch.long)
