@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <mutex>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -189,34 +188,47 @@ struct StringHash {
 using PieceMap = std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>>;
 
 // Per-piece BPE results. Natural text repeats a small set of words, so most pieces are
-// cache hits. Sharded so batch_encode threads rarely contend.
+// cache hits. One cache per thread (no locks on the hot path, and batch_encode threads do
+// not contend); it belongs to one tokenizer at a time, identified by a process-unique id
+// so a new tokenizer never sees another's entries.
 class PieceCache {
  public:
-  static constexpr size_t kShards = 64;
-  static constexpr size_t kMaxPerShard = 1 << 14;
+  static constexpr size_t kMaxEntries = 1 << 16;
   static constexpr size_t kMaxPieceBytes = 64;
+  explicit PieceCache(uint64_t owner) : owner_(owner) {}
   bool get(std::string_view piece, std::vector<TokenId>& out) const {
-    auto& s = shards_[StringHash{}(piece) % kShards];
-    std::lock_guard lock(s.mu);
-    auto it = s.map.find(piece);
-    if (it == s.map.end()) return false;
+    Local& l = local();
+    auto it = l.map.find(piece);
+    if (it == l.map.end()) return false;
     out.insert(out.end(), it->second.begin(), it->second.end());
     return true;
   }
   void put(std::string_view piece, const TokenId* ids, size_t n) const {
-    auto& s = shards_[StringHash{}(piece) % kShards];
-    std::lock_guard lock(s.mu);
-    if (s.map.size() >= kMaxPerShard) s.map.clear();
-    s.map.emplace(std::string(piece), std::vector<TokenId>(ids, ids + n));
+    Local& l = local();
+    if (l.map.size() >= kMaxEntries) l.map.clear();
+    l.map.emplace(std::string(piece), std::vector<TokenId>(ids, ids + n));
   }
 
  private:
-  struct Shard {
-    std::mutex mu;
+  struct Local {
+    uint64_t owner = 0;
     PieceMap map;
   };
-  mutable std::array<Shard, kShards> shards_;
+  Local& local() const {
+    thread_local Local l;
+    if (l.owner != owner_) {
+      l.map.clear();
+      l.owner = owner_;
+    }
+    return l;
+  }
+  uint64_t owner_;
 };
+
+uint64_t next_tokenizer_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
 
 enum class IdKind : uint8_t { kNone, kModel, kAdded, kSpecial };
 
@@ -243,7 +255,7 @@ struct Tokenizer::Impl {
   // tokenizer_config.json.
   std::string bos, eos, pad, unk;
   std::optional<jinja::Template> chat_template;
-  PieceCache cache;
+  PieceCache cache{next_tokenizer_id()};
 
   void bpe(std::string_view piece, std::vector<TokenId>& out) const;
   void encode_text(std::string_view text, std::vector<TokenId>& out) const;
