@@ -134,10 +134,12 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
       }
       const auto& prompt = prompts[static_cast<size_t>(prompt_index)];
       at::Tensor tokens = at::tensor(prompt, at::kLong).unsqueeze(0).to(model_.device());
-      at::Tensor logits = model_.decode(cache, {group[0].slot}, tokens);  // [1, L, V]
+      model::CausalLM::DecodeOptions prefill;
+      prefill.last_only = true;  // only the last position's logits are sampled from
+      at::Tensor logits = model_.decode(cache, {group[0].slot}, tokens, prefill);  // [1, V]
       stats_.prompt_tokens += static_cast<int64_t>(prompt.size());
       for (size_t i = 1; i < group.size(); ++i) cache.copy_slot(group[0].slot, group[i].slot);
-      at::Tensor last = logits.select(1, logits.size(1) - 1).expand({static_cast<int64_t>(group.size()), -1});
+      at::Tensor last = logits.expand({static_cast<int64_t>(group.size()), -1});
       take_tokens(group, last);
       active.insert(active.end(), group.begin(), group.end());
     }

@@ -1,0 +1,78 @@
+"""Rollout throughput: rpg's engine vs transformers generate(), same model, prompts,
+sampling settings and stop tokens, in one run. Prints tokens/s of each, the ratio, and
+peak memory (VmHWM).
+
+  .venv/bin/python bench/rollout/rollout_bench.py [--bench build/bench/rollout/rollout_bench]
+      [--n 8] [--prompts 8] [--max-new-tokens 256] [--threads 2]
+
+The model is a random Qwen2 (hidden 512, 8 layers, vocab 16384) built here; 1/64 of the
+vocabulary are stop tokens, so response lengths are mixed (geometric, mean ~64, capped at
+--max-new-tokens), the case where continuous batching matters: transformers keeps every
+sequence of a batch until the longest finishes.
+"""
+import argparse
+import json
+import os
+import resource
+import subprocess
+import tempfile
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--bench", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "bench", "rollout",
+                                                "rollout_bench"))
+ap.add_argument("--n", type=int, default=8)
+ap.add_argument("--prompts", type=int, default=8)
+ap.add_argument("--max-new-tokens", type=int, default=256)
+ap.add_argument("--threads", type=int, default=2)
+args = ap.parse_args()
+torch.set_num_threads(args.threads)
+
+VOCAB = 16384
+with tempfile.TemporaryDirectory() as d:
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    model.save_pretrained(d)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, VOCAB, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(args.prompts)]
+    stop = torch.randperm(VOCAB, generator=g)[:VOCAB // 64].tolist()
+    json.dump(prompts, open(os.path.join(d, "prompts.json"), "w"))
+
+    # rpg (separate process: its own peak memory)
+    out = subprocess.run([args.bench, "--model", d, "--prompts", os.path.join(d, "prompts.json"), "--n", str(args.n),
+                          "--max-new-tokens", str(args.max_new_tokens), "--stop", ",".join(map(str, stop)),
+                          "--threads", str(args.threads)], check=True, capture_output=True, text=True)
+    ours = json.loads(out.stdout)
+
+    # transformers: left-padded batch, n return sequences each, sampled
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        gen = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                             num_return_sequences=args.n, max_new_tokens=args.max_new_tokens, eos_token_id=stop,
+                             pad_token_id=stop[0])
+    hf_seconds = time.perf_counter() - t0
+    stop_set = set(stop)
+    hf_tokens = 0
+    for row in gen[:, width:].tolist():
+        for t in row:
+            hf_tokens += 1
+            if t in stop_set:
+                break
+    hf_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+print(f"responses: {args.prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, threads={args.threads}")
+print(f"rpg          {ours['generated_tokens']:6d} tokens in {ours['seconds']:.2f} s = "
+      f"{ours['tokens_per_second']:.1f} tokens/s, peak RSS {ours['peak_rss_mib']:.0f} MiB")
+print(f"transformers {hf_tokens:6d} tokens in {hf_seconds:.2f} s = {hf_tokens / hf_seconds:.1f} tokens/s, "
+      f"peak RSS {hf_peak:.0f} MiB")
+print(f"ratio (rpg / transformers tokens per second): {ours['tokens_per_second'] / (hf_tokens / hf_seconds):.2f}")
