@@ -127,18 +127,48 @@ def train(name, regex, specials, added, nfc, ignore_merges, vocab=3000):
     data = json.loads(tok.to_str())
     if ignore_merges:
         data["model"]["ignore_merges"] = True
-        # Whole-word entries without merges leading to them: only ignore_merges finds them.
-        # They take the ids right after the trained vocabulary; added tokens move up.
+        # Whole pieces that the merges do not reach (the trained model splits them into
+        # several tokens): only ignore_merges finds them. The most frequent such pieces of the
+        # test strings, so the path is exercised. They take the ids right after the trained
+        # vocabulary; added tokens move up.
         vocab = data["model"]["vocab"]
+        trained = Tokenizer.from_str(json.dumps(data))
+        byte_char = bytes_to_unicode()
+        counts = {}
+        for b in test_strings():
+            for piece, _ in pieces_of(trained, b.decode("utf-8", errors="replace")):
+                counts[piece] = counts.get(piece, 0) + 1
+        extra = []
+        for piece, _ in sorted(counts.items(), key=lambda kv: -kv[1]):
+            if len(extra) >= 40:
+                break
+            if piece not in vocab and len(trained.model.tokenize(piece)) > 1:
+                extra.append(piece)
+        assert len(extra) >= 10, extra
         base = max(vocab.values()) + 1
-        extra = [w for w in ["Ġtheorem", "Ġpolynomial", "Ġprobability", "Ġderivative", "Ġgradient",
-                             "ĠPython", "Ġansw", "ĠĠĠĠ", "1234", "theorem"] if w not in vocab]
         for k, w in enumerate(extra):
             vocab[w] = base + k
         for a in data["added_tokens"]:
             if a["id"] >= base:
                 a["id"] += len(extra)
     return data
+
+
+def bytes_to_unicode():
+    """GPT-2's byte -> printable character map of the byte-level pre-tokenizer."""
+    keep = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    out, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def pieces_of(tok, text):
+    return tok.pre_tokenizer.pre_tokenize_str(text)
 
 
 def finish(data, post):
