@@ -165,14 +165,28 @@ class ScheduleFreeAdamW final : public Optimizer {
     ++steps_;
   }
 
+  // y -> x -> y by interpolation is not bit-exact in floating point, and validation or a
+  // checkpoint in the middle of training must not perturb it: y is kept while x is loaded.
   void use_eval_weights() override {
     if (!train_mode_) return;
+    c10::NoGradGuard no_grad;
+    saved_y_.clear();
+    for (size_t i = 0; i < params_.size(); ++i) saved_y_.push_back(target_of(params_[i].second, slots_[i].master).clone());
     interpolate(1.0 - 1.0 / o_.beta1);  // y -> x
     train_mode_ = false;
   }
   void use_train_weights() override {
     if (train_mode_) return;
-    interpolate(1.0 - o_.beta1);  // x -> y
+    if (saved_y_.size() == params_.size()) {
+      c10::NoGradGuard no_grad;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        target_of(params_[i].second, slots_[i].master).copy_(saved_y_[i]);
+        publish(params_[i].second, slots_[i].master);
+      }
+      saved_y_.clear();
+    } else {
+      interpolate(1.0 - o_.beta1);  // x -> y (state loaded in eval mode)
+    }
     train_mode_ = true;
   }
 
@@ -193,6 +207,7 @@ class ScheduleFreeAdamW final : public Optimizer {
 
   void load_state(const OptimizerState& st) override {
     c10::NoGradGuard no_grad;
+    saved_y_.clear();
     steps_ = static_cast<int64_t>(find_scalar(st, "step"));
     weight_sum_ = find_scalar(st, "weight_sum");
     lr_max_ = find_scalar(st, "lr_max");
@@ -223,6 +238,7 @@ class ScheduleFreeAdamW final : public Optimizer {
   };
   OptimizerOptions o_;
   std::vector<Slots> slots_;
+  std::vector<at::Tensor> saved_y_;  // training weights while the evaluation weights are loaded
   double weight_sum_ = 0.0;
   double lr_max_ = -1.0;
   bool train_mode_ = true;

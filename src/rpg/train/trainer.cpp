@@ -12,6 +12,7 @@
 #include "rpg/algo/advantage.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/core/metrics.h"
 #include "rpg/core/progress.h"
@@ -22,7 +23,10 @@
 #include "rpg/rollout/batch.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
+#include "rpg/train/checkpoint.h"
 #include "rpg/train/optim.h"
+
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
@@ -167,6 +171,107 @@ struct Trainer::Impl {
     return out;
   }
 
+  // Settings a resumed run must share with the run that wrote the checkpoint.
+  nlohmann::json fingerprint() const {
+    return {{"model_path", cfg.actor_rollout_ref.model.path},
+            {"train_batch_size", cfg.data.train_batch_size},
+            {"rollout_n", cfg.actor_rollout_ref.rollout.n},
+            {"ppo_mini_batch_size", cfg.actor_rollout_ref.actor.ppo_mini_batch_size},
+            {"optim_type", cfg.actor_rollout_ref.actor.optim.optim_type}};
+  }
+
+  // global_step_<N>/ = actor/ (Hugging Face model, evaluation weights) + train_state.* (the
+  // exact training weights, optimizer, reference, data position), published by one rename;
+  // latest_checkpointed_iteration.txt (verl's marker) is updated after it.
+  void save_checkpoint() {
+    const fs::path dir = run_dir / str("global_step_", step);
+    AtomicDir out(dir);
+    optimizer->use_eval_weights();
+    model::SaveOptions so;
+    so.copy_files_from = cfg.actor_rollout_ref.model.path;
+    policy.model.save_pretrained(out.path() / "actor", so);
+    optimizer->use_train_weights();
+    std::map<std::string, at::Tensor> tensors;
+    for (const auto& [name, p] : policy.model.named_parameters()) tensors["param." + name] = p;
+    OptimizerState os = optimizer->state();
+    for (const auto& [k, t] : os.tensors) tensors["optim." + k] = t;
+    if (reference)
+      for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
+    save_tensor_file(out.path() / "train_state.safetensors", tensors);
+    nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
+                            {"optimizer", os.scalars}, {"config", fingerprint()}};
+    write_file_atomic(out.path() / "train_state.json", state.dump(2) + "\n");
+    out.commit();
+    write_file_atomic(run_dir / "latest_checkpointed_iteration.txt", std::to_string(step) + "\n");
+    prune_checkpoints();
+  }
+
+  void prune_checkpoints() {
+    const auto keep = cfg.trainer.max_actor_ckpt_to_keep;
+    if (!keep || *keep <= 0) return;
+    std::vector<int64_t> steps;
+    for (const auto& e : fs::directory_iterator(run_dir)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.find('.') == std::string::npos)
+        steps.push_back(std::stoll(name.substr(12)));
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + static_cast<size_t>(*keep) < steps.size(); ++i)
+      fs::remove_all(run_dir / str("global_step_", steps[i]));
+  }
+
+  // The checkpoint to resume from, or empty: resume_mode auto takes the newest complete one.
+  fs::path resume_dir() const {
+    const auto& t = cfg.trainer;
+    if (t.resume_mode == "disable") return {};
+    if (t.resume_mode == "resume_path") {
+      if (!fs::exists(fs::path(*t.resume_path) / "train_state.json"))
+        throw ConfigError(str("trainer.resume_path: ", *t.resume_path, " is not a complete rpg checkpoint"));
+      return *t.resume_path;
+    }
+    const fs::path marker = run_dir / "latest_checkpointed_iteration.txt";
+    if (!fs::exists(marker)) return {};
+    std::string text = read_file(marker);
+    const fs::path dir = run_dir / str("global_step_", text.substr(0, text.find_first_of("\r\n")));
+    if (!fs::exists(dir / "train_state.json"))
+      throw FormatError(str(marker.string(), " names ", dir.string(), ", which is not a complete checkpoint"));
+    return dir;
+  }
+
+  void load_checkpoint(const fs::path& dir) {
+    auto state = nlohmann::json::parse(read_file(dir / "train_state.json"), nullptr, false);
+    if (!state.is_object()) throw FormatError(str(dir.string(), "/train_state.json: malformed JSON"));
+    const auto want = fingerprint();
+    for (const auto& [key, value] : want.items())
+      if (state["config"][key] != value)
+        throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", state["config"][key].dump(),
+                              ", the config now says ", value.dump(), " (use trainer.resume_mode=disable or another "
+                              "trainer.default_local_dir to start over)"));
+    auto tensors = load_tensor_file(dir / "train_state.safetensors");
+    {
+      c10::NoGradGuard no_grad;
+      auto copy_into = [&](const std::string& prefix, const model::CausalLM& m) {
+        for (const auto& [name, p] : m.named_parameters()) {
+          auto it = tensors.find(prefix + name);
+          if (it == tensors.end() || it->second.sizes() != p.sizes())
+            throw FormatError(str(dir.string(), "/train_state.safetensors: missing or mis-shaped '", prefix, name, "'"));
+          p.detach().copy_(it->second);
+        }
+      };
+      copy_into("param.", policy.model);
+      if (reference) copy_into("ref.", *reference);
+    }
+    OptimizerState os;
+    for (const auto& [k, t] : tensors)
+      if (k.rfind("optim.", 0) == 0) os.tensors[k.substr(6)] = t;
+    os.scalars = state["optimizer"].get<std::map<std::string, double>>();
+    optimizer->load_state(os);
+    step = state["step"].get<int64_t>();
+    set_epoch(state["epoch"].get<int64_t>());
+    cursor = state["cursor"].get<int64_t>();
+    log_info(str("resumed from ", dir.string(), " at step ", step));
+  }
+
   std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b) const {
     const auto& a = cfg.actor_rollout_ref.actor;
     if (a.use_dynamic_bsz) {
@@ -242,7 +347,9 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   }
 
   s.run_dir = cfg.trainer.default_local_dir;
-  s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true);
+  if (fs::path dir = s.resume_dir(); !dir.empty()) s.load_checkpoint(dir);
+  // Metrics of steps after the checkpoint (a crashed run's tail) are dropped.
+  s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true, s.step + 1);
   log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
                " steps; policy loss ", actor.policy_loss, ", advantages ", cfg.algorithm.adv_estimator, "; run dir ",
                s.run_dir.string()));
@@ -503,7 +610,7 @@ void Trainer::save_model(const std::string& dir) {
 void Trainer::fit() {
   Impl& s = *impl_;
   const auto& t = s.cfg.trainer;
-  if (t.val_before_train && !s.val_rows.empty()) {
+  if (t.val_before_train && !s.val_rows.empty() && s.step == 0) {
     for (const auto& [k, val] : validate()) log_info(str("before training: ", k, " = ", val));
   }
   ProgressBar bar("train", s.total_steps, "step");
@@ -514,12 +621,11 @@ void Trainer::fit() {
     if (t.test_freq > 0 && s.step % t.test_freq == 0 && !s.val_rows.empty()) {
       for (const auto& [k, val] : validate()) log_info(str("step ", s.step, ": ", k, " = ", val));
     }
-    if (t.save_freq > 0 && s.step % t.save_freq == 0 && s.step < s.total_steps)
-      save_model((s.run_dir / str("global_step_", s.step) / "actor").string());
+    if (t.save_freq > 0 && s.step % t.save_freq == 0 && s.step < s.total_steps) s.save_checkpoint();
   }
   bar.finish();
-  save_model((s.run_dir / str("global_step_", s.step) / "actor").string());
   s.logger->flush(/*durable=*/true);
+  if (!fs::exists(s.run_dir / str("global_step_", s.step) / "train_state.json")) s.save_checkpoint();
 }
 
 }  // namespace rpg::train

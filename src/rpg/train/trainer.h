@@ -33,7 +33,9 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   // Validates before training if configured, runs every remaining step, validates every
-  // test_freq steps, saves the model every save_freq steps and at the end.
+  // test_freq steps, checkpoints every save_freq steps and at the end. A new Trainer on
+  // the same trainer.default_local_dir resumes from the newest complete checkpoint
+  // (resume_mode auto) and produces the same weights as an uninterrupted run.
   void fit();
   // One RL step; returns its metrics (verl's names: critic/score/mean, actor/pg_loss, ...).
   Metrics train_step();
