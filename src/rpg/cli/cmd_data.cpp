@@ -1,5 +1,7 @@
-// `rpg data prepare` and `rpg data show`: argument parsing only; the work is in rpg/data.
+// `rpg data prepare`, `rpg data show` and `rpg data synth`: argument parsing only; the work
+// is in rpg/data.
 #include <iostream>
+#include <utility>
 
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
@@ -8,6 +10,7 @@
 #include "rpg/data/dataset.h"
 #include "rpg/data/prepare.h"
 #include "rpg/data/show.h"
+#include "rpg/data/synth.h"
 
 namespace rpg::cli {
 
@@ -49,6 +52,49 @@ int run_data_show(const std::string& full_name, const std::vector<std::string>& 
       .option("--width", &width, "longest string printed, in bytes (default 240; 0: everything)", "N");
   if (!parser.parse(args)) return 0;
   std::cout << data::show_dataset(file, rows, width);
+  return 0;
+}
+
+int run_data_synth(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string out_dir;
+  int64_t seed = 0, min_difficulty = data::kSynthMinDifficulty, max_difficulty = data::kSynthMaxDifficulty;
+  data::SynthOptions options;
+  data::SynthWriteOptions write;
+  ArgParser parser(full_name,
+                   "Generates seeded synthetic math problems with exact answers and worked solutions (levels: 1 one\n"
+                   "operation, 2 several with parentheses, 3 linear equations, 4 digit sums / products, 5 fractions).\n"
+                   "Writes train / validation / test .parquet in the paper's schema and <split>_sft.jsonl\n"
+                   "(prompt, response) pairs; no problem appears in two splits. Same seed, same bytes.");
+  parser.positional("OUT_DIR", &out_dir, "directory for the six files (created when missing)")
+      .option("--seed", &seed, "random seed (default 0)", "S")
+      .option("--train", &options.train, "training problems (default 2000)", "N")
+      .option("--val", &options.validation, "validation problems (default 200)", "N")
+      .option("--test", &options.test, "test problems (default 200)", "N")
+      .option("--min-difficulty", &min_difficulty, "lowest level, 1..5 (default 1)", "A")
+      .option("--max-difficulty", &max_difficulty, "highest level, 1..5 (default 5)", "B")
+      .option("--data-source", &write.data_source, "data_source of every row (default math_dapo)", "NAME")
+      .option("--repeat-test", &write.repeat_test, "test rows per problem, extra_info.index 0..k-1 (default 1)", "K")
+      .epilog("example: rpg data synth runs/demo/data --seed 1 --train 4000 --max-difficulty 4 --repeat-test 4");
+  if (!parser.parse(args)) return 0;
+  if (seed < 0) throw UsageError(str(full_name, ": --seed: got ", seed, ", expected >= 0"));
+  for (auto [flag, n] : {std::pair{"--train", options.train}, std::pair{"--val", options.validation},
+                         std::pair{"--test", options.test}, std::pair{"--repeat-test", write.repeat_test}})
+    if (n < 1) throw UsageError(str(full_name, ": ", flag, ": got ", n, ", expected >= 1"));
+  for (auto [flag, d] : {std::pair{"--min-difficulty", min_difficulty}, std::pair{"--max-difficulty", max_difficulty}})
+    if (d < data::kSynthMinDifficulty || d > data::kSynthMaxDifficulty)
+      throw UsageError(str(full_name, ": ", flag, ": got ", d, ", expected ", data::kSynthMinDifficulty, "..",
+                           data::kSynthMaxDifficulty));
+  if (min_difficulty > max_difficulty)
+    throw UsageError(str(full_name, ": --min-difficulty ", min_difficulty, " exceeds --max-difficulty ", max_difficulty));
+  if (write.data_source.empty()) throw UsageError(str(full_name, ": --data-source must not be empty"));
+  options.seed = static_cast<uint64_t>(seed);
+  options.min_difficulty = static_cast<int>(min_difficulty);
+  options.max_difficulty = static_cast<int>(max_difficulty);
+  auto splits = data::synth_splits(options);
+  data::write_synth(out_dir, splits, write);
+  log_info(str("wrote ", out_dir, ": ", splits.train.size(), " train, ", splits.validation.size(), " validation, ",
+               splits.test.size(), " test problems (x", write.repeat_test, " test rows), levels ", min_difficulty,
+               "..", max_difficulty, ", seed ", seed));
   return 0;
 }
 

@@ -23,5 +23,6 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
 int run_version(const std::string& full_name, const std::vector<std::string>& args);
 int run_data_prepare(const std::string& full_name, const std::vector<std::string>& args);  // cmd_data.cpp
 int run_data_show(const std::string& full_name, const std::vector<std::string>& args);     // cmd_data.cpp
+int run_data_synth(const std::string& full_name, const std::vector<std::string>& args);    // cmd_data.cpp
 
 }  // namespace rpg::cli

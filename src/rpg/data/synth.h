@@ -1,0 +1,71 @@
+// Synthetic math problems for the CPU demo (`rpg data synth`): a small model can learn
+// them within minutes, their answers are exact, and their difficulty is graded so that RL
+// has room to improve on a partly competent SFT start. Levels:
+//   1  one operation:            "What is 56 / 8?"
+//   2  several operations with parentheses: "Compute (7 + 5) * 3 - 4."
+//   3  a linear equation with an integer solution: "Solve for x: 3x + 7 = 22."
+//   4  digits: "What is the sum of the digits of 37 * 41?"
+//   5  fractions: "What is 2/3 + 1/4? ..." (answer in lowest terms)
+// Answers are canonical for the DAPO rule: "42", "-7", "3/4", "-5/12" (Python's
+// str(fractions.Fraction)). Every worked solution ends with the line "Answer: <answer>".
+// A problem is a pure function of (difficulty, key) through Philox streams and integer
+// arithmetic only, so a seed gives byte-identical files on every machine.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace rpg::data {
+
+inline constexpr int kSynthMinDifficulty = 1;
+inline constexpr int kSynthMaxDifficulty = 5;
+
+struct SynthProblem {
+  std::string problem;   // the question, without the prompt template
+  std::string answer;    // canonical ground truth
+  std::string solution;  // worked steps; the last line is "Answer: <answer>"
+  int difficulty = kSynthMinDifficulty;
+  bool operator==(const SynthProblem&) const = default;
+};
+
+// One problem of the given level, chosen by `key`. ValueError for a level outside 1..5.
+SynthProblem synth_problem(int difficulty, uint64_t key);
+
+struct SynthOptions {
+  uint64_t seed = 0;
+  int64_t train = 2000, validation = 200, test = 200;
+  int min_difficulty = kSynthMinDifficulty, max_difficulty = kSynthMaxDifficulty;
+};
+
+struct SynthSplits {
+  std::vector<SynthProblem> train, validation, test;
+};
+
+// The three splits, with no problem text twice anywhere. Levels min..max are balanced
+// within each split (counts differ by at most one), in a seeded random order. The test
+// split is drawn first, then validation, then train, so held-out problems do not change
+// when only the training set is resized. ValueError for bad sizes or levels, or when the
+// levels asked for do not hold enough distinct problems.
+SynthSplits synth_splits(const SynthOptions& options);
+
+struct SynthWriteOptions {
+  std::string data_source = "math_dapo";
+  int64_t repeat_test = 1;  // k: test rows per problem (extra_info.index 0..k-1, acc@k)
+};
+
+// File names inside the output directory, per split ("train", "validation", "test").
+std::string synth_parquet_name(const std::string& split);  // "<split>.parquet"
+std::string synth_sft_name(const std::string& split);      // "<split>_sft.jsonl"
+
+// One JSON object per line: {"prompt", "response", "problem", "answer", "difficulty"},
+// where prompt is the templated user message and response the worked solution (SFT pairs).
+std::string synth_sft_jsonl(const std::vector<SynthProblem>& problems);
+
+// Writes <split>.parquet (the paper's schema, extra_info.split set) and <split>_sft.jsonl
+// for the three splits into `out_dir` (created when missing), each file atomically.
+// ValueError for repeat_test < 1 or an empty data_source; IoError / FormatError from I/O.
+void write_synth(const std::filesystem::path& out_dir, const SynthSplits& splits, const SynthWriteOptions& options);
+
+}  // namespace rpg::data
