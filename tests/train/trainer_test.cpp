@@ -192,6 +192,39 @@ TEST_F(TrainerTest, ResumeRefusesAnIncompatibleConfig) {
   EXPECT_EQ(fresh.global_step(), 0);
 }
 
+TEST(KlControl, AdaptiveCoefficientMatchesVerl) {
+  const std::vector<std::pair<double, int64_t>> updates = {{0.2, 64}, {0.05, 64}, {0.1, 128}, {3.0, 512}, {0.0, 32}};
+  std::vector<std::string> args = {"0.001", "0.1", "10000"};
+  for (const auto& [kl, n] : updates) args.push_back(std::to_string(kl) + ":" + std::to_string(n));
+  std::istringstream ref(test::run_oracle("train_kl_ctrl.py", args).out);
+  double coef = 0.001;
+  for (const auto& [kl, n] : updates) {
+    coef = adaptive_kl_coef(coef, kl, 0.1, 10000, n);
+    double expected = 0;
+    ref >> expected;
+    EXPECT_NEAR(coef, expected, 1e-15 * expected) << "kl " << kl;
+  }
+}
+
+// REINFORCE++: KL to the reference is folded into the token rewards; after the first update
+// the policy has moved, so the penalty is positive and the adaptive coefficient moves.
+TEST_F(TrainerTest, KlInRewardUsesAReferenceModel) {
+  TrainConfig c = config("kl_in_reward");
+  c.actor_rollout_ref.actor.policy_loss = "rfpp";
+  c.algorithm.adv_estimator = "rfpp";
+  c.algorithm.use_kl_in_reward = true;
+  c.algorithm.kl_ctrl.type = "adaptive";
+  c.algorithm.kl_ctrl.kl_coef = 0.01;
+  c.actor_rollout_ref.actor.optim.lr = 1e-2;
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  Trainer t(c, scorers());
+  auto first = t.train_step();
+  EXPECT_NEAR(first.at("actor/reward_kl_penalty"), 0.0, 1e-6);  // the policy is still the reference
+  auto second = t.train_step();
+  EXPECT_GT(second.at("actor/reward_kl_penalty"), 1e-6);
+  EXPECT_NE(second.at("actor/reward_kl_penalty_coeff"), 0.01);
+}
+
 TEST_F(TrainerTest, BadConfigurationIsAClearError) {
   TrainConfig c = config("bad");
   c.actor_rollout_ref.actor.policy_loss = "rpg_reinfroce";

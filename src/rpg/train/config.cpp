@@ -25,6 +25,10 @@ void require_one_of(const std::string& value, std::initializer_list<const char*>
 }  // namespace
 
 void DataConfig::validate() const {
+  // The paper's schema fixes these columns; another name would be silently ignored.
+  require(prompt_key == "prompt", "data.prompt_key", str("only 'prompt' is supported, got '", prompt_key, "'"));
+  require(reward_fn_key == "data_source", "data.reward_fn_key",
+          str("only 'data_source' is supported, got '", reward_fn_key, "'"));
   require(max_prompt_length > 0, "data.max_prompt_length", str("must be > 0, got ", max_prompt_length));
   require(max_response_length > 0, "data.max_response_length", str("must be > 0, got ", max_response_length));
   require(train_batch_size > 0, "data.train_batch_size", str("must be > 0, got ", train_batch_size));
@@ -82,6 +86,9 @@ void TrainConfig::validate() const {
           "actor_rollout_ref.actor.ppo_mini_batch_size",
           str("got ", mini, ", must divide data.train_batch_size (", data.train_batch_size, ")"));
   require_one_of(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
+  require(algorithm.kl_ctrl.type != "adaptive" || (algorithm.kl_ctrl.target_kl > 0 && algorithm.kl_ctrl.horizon > 0),
+          "algorithm.kl_ctrl", "adaptive control needs target_kl > 0 and horizon > 0");
+  require_one_of(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
   require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len > 0,
           "reward_model.overlong_buffer.len", "must be > 0 when the overlong buffer is enabled");
   require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len < data.max_response_length,

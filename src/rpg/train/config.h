@@ -252,7 +252,7 @@ struct FilterGroupsConfig {
   template <class V>
   void visit(V& v) {
     v("enable", enable, "dynamic sampling: drop groups whose metric is constant");
-    v("metric", metric, "acc | score | seq_reward | seq_final_reward");
+    v("metric", metric, "acc | score (the reward after overlong shaping)");
     v("max_num_gen_batches", max_num_gen_batches, "generation batches per step before giving up (<=0: no limit)");
   }
 };

@@ -71,6 +71,11 @@ double masked_mean(const at::Tensor& x, const at::Tensor& mask) {
 
 }  // namespace
 
+double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n) {
+  const double error = std::clamp(current_kl / target_kl - 1.0, -0.2, 0.2);
+  return coef * (1.0 + error * static_cast<double>(n) / static_cast<double>(horizon));
+}
+
 struct Trainer::Impl {
   TrainConfig cfg;
   reward::ScorerRegistry scorers;
@@ -83,6 +88,7 @@ struct Trainer::Impl {
   fs::path run_dir;
   std::unique_ptr<MetricsLogger> logger;
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
+  double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
   // Data position: epoch and cursor in that epoch's order.
   int64_t epoch = 0, cursor = 0;
   std::vector<int64_t> order;
@@ -198,7 +204,7 @@ struct Trainer::Impl {
     if (reference)
       for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
     save_tensor_file(out.path() / "train_state.safetensors", tensors);
-    nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
+    nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor}, {"kl_in_reward_coef", kl_in_reward_coef},
                             {"optimizer", os.scalars}, {"config", fingerprint()}};
     write_file_atomic(out.path() / "train_state.json", state.dump(2) + "\n");
     out.commit();
@@ -267,6 +273,7 @@ struct Trainer::Impl {
     os.scalars = state["optimizer"].get<std::map<std::string, double>>();
     optimizer->load_state(os);
     step = state["step"].get<int64_t>();
+    kl_in_reward_coef = state["kl_in_reward_coef"].get<double>();
     set_epoch(state["epoch"].get<int64_t>());
     cursor = state["cursor"].get<int64_t>();
     log_info(str("resumed from ", dir.string(), " at step ", step));
@@ -340,7 +347,11 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   s.schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, s.total_steps, o.min_lr_ratio,
                           o.num_cycles};
 
-  if (actor.use_kl_loss && actor.policy_loss.rfind("grpo", 0) == 0) {
+  s.kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
+  // A reference policy is needed for GRPO's KL loss and for KL in the reward (REINFORCE++):
+  // the initial weights, or the policy of every ref_update_freq steps (iterative).
+  const bool grpo_kl = actor.use_kl_loss && actor.policy_loss.rfind("grpo", 0) == 0;
+  if (grpo_kl || cfg.algorithm.use_kl_in_reward) {
     s.reference = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
         cfg.actor_rollout_ref.model.path, {at::kFloat, s.policy.model.device()}));
     s.reference->set_requires_grad(false);
@@ -485,10 +496,17 @@ Metrics Trainer::train_step() {
   // 4. Rewards (optionally KL-penalised, REINFORCE++) and advantages on the whole batch.
   at::Tensor token_level_rewards = token_level_scores;
   if (cfg.algorithm.use_kl_in_reward) {
-    if (!ref_log_probs.defined()) ref_log_probs = old_log_probs;
-    token_level_rewards =
-        algo::apply_kl_penalty(token_level_scores, old_log_probs, ref_log_probs, mask, cfg.algorithm.kl_ctrl.kl_coef,
-                               algo::parse_kl_estimator(cfg.algorithm.kl_penalty));
+    const auto estimator = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
+    token_level_rewards = algo::apply_kl_penalty(token_level_scores, old_log_probs, ref_log_probs, mask,
+                                                 s.kl_in_reward_coef, estimator);
+    // The batch's KL (mean over rows of each row's token mean), as verl's controller sees it.
+    at::Tensor kl = algo::kl_estimate(old_log_probs, ref_log_probs, estimator) * mask;
+    const double current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
+    m["actor/reward_kl_penalty"] = current_kl;
+    m["actor/reward_kl_penalty_coeff"] = s.kl_in_reward_coef;
+    const auto& kc = cfg.algorithm.kl_ctrl;
+    if (kc.type == "adaptive")  // verl updates with n_steps = the batch's rows
+      s.kl_in_reward_coef = adaptive_kl_coef(s.kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, batch.rows());
   }
   algo::AdvantageInputs ai;
   ai.token_level_rewards = token_level_rewards;

@@ -23,6 +23,10 @@ namespace rpg::train {
 
 using Metrics = std::map<std::string, double>;
 
+// The adaptive KL controller of Ziegler et al. (2019) as verl applies it to the KL-in-reward
+// coefficient: coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon).
+double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n);
+
 class Trainer {
  public:
   // Loads the model, tokenizer and datasets; throws ConfigError / FormatError / IoError
