@@ -88,6 +88,25 @@ TEST_F(GenerateCli, SamplesNPerPromptFromAParquetDataset) {
   EXPECT_EQ(lines(again.out), got);
 }
 
+// `rpg tokenize --chat` gives the ids transformers' tokenizer + chat template give, and
+// `rpg model info` counts the parameters as transformers does.
+TEST_F(GenerateCli, TokenizeAndModelInfoAgreeWithTransformers) {
+  auto r = rpg({"tokenize", "--model", model(), "--chat", kPrompts[1]});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string ids;
+  for (const auto& id : (*ref_)[1]["prompt_ids"]) ids += (ids.empty() ? "" : ", ") + std::to_string(id.get<int64_t>());
+  EXPECT_NE(r.out.find("[" + ids + "]\n"), std::string::npos) << r.out;
+  auto info = nlohmann::json::parse(read_file(fixture_ / "model_info.json"));
+  auto m = rpg({"model", "info", model()});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  const std::string count = std::to_string(info["num_parameters"].get<int64_t>());
+  EXPECT_NE(m.out.find(count), std::string::npos) << m.out << " expected " << count;
+  EXPECT_NE(m.out.find("qwen2"), std::string::npos) << m.out;
+  auto bad = rpg({"model", "info", (dir_->path() / "missing").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("missing"), std::string::npos);
+}
+
 TEST_F(GenerateCli, BadRequestsAreOneLineErrors) {
   auto check = [](const test::ProcessResult& r, int code, const std::string& fragment) {
     EXPECT_EQ(r.exit_code, code) << r.err;

@@ -9,6 +9,7 @@ usage: tiny_chat_model.py OUT_DIR [PROMPT ...]
                               tokenizer_config.json, generation_config.json
   OUT_DIR/reference.json      [{"prompt", "prompt_ids", "response_ids", "response"}] for each
                               PROMPT (user message), greedy, MAX_NEW tokens, stop at <|im_end|>
+  OUT_DIR/model_info.json     {"num_parameters"} as transformers counts them
 """
 import json
 import os
@@ -50,6 +51,8 @@ config = Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, nu
                      pad_token_id=endoftext)
 model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
 model.save_pretrained(model_dir)
+with open(os.path.join(out, "model_info.json"), "w") as f:
+    json.dump({"num_parameters": sum(p.numel() for p in model.parameters())}, f)
 GenerationConfig(eos_token_id=[im_end, endoftext], pad_token_id=endoftext).save_pretrained(model_dir)
 
 refs = []
