@@ -17,6 +17,8 @@ const std::vector<Command>& commands() {
       {"data prepare", "JSONL / CSV {problem, answer} records -> Parquet in the paper's schema", run_data_prepare},
       {"data show", "print a Parquet dataset's schema, row count and first rows", run_data_show},
       {"data synth", "seeded synthetic math problems (splits in Parquet + SFT JSONL) for the demo", run_data_synth},
+      {"tokenizer train", "train a byte-level BPE tokenizer (Qwen2 style) on text; writes HF tokenizer files", run_tokenizer_train},
+      {"model init", "a freshly initialised Qwen2 model directory (HF format) for a tokenizer, from a seed", run_model_init},
       {"generate", "sample responses from a model for a dataset or prompts (JSON lines)", run_generate},
       {"eval", "mean@n / pass@k / maj@n of a model on Parquet datasets, scored like verl", run_eval},
       {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", run_train},

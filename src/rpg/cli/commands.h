@@ -26,5 +26,7 @@ int run_version(const std::string& full_name, const std::vector<std::string>& ar
 int run_data_prepare(const std::string& full_name, const std::vector<std::string>& args);  // cmd_data.cpp
 int run_data_show(const std::string& full_name, const std::vector<std::string>& args);     // cmd_data.cpp
 int run_data_synth(const std::string& full_name, const std::vector<std::string>& args);    // cmd_data.cpp
+int run_tokenizer_train(const std::string& full_name, const std::vector<std::string>& args);  // cmd_init.cpp
+int run_model_init(const std::string& full_name, const std::vector<std::string>& args);       // cmd_init.cpp
 
 }  // namespace rpg::cli

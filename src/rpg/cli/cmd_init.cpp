@@ -1,0 +1,74 @@
+// `rpg tokenizer train` and `rpg model init`: argument parsing only; the work is in
+// rpg/tokenizer/bpe_trainer and rpg/model/init.
+#include <iostream>
+
+#include "rpg/cli/commands.h"
+#include "rpg/core/args.h"
+#include "rpg/core/error.h"
+#include "rpg/model/config.h"
+#include "rpg/model/init.h"
+#include "rpg/tokenizer/bpe_trainer.h"
+#include "rpg/tokenizer/tokenizer.h"
+
+namespace rpg::cli {
+
+int run_tokenizer_train(const std::string& full_name, const std::vector<std::string>& args) {
+  std::vector<std::string> corpus;
+  std::string output;
+  tok::BpeTrainerOptions options;
+  ArgParser parser(full_name,
+                   "Trains a byte-level BPE tokenizer in the Qwen2 style (NFC, Qwen2 split regex, special tokens\n"
+                   "<|endoftext|> <|im_start|> <|im_end|> last) on text files, one text per line, and writes\n"
+                   "tokenizer.json + tokenizer_config.json (eos <|im_end|>, pad <|endoftext|>, chat template).");
+  parser.option_list("--corpus", &corpus, "a text file (may be given several times)", "FILE")
+      .option("--vocab-size", &options.vocab_size, "total vocabulary including the 256 bytes and 3 specials (default 4096)")
+      .option("--min-frequency", &options.min_frequency, "stop when the best pair occurs fewer times (default 2)")
+      .option("--chat-template", &options.chat_template, "qwen2.5 (the Qwen2.5-Instruct template, default) or chatml", "NAME")
+      .option("--output", &output, "the tokenizer directory to write (replaced atomically)", "DIR")
+      .epilog("example: rpg tokenizer train --corpus data/sft.txt --vocab-size 4096 --output runs/tok");
+  if (!parser.parse(args)) return 0;
+  if (corpus.empty()) throw UsageError(str(full_name, ": --corpus FILE is required"));
+  if (output.empty()) throw UsageError(str(full_name, ": --output DIR is required"));
+  std::vector<std::filesystem::path> files(corpus.begin(), corpus.end());
+  auto bpe = tok::train_bpe_files(files, output, options);
+  std::cout << "tokenizer: " << bpe.tokens.size() << " tokens (" << bpe.merges.size() << " merges) -> " << output << "\n";
+  return 0;
+}
+
+int run_model_init(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string tokenizer_dir, output;
+  model::InitOptions o;
+  int64_t seed = 0;
+  bool untied = false;
+  ArgParser parser(full_name,
+                   "Writes a Hugging Face model directory holding a freshly initialised Qwen2 model (float32,\n"
+                   "seeded), sized to a tokenizer's vocabulary, with the tokenizer files and a\n"
+                   "generation_config.json (stop at <|im_end|> or <|endoftext|>) beside the weights.");
+  parser.option("--tokenizer", &tokenizer_dir, "tokenizer directory (e.g. from `rpg tokenizer train`)", "DIR")
+      .option("--output", &output, "the model directory to write (replaced atomically)", "DIR")
+      .option("--hidden", &o.hidden_size, "hidden size (default 128)")
+      .option("--layers", &o.num_hidden_layers, "decoder layers (default 4)")
+      .option("--heads", &o.num_attention_heads, "attention heads (default 4)")
+      .option("--kv-heads", &o.num_key_value_heads, "key/value heads (default 2)")
+      .option("--intermediate", &o.intermediate_size, "MLP width (default 512)")
+      .option("--max-positions", &o.max_position_embeddings, "max_position_embeddings (default 1024)")
+      .option("--seed", &seed, "initialisation seed (default 0)", "S")
+      .flag("--untie-embeddings", &untied, "a separate lm_head instead of sharing the embedding matrix")
+      .epilog("example: rpg model init --tokenizer runs/tok --output runs/model-init --seed 1");
+  if (!parser.parse(args)) return 0;
+  if (tokenizer_dir.empty()) throw UsageError(str(full_name, ": --tokenizer DIR is required"));
+  if (output.empty()) throw UsageError(str(full_name, ": --output DIR is required"));
+  if (seed < 0) throw UsageError(str(full_name, ": --seed: got ", seed, ", expected >= 0"));
+  o.seed = static_cast<uint64_t>(seed);
+  o.tie_word_embeddings = !untied;
+  Tokenizer tok = Tokenizer::from_dir(tokenizer_dir);
+  auto eos = tok.eos_id();
+  auto pad = tok.pad_id();
+  if (!eos) throw ValueError(str(tokenizer_dir, ": the tokenizer has no eos token"));
+  model::VocabInfo vocab{static_cast<int64_t>(tok.vocab_size()), *eos, pad ? *pad : *eos};
+  model::init_model_dir(o, vocab, tokenizer_dir, output);
+  std::cout << model::describe(model::ModelConfig::from_dir(output)) << "\n" << "written to " << output << "\n";
+  return 0;
+}
+
+}  // namespace rpg::cli
