@@ -9,6 +9,7 @@
 #include "rpg/core/io.h"
 
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <sstream>
 #include "rpg/data/dataset.h"
 #include "rpg/model/causal_lm.h"
@@ -223,6 +224,92 @@ TEST_F(TrainerTest, KlInRewardUsesAReferenceModel) {
   auto second = t.train_step();
   EXPECT_GT(second.at("actor/reward_kl_penalty"), 1e-6);
   EXPECT_NE(second.at("actor/reward_kl_penalty_coeff"), 0.01);
+}
+
+TEST_F(TrainerTest, IterativeReferenceKeepsNoSecondModel) {
+  TrainConfig c = config("iterative");
+  c.actor_rollout_ref.actor.policy_loss = "grpo";
+  c.algorithm.adv_estimator = "grpo";
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  c.actor_rollout_ref.actor.use_iterative_ref_model = true;
+  c.actor_rollout_ref.actor.ppo_mini_batch_size = 4;  // one update per step: it is on-policy
+  {
+    Trainer t(c, scorers());
+    EXPECT_FALSE(t.has_reference_model());
+    auto m = t.train_step();
+    // pi_ref = pi_old: the KL term starts at zero (the first mini-batch is on-policy).
+    EXPECT_LT(std::abs(m.at("actor/kl_loss")), 1e-4);
+  }
+  c.trainer.default_local_dir = (dir_->path() / "fixed_ref").string();
+  c.actor_rollout_ref.actor.use_iterative_ref_model = false;
+  Trainer fixed(c, scorers());
+  EXPECT_TRUE(fixed.has_reference_model());
+  c.trainer.default_local_dir = (dir_->path() / "every_2").string();
+  c.actor_rollout_ref.actor.use_iterative_ref_model = true;
+  c.actor_rollout_ref.actor.ref_update_freq = 2;
+  Trainer every2(c, scorers());
+  EXPECT_TRUE(every2.has_reference_model());
+}
+
+// Dynamic sampling keeps only groups whose accuracy varies, and says so when it cannot.
+TEST_F(TrainerTest, DynamicSamplingKeepsVaryingGroupsOrStops) {
+  TrainConfig c = config("dynamic");
+  c.algorithm.filter_groups.enable = true;
+  c.algorithm.filter_groups.metric = "acc";
+  c.algorithm.filter_groups.max_num_gen_batches = 3;
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  Trainer t(c, scorers());
+  auto m = t.train_step();
+  EXPECT_GE(m.at("train/num_gen_batches"), 1.0);
+  EXPECT_LE(m.at("train/kept_group_ratio"), 1.0);
+  // A scorer whose accuracy never varies within a group exhausts the generation budget.
+  reward::ScorerRegistry constant;
+  constant.add("letters", "always right", [](std::string_view, std::string_view) {
+    reward::ScoreResult r;
+    r.score = 1;
+    r.acc = true;
+    return r;
+  });
+  TrainConfig c2 = config("dynamic_exhausted");
+  c2.algorithm.filter_groups = c.algorithm.filter_groups;
+  Trainer t2(c2, std::move(constant));
+  try {
+    t2.train_step();
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("dynamic sampling: 3 generation batches gave only 0 of 4 groups"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// A non-finite reward makes every update non-finite: each is skipped (weights untouched)
+// and the run stops after trainer.max_consecutive_skips of them.
+TEST_F(TrainerTest, NonFiniteUpdatesAreSkippedThenStop) {
+  reward::ScorerRegistry nan_scorer;
+  nan_scorer.add("letters", "NaN", [](std::string_view, std::string_view) {
+    reward::ScoreResult r;
+    r.score = std::nan("");
+    return r;
+  });
+  TrainConfig c = config("nan");
+  c.trainer.max_consecutive_skips = 3;  // 2 mini-batches per step: the second step stops
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  Trainer t(c, std::move(nan_scorer));
+  std::vector<at::Tensor> before;
+  for (const auto& p : t.model().parameters()) before.push_back(p.detach().clone());
+  auto m = t.train_step();
+  EXPECT_EQ(m.at("actor/skipped_steps"), 2.0);
+  auto after = t.model().parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(at::equal(before[i], after[i])) << i;
+  try {
+    t.train_step();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 optimizer steps in a row had a non-finite loss or gradient"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(TrainerTest, BadConfigurationIsAClearError) {

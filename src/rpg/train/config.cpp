@@ -97,6 +97,8 @@ void TrainConfig::validate() const {
   require(trainer.resume_mode != "resume_path" || trainer.resume_path, "trainer.resume_path",
           "required when trainer.resume_mode=resume_path");
   require_one_of(trainer.device, {"auto", "cpu", "cuda"}, "trainer.device");
+  require(trainer.max_consecutive_skips >= 1, "trainer.max_consecutive_skips",
+          str("must be >= 1, got ", trainer.max_consecutive_skips));
   require(trainer.total_epochs > 0, "trainer.total_epochs", str("must be > 0, got ", trainer.total_epochs));
   require(!trainer.total_training_steps || *trainer.total_training_steps > 0, "trainer.total_training_steps",
           "must be > 0");

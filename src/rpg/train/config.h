@@ -326,6 +326,7 @@ struct TrainerConfig {
   std::string project_name = "rpg";
   std::string experiment_name = "run";
   std::string device = "auto";  // auto | cpu | cuda
+  int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
 
   template <class V>
   void visit(V& v) {
@@ -342,6 +343,7 @@ struct TrainerConfig {
     v("project_name", project_name, "project name in logs");
     v("experiment_name", experiment_name, "experiment name in logs");
     v("device", device, "auto | cpu | cuda");
+    v("max_consecutive_skips", max_consecutive_skips, "stop after this many skipped (non-finite) updates in a row");
     for (const char* key : {"n_gpus_per_node", "nnodes", "logger", "log_val_generations", "balance_batch",
                             "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
                             "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})

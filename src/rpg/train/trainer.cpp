@@ -89,6 +89,8 @@ struct Trainer::Impl {
   std::unique_ptr<MetricsLogger> logger;
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
   double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
+  bool needs_reference = false;
+  int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
   // Data position: epoch and cursor in that epoch's order.
   int64_t epoch = 0, cursor = 0;
   std::vector<int64_t> order;
@@ -350,8 +352,11 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   s.kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
   // A reference policy is needed for GRPO's KL loss and for KL in the reward (REINFORCE++):
   // the initial weights, or the policy of every ref_update_freq steps (iterative).
+  // With the iterative reference refreshed every step, pi_ref = pi_old: its log-probs are the
+  // old log-probs and no second model is resident.
   const bool grpo_kl = actor.use_kl_loss && actor.policy_loss.rfind("grpo", 0) == 0;
-  if (grpo_kl || cfg.algorithm.use_kl_in_reward) {
+  s.needs_reference = grpo_kl || cfg.algorithm.use_kl_in_reward;
+  if (s.needs_reference && !(actor.use_iterative_ref_model && actor.ref_update_freq == 1)) {
     s.reference = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
         cfg.actor_rollout_ref.model.path, {at::kFloat, s.policy.model.device()}));
     s.reference->set_requires_grad(false);
@@ -369,6 +374,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
 Trainer::~Trainer() = default;
 
 int64_t Trainer::global_step() const { return impl_->step; }
+bool Trainer::has_reference_model() const { return impl_->reference != nullptr; }
 int64_t Trainer::total_steps() const { return impl_->total_steps; }
 const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 
@@ -389,7 +395,7 @@ Metrics Trainer::train_step() {
   };
   std::vector<Group> kept;
   int64_t rounds = 0, generated_groups = 0;
-  double gen_seconds = 0;
+  double gen_seconds = 0, reward_seconds = 0;
   int64_t gen_tokens = 0;
   const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
   rollout::RolloutEngine engine(s.policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
@@ -426,7 +432,9 @@ Metrics Trainer::train_step() {
       const Prompt* p = batch_prompts[static_cast<size_t>(responses[i].prompt_index)];
       requests.push_back({p->data_source, texts[i], p->ground_truth});
     }
+    auto t_reward = Clock::now();
     auto results = reward::score_batch(s.scorers, requests);
+    reward_seconds += seconds_since(t_reward);
     std::vector<int64_t> lengths;
     std::vector<double> scores;
     for (size_t i = 0; i < responses.size(); ++i) {
@@ -487,11 +495,23 @@ Metrics Trainer::train_step() {
   const double temperature = cfg.actor_rollout_ref.rollout.temperature;
   auto t_old = Clock::now();
   at::Tensor old_log_probs = s.log_probs_no_grad(s.policy.model, batch, temperature);
+  const double old_seconds = seconds_since(t_old);
+  auto t_ref = Clock::now();
   at::Tensor ref_log_probs;
   if (s.reference) ref_log_probs = s.log_probs_no_grad(*s.reference, batch, temperature);
-  const double old_seconds = seconds_since(t_old);
-  m["training/rollout_probs_diff_max"] =
-      ((old_log_probs.exp() - batch.get("rollout_log_probs").exp()).abs() * mask).max().item<double>();
+  else if (s.needs_reference) ref_log_probs = old_log_probs;
+  const double ref_seconds = seconds_since(t_ref);
+  {
+    // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
+    const at::Tensor valid = mask.to(at::kBool);
+    const at::Tensor diff = (old_log_probs - batch.get("rollout_log_probs")).masked_select(valid);
+    if (diff.numel() > 0) {
+      m["training/rollout_log_prob_diff_mean"] = diff.abs().mean().item<double>();
+      m["training/rollout_log_prob_diff_max"] = diff.abs().max().item<double>();
+      m["training/rollout_is_weight_min"] = diff.exp().min().item<double>();
+      m["training/rollout_is_weight_max"] = diff.exp().max().item<double>();
+    }
+  }
 
   // 4. Rewards (optionally KL-penalised, REINFORCE++) and advantages on the whole batch.
   at::Tensor token_level_rewards = token_level_scores;
@@ -508,6 +528,7 @@ Metrics Trainer::train_step() {
     if (kc.type == "adaptive")  // verl updates with n_steps = the batch's rows
       s.kl_in_reward_coef = adaptive_kl_coef(s.kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, batch.rows());
   }
+  auto t_adv = Clock::now();
   algo::AdvantageInputs ai;
   ai.token_level_rewards = token_level_rewards;
   ai.response_mask = mask;
@@ -515,6 +536,7 @@ Metrics Trainer::train_step() {
   ai.gamma = cfg.algorithm.gamma;
   ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
   at::Tensor advantages = algo::compute_advantage(cfg.algorithm.adv_estimator, ai).advantages;
+  const double adv_seconds = seconds_since(t_adv);
   batch.set("old_log_probs", old_log_probs);
   if (ref_log_probs.defined()) batch.set("ref_log_probs", ref_log_probs);
   batch.set("advantages", advantages);
@@ -562,9 +584,20 @@ Metrics Trainer::train_step() {
       }
       const double norm = clip_grad_norm(s.optimizer->params(), actor.grad_clip);
       grad_norms.push_back(norm);
-      if (std::isfinite(norm)) s.optimizer->step(lr);
-      else ++skipped;
+      if (std::isfinite(norm)) {
+        s.optimizer->step(lr);
+        s.consecutive_skips = 0;
+      } else {
+        // A non-finite loss or gradient: the update is skipped, the weights stay as they were.
+        ++skipped;
+        ++s.consecutive_skips;
+        log_warn(str("step ", s.step + 1, ": non-finite gradient norm, optimizer step skipped"));
+      }
       s.optimizer->zero_grad();
+      if (s.consecutive_skips >= cfg.trainer.max_consecutive_skips)
+        throw Error(str("stopping: ", s.consecutive_skips, " optimizer steps in a row had a non-finite loss or "
+                        "gradient (trainer.max_consecutive_skips); the last checkpoint in ",
+                        s.run_dir.string(), " is intact"));
     }
   }
   const double update_seconds = seconds_since(t_update);
@@ -594,7 +627,10 @@ Metrics Trainer::train_step() {
   m["train/kept_group_ratio"] = static_cast<double>(kept.size()) / static_cast<double>(std::max<int64_t>(1, generated_groups));
   m["train/epoch"] = static_cast<double>(s.epoch);
   m["timing_s/gen"] = gen_seconds;
+  m["timing_s/reward"] = reward_seconds;
   m["timing_s/old_log_prob"] = old_seconds;
+  m["timing_s/ref"] = ref_seconds;
+  m["timing_s/adv"] = adv_seconds;
   m["timing_s/update_actor"] = update_seconds;
   m["timing_s/step"] = seconds_since(t_step);
   m["perf/gen_tokens_per_s"] = gen_seconds > 0 ? static_cast<double>(gen_tokens) / gen_seconds : 0.0;

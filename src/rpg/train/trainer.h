@@ -50,6 +50,9 @@ class Trainer {
   void save_model(const std::string& dir);
 
   int64_t global_step() const;
+  // Whether a second (reference) model is resident: not with the iterative reference
+  // refreshed every step (pi_ref = pi_old), nor when no loss needs one.
+  bool has_reference_model() const;
   int64_t total_steps() const;
   const model::CausalLM& model() const;
 
