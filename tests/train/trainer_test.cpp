@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "rpg/core/config.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 
@@ -310,6 +311,30 @@ TEST_F(TrainerTest, NonFiniteUpdatesAreSkippedThenStop) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Every recipe of the paper's matrix, shrunk to the tiny model, runs a full step with
+// finite metrics.
+TEST_F(TrainerTest, OneStepOfEveryRecipe) {
+  size_t recipes = 0;
+  for (const auto& e : fs::directory_iterator(test::source_dir() / "recipes")) {
+    if (e.path().extension() != ".yaml") continue;
+    ++recipes;
+    const std::string name = e.path().stem().string();
+    auto loaded = load_config<TrainConfig>(
+        e.path(), {"actor_rollout_ref.model.path=" + (fixture_ / "model").string(),
+                   "data.train_files=" + (dir_->path() / "train.parquet").string(), "data.val_files=[]",
+                   "data.train_batch_size=2", "data.gen_batch_size=4", "data.max_prompt_length=256",
+                   "data.max_response_length=8", "actor_rollout_ref.rollout.n=3",
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048",
+                   "reward_model.overlong_buffer.len=4", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+                   "trainer.device=cpu", "trainer.default_local_dir=" + (dir_->path() / ("recipe_" + name)).string()});
+    Trainer t(loaded.value, scorers());
+    Metrics m = t.train_step();
+    for (const auto& [k, v] : m) EXPECT_TRUE(std::isfinite(v)) << name << ": " << k << " = " << v;
+    EXPECT_GT(m.at("actor/grad_norm"), 0.0) << name;
+  }
+  EXPECT_EQ(recipes, 24u);
 }
 
 TEST_F(TrainerTest, BadConfigurationIsAClearError) {
