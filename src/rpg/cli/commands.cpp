@@ -24,6 +24,7 @@ const std::vector<Command>& commands() {
       {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", run_train},
       {"model info", "architecture, parameter count, dtype and memory of a model directory", run_model_info},
       {"tokenize", "ids and pieces of a text under a model directory's tokenizer", run_tokenize},
+      {"sft", "supervised fine-tuning on (prompt, response) JSONL pairs, loss on responses only", run_sft},
   };
   return table;
 }
