@@ -363,6 +363,12 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   }
 
   s.run_dir = cfg.trainer.default_local_dir;
+  // A run killed while writing a checkpoint leaves its temporary directory behind.
+  if (fs::is_directory(s.run_dir))
+    for (const auto& e : fs::directory_iterator(s.run_dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("global_step_", 0) == 0 && name.find(".tmp.") != std::string::npos) fs::remove_all(e.path());
+    }
   if (fs::path dir = s.resume_dir(); !dir.empty()) s.load_checkpoint(dir);
   // Metrics of steps after the checkpoint (a crashed run's tail) are dropped.
   s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true, s.step + 1);
