@@ -98,13 +98,24 @@ TEST(EvalCli, TrainThenEvaluateTheSavedModel) {
                     "data.max_prompt_length=256", "data.max_response_length=8", "actor_rollout_ref.rollout.n=2",
                     "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.policy_loss=rpg_reinforce",
                     "algorithm.adv_estimator=rpg", "trainer.total_training_steps=2", "trainer.test_freq=1",
-                    "trainer.default_local_dir=" + run, "trainer.n_gpus_per_node=8"});
+                    "trainer.default_local_dir=" + run, "trainer.n_gpus_per_node=8", "trainer.sample_log_freq=1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("trainer.n_gpus_per_node has no effect"), std::string::npos) << r.err;
   auto lines = read_file(std::filesystem::path(run) / "metrics.jsonl");
   EXPECT_NE(lines.find("\"step\":2"), std::string::npos);
   EXPECT_NE(lines.find("actor/pg_loss"), std::string::npos);
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(run) / "config.yaml"));
+  // The HTML report: a chart per metric, sample generations, the configuration.
+  const std::string report = read_file(std::filesystem::path(run) / "report.html");
+  EXPECT_NE(report.find("<figcaption>critic/score/mean"), std::string::npos);
+  EXPECT_NE(report.find("<polyline"), std::string::npos);
+  EXPECT_NE(report.find("<h2>sample generations</h2>"), std::string::npos);
+  EXPECT_NE(report.find("policy_loss: rpg_reinforce"), std::string::npos);
+  auto rr = rpg_run({"report", run});
+  EXPECT_EQ(rr.exit_code, 0) << rr.err;
+  auto bad = rpg_run({"report", (dir / "nothing").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("metrics.jsonl: not a run directory"), std::string::npos) << bad.err;
   const std::string saved = run + "/global_step_2/actor";
   ASSERT_TRUE(std::filesystem::exists(saved + "/model.safetensors"));
   ASSERT_TRUE(std::filesystem::exists(saved + "/tokenizer.json"));

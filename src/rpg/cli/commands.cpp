@@ -22,6 +22,7 @@ const std::vector<Command>& commands() {
       {"generate", "sample responses from a model for a dataset or prompts (JSON lines)", run_generate},
       {"eval", "mean@n / pass@k / maj@n of a model on Parquet datasets, scored like verl", run_eval},
       {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", run_train},
+      {"report", "HTML report of a run directory (metric charts, samples, config)", run_report},
       {"model info", "architecture, parameter count, dtype and memory of a model directory", run_model_info},
       {"tokenize", "ids and pieces of a text under a model directory's tokenizer", run_tokenize},
       {"sft", "supervised fine-tuning on (prompt, response) JSONL pairs, loss on responses only", run_sft},

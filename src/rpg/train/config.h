@@ -327,6 +327,8 @@ struct TrainerConfig {
   std::string experiment_name = "run";
   std::string device = "auto";  // auto | cpu | cuda
   int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
+  int64_t sample_log_freq = 10;        // rpg: log sample generations every this many steps (0: never)
+  int64_t sample_log_count = 4;        // rpg: how many responses each time
 
   template <class V>
   void visit(V& v) {
@@ -344,6 +346,8 @@ struct TrainerConfig {
     v("experiment_name", experiment_name, "experiment name in logs");
     v("device", device, "auto | cpu | cuda");
     v("max_consecutive_skips", max_consecutive_skips, "stop after this many skipped (non-finite) updates in a row");
+    v("sample_log_freq", sample_log_freq, "write sample generations to samples.jsonl every N steps (0: never)");
+    v("sample_log_count", sample_log_count, "responses per sample log");
     for (const char* key : {"n_gpus_per_node", "nnodes", "logger", "log_val_generations", "balance_batch",
                             "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
                             "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})

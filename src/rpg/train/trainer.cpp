@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <cstdio>
 #include <numeric>
+#include <sstream>
 
 #include "rpg/algo/advantage.h"
 #include "rpg/algo/policy_loss.h"
@@ -19,6 +21,7 @@
 #include "rpg/core/rng.h"
 #include "rpg/data/dataset.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/eval/report.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/rollout/batch.h"
 #include "rpg/rollout/engine.h"
@@ -67,6 +70,30 @@ double mean_of(const std::vector<double>& v) {
 double masked_mean(const at::Tensor& x, const at::Tensor& mask) {
   at::Tensor m = mask.to(x.scalar_type());
   return ((x * m).sum() / m.sum().clamp_min(1)).item<double>();
+}
+
+}  // namespace
+
+namespace {
+
+void append_file(const fs::path& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "ab");
+  if (!f) throw IoError(str("cannot open ", path.string()));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) throw IoError(str("cannot write ", path.string()));
+}
+
+// After a resume at `step`, lines of later steps (a killed run's tail) are dropped.
+void keep_lines_up_to(const fs::path& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::istringstream in(read_file(path));
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
+      kept += line + "\n";
+  }
+  write_file_atomic(path, kept);
 }
 
 }  // namespace
@@ -212,6 +239,7 @@ struct Trainer::Impl {
     out.commit();
     write_file_atomic(run_dir / "latest_checkpointed_iteration.txt", std::to_string(step) + "\n");
     prune_checkpoints();
+    eval::write_report(run_dir);
   }
 
   void prune_checkpoints() {
@@ -372,6 +400,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   if (fs::path dir = s.resume_dir(); !dir.empty()) s.load_checkpoint(dir);
   // Metrics of steps after the checkpoint (a crashed run's tail) are dropped.
   s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true, s.step + 1);
+  keep_lines_up_to(s.run_dir / "samples.jsonl", s.step);
   log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
                " steps; policy loss ", actor.policy_loss, ", advantages ", cfg.algorithm.adv_estimator, "; run dir ",
                s.run_dir.string()));
@@ -402,6 +431,7 @@ Metrics Trainer::train_step() {
   std::vector<Group> kept;
   int64_t rounds = 0, generated_groups = 0;
   double gen_seconds = 0, reward_seconds = 0;
+  std::vector<nlohmann::json> samples;
   int64_t gen_tokens = 0;
   const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
   rollout::RolloutEngine engine(s.policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
@@ -441,6 +471,13 @@ Metrics Trainer::train_step() {
     auto t_reward = Clock::now();
     auto results = reward::score_batch(s.scorers, requests);
     reward_seconds += seconds_since(t_reward);
+    for (size_t i = 0; i < responses.size() && static_cast<int64_t>(samples.size()) < cfg.trainer.sample_log_count; ++i) {
+      const auto& ids = batch_prompts[static_cast<size_t>(responses[i].prompt_index)]->ids;
+      std::vector<TokenId> pid(ids.begin(), ids.end());
+      samples.push_back({{"step", s.step + 1}, {"prompt", s.policy.tokenizer.decode(pid)}, {"response", texts[i]},
+                         {"score", results[i].score}, {"acc", results[i].acc},
+                         {"ground_truth", requests[i].ground_truth}});
+    }
     std::vector<int64_t> lengths;
     std::vector<double> scores;
     for (size_t i = 0; i < responses.size(); ++i) {
@@ -641,6 +678,11 @@ Metrics Trainer::train_step() {
   m["timing_s/step"] = seconds_since(t_step);
   m["perf/gen_tokens_per_s"] = gen_seconds > 0 ? static_cast<double>(gen_tokens) / gen_seconds : 0.0;
   s.logger->log(s.step, m);
+  if (cfg.trainer.sample_log_freq > 0 && s.step % cfg.trainer.sample_log_freq == 0) {
+    std::string lines;
+    for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    append_file(s.run_dir / "samples.jsonl", lines);
+  }
   return m;
 }
 
