@@ -175,6 +175,28 @@ TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
   }
 }
 
+// A damaged newest checkpoint (truncated state file) is reported and the previous complete
+// one is used.
+TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {
+  TrainConfig c = config("damaged");
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  c.trainer.total_training_steps = 3;
+  c.trainer.save_freq = 1;
+  {
+    Trainer t(c, scorers());
+    t.fit();
+  }
+  const fs::path run = dir_->path() / "damaged";
+  const fs::path state = run / "global_step_3" / "train_state.safetensors";
+  std::string bytes = read_file(state);
+  test::write_text(state, bytes.substr(0, bytes.size() / 2));
+  Trainer resumed(c, scorers());
+  EXPECT_EQ(resumed.global_step(), 2);
+  // Nothing intact at all is an error, not a silent fresh start.
+  for (int step : {1, 2}) test::write_text(run / str("global_step_", step) / "train_state.json", "{");
+  EXPECT_THROW(Trainer(c, scorers()), FormatError);
+}
+
 TEST_F(TrainerTest, ResumeRefusesAnIncompatibleConfig) {
   TrainConfig c = config("incompatible");
   c.trainer.total_training_steps = 1;

@@ -256,22 +256,57 @@ struct Trainer::Impl {
       fs::remove_all(run_dir / str("global_step_", steps[i]));
   }
 
-  // The checkpoint to resume from, or empty: resume_mode auto takes the newest complete one.
-  fs::path resume_dir() const {
+  // The checkpoints to resume from, best first (empty: start fresh). resume_mode auto takes
+  // the one the latest marker names, then every other global_step_N, newest first, so a
+  // damaged newest checkpoint falls back to the previous complete one.
+  std::vector<fs::path> resume_candidates() const {
     const auto& t = cfg.trainer;
     if (t.resume_mode == "disable") return {};
     if (t.resume_mode == "resume_path") {
       if (!fs::exists(fs::path(*t.resume_path) / "train_state.json"))
         throw ConfigError(str("trainer.resume_path: ", *t.resume_path, " is not a complete rpg checkpoint"));
-      return *t.resume_path;
+      return {*t.resume_path};
     }
+    std::vector<fs::path> out;
     const fs::path marker = run_dir / "latest_checkpointed_iteration.txt";
-    if (!fs::exists(marker)) return {};
-    std::string text = read_file(marker);
-    const fs::path dir = run_dir / str("global_step_", text.substr(0, text.find_first_of("\r\n")));
-    if (!fs::exists(dir / "train_state.json"))
-      throw FormatError(str(marker.string(), " names ", dir.string(), ", which is not a complete checkpoint"));
-    return dir;
+    if (fs::exists(marker)) {
+      std::string text = read_file(marker);
+      out.push_back(run_dir / str("global_step_", text.substr(0, text.find_first_of("\r\n"))));
+    }
+    std::vector<std::pair<int64_t, fs::path>> steps;
+    if (fs::is_directory(run_dir))
+      for (const auto& e : fs::directory_iterator(run_dir)) {
+        const std::string name = e.path().filename().string();
+        if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.find('.') == std::string::npos &&
+            name.size() > 12 && std::all_of(name.begin() + 12, name.end(), ::isdigit))
+          steps.emplace_back(std::stoll(name.substr(12)), e.path());
+      }
+    std::sort(steps.rbegin(), steps.rend());
+    for (const auto& [n, p] : steps)
+      if (out.empty() || p != out.front()) out.push_back(p);
+    return out;
+  }
+
+  // Loads the first candidate that is complete and intact; a damaged one is reported and
+  // skipped. Returns false when there is nothing to resume from.
+  bool resume() {
+    const auto candidates = resume_candidates();
+    for (const auto& dir : candidates) {
+      try {
+        if (!fs::exists(dir / "train_state.json")) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
+        load_checkpoint(dir);
+        return true;
+      } catch (const ConfigError&) {
+        throw;  // an incompatible configuration is the user's decision, not damage
+      } catch (const Error& e) {
+        if (cfg.trainer.resume_mode == "resume_path") throw;
+        log_warn(str("skipping damaged checkpoint: ", e.what()));
+      }
+    }
+    if (!candidates.empty())
+      throw FormatError(str("no intact checkpoint in ", run_dir.string(),
+                            " (set trainer.resume_mode=disable to start over)"));
+    return false;
   }
 
   void load_checkpoint(const fs::path& dir) {
@@ -397,7 +432,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
       const std::string name = e.path().filename().string();
       if (name.rfind("global_step_", 0) == 0 && name.find(".tmp.") != std::string::npos) fs::remove_all(e.path());
     }
-  if (fs::path dir = s.resume_dir(); !dir.empty()) s.load_checkpoint(dir);
+  s.resume();
   // Metrics of steps after the checkpoint (a crashed run's tail) are dropped.
   s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true, s.step + 1);
   keep_lines_up_to(s.run_dir / "samples.jsonl", s.step);
