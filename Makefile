@@ -23,7 +23,7 @@ test: build
 	@cd $(BUILD) && ctest --output-on-failure --no-label-summary -j2
 
 demo: build
-	@echo "rpg: make demo: the demo (issue #10) is not implemented yet" >&2; exit 1
+	@$(BUILD)/rpg demo --out runs/demo
 
 clean:
 	rm -rf $(BUILD)

@@ -21,6 +21,7 @@ const std::vector<Command>& commands() {
       {"model init", "a freshly initialised Qwen2 model directory (HF format) for a tokenizer, from a seed", run_model_init},
       {"generate", "sample responses from a model for a dataset or prompts (JSON lines)", run_generate},
       {"eval", "mean@n / pass@k / maj@n of a model on Parquet datasets, scored like verl", run_eval},
+      {"demo", "a real RL run on the CPU from scratch: SFT warm start, RPG-REINFORCE, held-out eval", run_demo},
       {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", run_train},
       {"report", "HTML report of a run directory (metric charts, samples, config)", run_report},
       {"model info", "architecture, parameter count, dtype and memory of a model directory", run_model_info},

@@ -17,6 +17,7 @@ struct Command {
 const std::vector<Command>& commands();
 
 int run_config_show(const std::string& full_name, const std::vector<std::string>& args);
+int run_demo(const std::string& full_name, const std::vector<std::string>& args);   // cmd_demo.cpp
 int run_train(const std::string& full_name, const std::vector<std::string>& args);  // cmd_train.cpp
 int run_eval(const std::string& full_name, const std::vector<std::string>& args);   // cmd_train.cpp
 int run_report(const std::string& full_name, const std::vector<std::string>& args);  // cmd_train.cpp
