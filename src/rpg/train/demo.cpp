@@ -132,7 +132,8 @@ DemoResult run_demo(DemoOptions o) {
   // The quick smoke test's barely trained model solves nothing, so no group would survive.
   c.algorithm.filter_groups.enable = !o.quick;
   c.algorithm.filter_groups.metric = "acc";
-  c.algorithm.filter_groups.max_num_gen_batches = 10;
+  // A weak warm start solves few problems, so few groups vary: allow many generation batches.
+  c.algorithm.filter_groups.max_num_gen_batches = 40;
   c.trainer.total_training_steps = o.rl_steps;
   c.trainer.test_freq = std::max<int64_t>(1, o.rl_steps / 3);
   c.trainer.save_freq = -1;
