@@ -15,10 +15,7 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
                     const rollout::SamplingParams& sampling_in, const rollout::EngineOptions& engine_options,
                     const reward::ScorerRegistry& scorers, bool progress, bool chat_template) {
   for (const auto& r : rows) (void)scorers.find(r.data_source);  // unknown data_source: fail before generating
-  rollout::SamplingParams sampling = sampling_in;
-  for (int64_t id : policy.stop_token_ids)
-    if (std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), id) == sampling.stop_token_ids.end())
-      sampling.stop_token_ids.push_back(id);
+  const rollout::SamplingParams sampling = rollout::with_stop_tokens(sampling_in, policy);
 
   std::vector<std::vector<int64_t>> prompts;
   prompts.reserve(rows.size());

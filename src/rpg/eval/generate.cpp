@@ -43,10 +43,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     prompt_texts.push_back(policy.tokenizer.decode(ids));
   }
 
-  rollout::SamplingParams sampling = o.sampling;
-  for (int64_t id : policy.stop_token_ids)
-    if (std::find(sampling.stop_token_ids.begin(), sampling.stop_token_ids.end(), id) == sampling.stop_token_ids.end())
-      sampling.stop_token_ids.push_back(id);
+  const rollout::SamplingParams sampling = rollout::with_stop_tokens(o.sampling, policy);
 
   rollout::RolloutEngine engine(policy.model, o.engine);
   engine.validate_request(prompt_ids, sampling);

@@ -58,6 +58,13 @@ Policy load_policy(const std::filesystem::path& dir, const std::string& dtype, c
   return p;
 }
 
+SamplingParams with_stop_tokens(SamplingParams params, const Policy& policy) {
+  for (int64_t id : policy.stop_token_ids)
+    if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) == params.stop_token_ids.end())
+      params.stop_token_ids.push_back(id);
+  return params;
+}
+
 std::vector<int64_t> render_prompt(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
                                    bool use_chat_template) {
   std::string text;

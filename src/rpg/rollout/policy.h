@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "rpg/model/causal_lm.h"
+#include "rpg/rollout/sampler.h"
 #include "rpg/tokenizer/tokenizer.h"
 
 namespace rpg::rollout {
@@ -30,6 +31,9 @@ at::Device parse_device(const std::string& name);
 at::ScalarType parse_dtype(const std::string& name, const std::filesystem::path& model_dir, at::Device device);
 
 Policy load_policy(const std::filesystem::path& dir, const std::string& dtype = "auto", const std::string& device = "auto");
+
+// `params` with the policy's stop tokens added (each once).
+SamplingParams with_stop_tokens(SamplingParams params, const Policy& policy);
 
 // apply_chat_template(messages, add_generation_prompt=true), then encode without special
 // tokens (verl's RLHFDataset). Without a chat template the messages' contents are joined.

@@ -242,18 +242,25 @@ struct Trainer::Impl {
     eval::write_report(run_dir);
   }
 
+  // Complete-looking checkpoint directories global_step_<N> (no temporary suffix), newest first.
+  std::vector<std::pair<int64_t, fs::path>> checkpoint_dirs() const {
+    std::vector<std::pair<int64_t, fs::path>> steps;
+    if (!fs::is_directory(run_dir)) return steps;
+    for (const auto& e : fs::directory_iterator(run_dir)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.size() > 12 &&
+          std::all_of(name.begin() + 12, name.end(), ::isdigit))
+        steps.emplace_back(std::stoll(name.substr(12)), e.path());
+    }
+    std::sort(steps.rbegin(), steps.rend());
+    return steps;
+  }
+
   void prune_checkpoints() {
     const auto keep = cfg.trainer.max_actor_ckpt_to_keep;
     if (!keep || *keep <= 0) return;
-    std::vector<int64_t> steps;
-    for (const auto& e : fs::directory_iterator(run_dir)) {
-      const std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.find('.') == std::string::npos)
-        steps.push_back(std::stoll(name.substr(12)));
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + static_cast<size_t>(*keep) < steps.size(); ++i)
-      fs::remove_all(run_dir / str("global_step_", steps[i]));
+    const auto steps = checkpoint_dirs();
+    for (size_t i = static_cast<size_t>(*keep); i < steps.size(); ++i) fs::remove_all(steps[i].second);
   }
 
   // The checkpoints to resume from, best first (empty: start fresh). resume_mode auto takes
@@ -273,16 +280,7 @@ struct Trainer::Impl {
       std::string text = read_file(marker);
       out.push_back(run_dir / str("global_step_", text.substr(0, text.find_first_of("\r\n"))));
     }
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    if (fs::is_directory(run_dir))
-      for (const auto& e : fs::directory_iterator(run_dir)) {
-        const std::string name = e.path().filename().string();
-        if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.find('.') == std::string::npos &&
-            name.size() > 12 && std::all_of(name.begin() + 12, name.end(), ::isdigit))
-          steps.emplace_back(std::stoll(name.substr(12)), e.path());
-      }
-    std::sort(steps.rbegin(), steps.rend());
-    for (const auto& [n, p] : steps)
+    for (const auto& [n, p] : checkpoint_dirs())
       if (out.empty() || p != out.front()) out.push_back(p);
     return out;
   }
