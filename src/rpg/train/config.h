@@ -155,7 +155,16 @@ struct ActorConfig {
   std::string kl_loss_type = "low_var_kl";
   double kl_loss_coef = 0.001;
   bool use_iterative_ref_model = false;  // the RPG fork: pi_ref <- pi_theta periodically
-  int64_t ref_update_freq = 1;           // steps between reference updates when iterative
+  int64_t ref_update_freq = 1;           // steps between reference updates when iterative (<= 0: never by count)
+  // rpg (paper Section 5): also refresh the iterative reference when a moving average of the
+  // token-level KL(pi_old || pi_ref) exceeds this target kappa (0: off).
+  double ref_kl_target = 0.0;
+  double ref_kl_ema = 0.1;               // weight of the newest step in that moving average
+  // rpg: where the old log-probs (pi_old) come from: recomputed by a forward pass of the
+  // trainer (verl's default), or the sampling engine's own log-probs (saves that pass).
+  std::string old_log_prob_source = "recompute";
+  // rpg: dtype of forward/backward; the master weights and the optimizer state stay fp32.
+  std::string compute_dtype = "float32";
   std::string policy_loss = "vanilla";   // policy loss by registry name
   std::string kl_form = "ufkl";          // rpg / rpg_reinforce: fkl | rkl | ufkl | urkl
   bool rpg_style_clip = true;            // rpg / rpg_reinforce: RPG-Style Clip (Algorithms 1, 2)
@@ -179,10 +188,15 @@ struct ActorConfig {
       "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm");
     v("entropy_coeff", entropy_coeff, "entropy bonus coefficient");
     v("use_kl_loss", use_kl_loss, "add a KL loss term (GRPO / RPG)");
-    v("kl_loss_type", kl_loss_type, "kl (k1) | abs | mse (k2) | low_var_kl (k3) | full");
+    v("kl_loss_type", kl_loss_type,
+      "kl (k1) | abs | mse (k2) | low_var_kl (k3); the RPG fork's rpg_<kl>, rpg_rf_<kl>[_clip_ppo] set policy_loss/kl_form");
     v("kl_loss_coef", kl_loss_coef, "KL coefficient beta");
     v("use_iterative_ref_model", use_iterative_ref_model, "update the reference policy to the current one");
-    v("ref_update_freq", ref_update_freq, "steps between reference updates");
+    v("ref_update_freq", ref_update_freq, "steps between reference updates (<= 0: only on ref_kl_target)");
+    v("ref_kl_target", ref_kl_target, "also refresh the reference when the moving-average token KL to it exceeds this (0: off)");
+    v("ref_kl_ema", ref_kl_ema, "weight of the newest step in the moving-average token KL, in (0, 1]");
+    v("old_log_prob_source", old_log_prob_source, "recompute (a trainer forward pass) | rollout (the engine's log-probs)");
+    v("compute_dtype", compute_dtype, "float32 | bfloat16 forward/backward (master weights stay fp32)");
     v("policy_loss", policy_loss, "policy loss by registry name (docs/algorithms.md)");
     v("kl_form", kl_form, "rpg / rpg_reinforce regulariser: fkl | rkl | ufkl | urkl");
     v("rpg_style_clip", rpg_style_clip, "rpg / rpg_reinforce: RPG-Style Clip");
@@ -257,6 +271,29 @@ struct FilterGroupsConfig {
   }
 };
 
+// verl's algorithm.rollout_correction (verl/trainer/config/algorithm/rollout_correction.yaml):
+// truncated importance sampling between the sampling engine's and the trainer's log-probs.
+struct RolloutCorrectionConfig {
+  std::optional<std::string> rollout_is;       // null (off) | token | sequence
+  double rollout_is_threshold = 2.0;            // truncation: rho = min(pi_old / pi_rollout, threshold)
+  std::optional<std::string> rollout_rs;       // rejection sampling: not implemented, must be null
+  std::optional<std::string> rollout_rs_threshold;
+  bool bypass_mode = false;                     // true: old log-probs are the rollout's (2 policies)
+  std::string loss_type = "ppo_clip";           // bypass-mode loss; rpg picks its loss by policy_loss
+  bool rollout_is_batch_normalize = false;      // not implemented, must be false
+
+  template <class V>
+  void visit(V& v) {
+    v("rollout_is", rollout_is, "truncated IS weight per token | sequence (null: off)");
+    v("rollout_is_threshold", rollout_is_threshold, "upper bound of the truncated IS weight");
+    v("rollout_rs", rollout_rs, "rejection sampling (not supported: null)");
+    v("rollout_rs_threshold", rollout_rs_threshold, "rejection sampling threshold (unused)");
+    v("bypass_mode", bypass_mode, "take the old log-probs from the rollout (= actor.old_log_prob_source=rollout)");
+    v("loss_type", loss_type, "ppo_clip (the loss is actor_rollout_ref.actor.policy_loss)");
+    v("rollout_is_batch_normalize", rollout_is_batch_normalize, "normalise IS weights to mean 1 (not supported: false)");
+  }
+};
+
 struct AlgorithmConfig {
   std::string adv_estimator = "grpo";  // verl's default is gae (needs a critic, which rpg has not)
   double gamma = 1.0;
@@ -266,6 +303,7 @@ struct AlgorithmConfig {
   std::string kl_penalty = "kl";
   KlControlConfig kl_ctrl;
   FilterGroupsConfig filter_groups;
+  RolloutCorrectionConfig rollout_correction;
 
   template <class V>
   void visit(V& v) {
@@ -279,7 +317,7 @@ struct AlgorithmConfig {
     v.section("filter_groups", filter_groups);
     v.ignored("use_pf_ppo", "not supported");
     v.ignored("pf_ppo", "not supported");
-    v.ignored("rollout_correction", "not supported");
+    v.section("rollout_correction", rollout_correction);
   }
 };
 
@@ -377,6 +415,12 @@ struct TrainConfig {
     v.ignored("global_profiler", "use RPG_PROFILE");
   }
   void validate() const;
+  // Rewrites aliases into the canonical keys, so the resolved config shows what runs: the RPG
+  // fork's kl_loss_type spellings (rpg_ufkl, rpg_rf_ufkl_clip_ppo, ...) into policy_loss,
+  // kl_form and rpg_style_clip; verl's rollout_correction.bypass_mode into
+  // old_log_prob_source. Idempotent; returns one notice per rewrite. ConfigError for a
+  // spelling we do not implement.
+  std::vector<std::string> resolve();
 };
 
 }  // namespace rpg

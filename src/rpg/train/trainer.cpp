@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "rpg/algo/advantage.h"
@@ -108,6 +110,16 @@ struct Trainer::Impl {
   reward::ScorerRegistry scorers;
   rollout::Policy policy;
   std::unique_ptr<model::CausalLM> reference;  // for KL-to-reference losses (grpo)
+  // compute_dtype=bfloat16: the bf16 working copy that runs forward/backward; the optimizer
+  // owns the fp32 master weights in policy.model (which also generates).
+  std::unique_ptr<model::CausalLM> compute;
+  // Iterative reference refreshed on a KL target: the moving average of the token-level
+  // KL(pi_old || pi_ref) since the last refresh (none yet after one), and refreshes so far.
+  std::optional<double> ref_kl_running;
+  int64_t ref_updates = 0;
+  rollout::Batch last_batch;
+  bool recording = false;
+  std::vector<UpdateRecord> updates;
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   std::vector<Prompt> prompts;
@@ -161,6 +173,11 @@ struct Trainer::Impl {
     l.kl_loss_type = algo::parse_kl_estimator(a.kl_loss_type);
     l.loss_agg_mode = algo::parse_loss_agg_mode(a.loss_agg_mode);
     l.entropy_coeff = a.entropy_coeff;
+    const auto& rc = cfg.algorithm.rollout_correction;
+    if (rc.rollout_is) {
+      l.rollout_correction = algo::parse_rollout_correction(*rc.rollout_is);
+      l.rollout_correction_cap = rc.rollout_is_threshold;
+    }
     algo::validate(l);
     return l;
   }
@@ -183,6 +200,28 @@ struct Trainer::Impl {
     p.ignore_eos = r.ignore_eos;
     p.stop_token_ids = policy.stop_token_ids;
     return p;
+  }
+
+  // The model that runs the trainer's forward/backward passes: the bf16 copy or the master.
+  model::CausalLM& compute_model() { return compute ? *compute : policy.model; }
+  // The bf16 copy takes the master weights' current values (after every optimizer step and
+  // every schedule-free train/eval switch).
+  void sync_compute_weights() {
+    if (compute) compute->copy_parameters_from(policy.model);
+  }
+  // Moves the bf16 copy's gradients of one micro-batch into the fp32 master gradients, so that
+  // accumulation over micro-batches happens in fp32.
+  void move_compute_grads() {
+    if (!compute) return;
+    c10::NoGradGuard no_grad;
+    auto master = policy.model.parameters(), work = compute->parameters();
+    for (size_t i = 0; i < master.size(); ++i) {
+      if (!work[i].grad().defined()) continue;
+      at::Tensor g = work[i].grad().to(at::kFloat);
+      if (master[i].grad().defined()) master[i].mutable_grad().add_(g);
+      else master[i].mutable_grad() = g;
+      work[i].mutable_grad() = at::Tensor();
+    }
   }
 
   // Log-probs of the batch's responses under `m` without gradient, in micro-batches.
@@ -234,7 +273,8 @@ struct Trainer::Impl {
       for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
     save_tensor_file(out.path() / "train_state.safetensors", tensors);
     nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor}, {"kl_in_reward_coef", kl_in_reward_coef},
-                            {"optimizer", os.scalars}, {"config", fingerprint()}};
+                            {"optimizer", os.scalars}, {"config", fingerprint()}, {"ref_updates", ref_updates},
+                            {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
     write_file_atomic(out.path() / "train_state.json", state.dump(2) + "\n");
     out.commit();
     write_file_atomic(run_dir / "latest_checkpointed_iteration.txt", std::to_string(step) + "\n");
@@ -337,6 +377,11 @@ struct Trainer::Impl {
     optimizer->load_state(os);
     step = state["step"].get<int64_t>();
     kl_in_reward_coef = state["kl_in_reward_coef"].get<double>();
+    // Absent in checkpoints written before the KL-target refresh existed.
+    ref_updates = state.value("ref_updates", int64_t{0});
+    ref_kl_running.reset();
+    if (state.contains("ref_kl_running") && state["ref_kl_running"].is_number())
+      ref_kl_running = state["ref_kl_running"].get<double>();
     set_epoch(state["epoch"].get<int64_t>());
     cursor = state["cursor"].get<int64_t>();
     log_info(str("resumed from ", dir.string(), " at step ", step));
@@ -354,6 +399,7 @@ struct Trainer::Impl {
 };
 
 Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
+  for (const auto& notice : config.resolve()) log_info(notice);
   config.validate();
   if (config.actor_rollout_ref.model.path.empty())
     throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
@@ -422,6 +468,12 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
         cfg.actor_rollout_ref.model.path, {at::kFloat, s.policy.model.device()}));
     s.reference->set_requires_grad(false);
   }
+  if (actor.compute_dtype == "bfloat16") {
+    s.compute = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
+        cfg.actor_rollout_ref.model.path, {at::kBFloat16, s.policy.model.device()}));
+    s.compute->set_requires_grad(true);
+    s.compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
+  }
 
   s.run_dir = cfg.trainer.default_local_dir;
   // A run killed while writing a checkpoint leaves its temporary directory behind.
@@ -445,6 +497,28 @@ int64_t Trainer::global_step() const { return impl_->step; }
 bool Trainer::has_reference_model() const { return impl_->reference != nullptr; }
 int64_t Trainer::total_steps() const { return impl_->total_steps; }
 const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
+const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
+void Trainer::record_updates(bool on) { impl_->recording = on; }
+const std::vector<UpdateRecord>& Trainer::last_updates() const { return impl_->updates; }
+
+std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
+  auto get = [&](const char* key) {
+    auto it = m.find(key);
+    return it == m.end() ? std::nan("") : it->second;
+  };
+  double kl = std::nan("");
+  for (const char* key : {"actor/kl_loss", "actor/rpg_kl", "actor/reward_kl_penalty", "actor/ppo_kl"})
+    if (m.count(key)) {
+      kl = m.at(key);
+      break;
+    }
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "step %lld/%lld | score %.4f | pg_loss %.4g | kl %.3g | grad_norm %.4g | response_length %.1f | %.2f s",
+                static_cast<long long>(step), static_cast<long long>(total), get("critic/score/mean"),
+                get("actor/pg_loss"), kl, get("actor/grad_norm"), get("response_length/mean"), get("timing_s/step"));
+  return buf;
+}
 
 Metrics Trainer::train_step() {
   Impl& s = *impl_;
@@ -567,17 +641,29 @@ Metrics Trainer::train_step() {
     if (last >= 0) token_level_scores[b][last] = flat_scores[static_cast<size_t>(b)];
   }
 
-  // 3. Old (sampling-policy) log-probs recomputed by the trainer, and the reference's.
+  // 3. Old (sampling-policy) log-probs recomputed by the trainer (in the compute dtype, so
+  // that the first update's ratio is 1 in the precision it is computed in) or taken from the
+  // rollout, and the reference's.
   const double temperature = cfg.actor_rollout_ref.rollout.temperature;
+  const bool recompute_old = actor.old_log_prob_source == "recompute";
   auto t_old = Clock::now();
-  at::Tensor old_log_probs = s.log_probs_no_grad(s.policy.model, batch, temperature);
+  s.sync_compute_weights();
+  at::Tensor old_log_probs = recompute_old ? s.log_probs_no_grad(s.compute_model(), batch, temperature)
+                                           : batch.get("rollout_log_probs");
   const double old_seconds = seconds_since(t_old);
   auto t_ref = Clock::now();
   at::Tensor ref_log_probs;
   if (s.reference) ref_log_probs = s.log_probs_no_grad(*s.reference, batch, temperature);
   else if (s.needs_reference) ref_log_probs = old_log_probs;
   const double ref_seconds = seconds_since(t_ref);
-  {
+  if (s.reference && actor.ref_kl_target > 0) {
+    // Paper Section 5: the token-level KL(pi_old || pi_ref) (k3, exact in expectation over
+    // pi_old's samples), averaged over the step's response tokens, then over steps.
+    const double kl = masked_mean(algo::kl_estimate(old_log_probs, ref_log_probs, algo::KlEstimator::K3), mask);
+    s.ref_kl_running = s.ref_kl_running ? (1 - actor.ref_kl_ema) * *s.ref_kl_running + actor.ref_kl_ema * kl : kl;
+    m["actor/ref_kl_moving_avg"] = *s.ref_kl_running;
+  }
+  if (recompute_old) {
     // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
     const at::Tensor valid = mask.to(at::kBool);
     const at::Tensor diff = (old_log_probs - batch.get("rollout_log_probs")).masked_select(valid);
@@ -626,6 +712,7 @@ Metrics Trainer::train_step() {
   int64_t skipped = 0;
   auto t_update = Clock::now();
   const bool want_entropy = actor.entropy_coeff != 0.0;
+  s.updates.clear();
   for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
     std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
     std::iota(row_order.begin(), row_order.end(), 0);
@@ -638,13 +725,19 @@ Metrics Trainer::train_step() {
                                      row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
       rollout::Batch mini = batch.select(mini_rows);
       const double normaliser = algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
+      UpdateRecord record;
+      if (s.recording) {
+        record.rows = mini_rows;
+        for (const auto& p : s.policy.model.parameters()) record.weights.push_back(p.detach().clone());
+      }
+      s.sync_compute_weights();
       for (const auto& rows : s.micro_batches(mini)) {
         rollout::Batch mb = mini.select(rows);
         model::LogProbOptions lo;
         lo.temperature = temperature;
         lo.with_entropy = true;
-        auto lp = s.policy.model.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
-                                           mb.get("responses"), lo);
+        auto lp = s.compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
+                                              mb.get("responses"), lo);
         algo::PolicyLossInputs in;
         in.log_probs = lp.log_probs;
         in.old_log_probs = mb.get("old_log_probs");
@@ -656,7 +749,14 @@ Metrics Trainer::train_step() {
         in.normaliser = normaliser;
         auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
         out.loss.backward();
+        s.move_compute_grads();
+        record.loss += out.loss.item<double>();
         for (const auto& [k, v] : out.metrics) loss_metrics[k].push_back(v.item<double>());
+      }
+      if (s.recording) {
+        for (const auto& p : s.policy.model.parameters())
+          record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+        s.updates.push_back(std::move(record));
       }
       const double norm = clip_grad_norm(s.optimizer->params(), actor.grad_clip);
       grad_norms.push_back(norm);
@@ -678,10 +778,19 @@ Metrics Trainer::train_step() {
   }
   const double update_seconds = seconds_since(t_update);
 
-  // 6. Iterative reference: the reference becomes the current policy every ref_update_freq steps.
+  // 6. Iterative reference: the reference becomes the current policy every ref_update_freq
+  // steps, or (paper Section 5) when the moving-average token KL to it exceeds the target.
   ++s.step;
-  if (s.reference && actor.use_iterative_ref_model && s.step % actor.ref_update_freq == 0)
-    s.reference->copy_parameters_from(s.policy.model);
+  if (s.reference && actor.use_iterative_ref_model) {
+    const bool by_count = actor.ref_update_freq > 0 && s.step % actor.ref_update_freq == 0;
+    const bool by_kl = actor.ref_kl_target > 0 && s.ref_kl_running && *s.ref_kl_running > actor.ref_kl_target;
+    if (by_count || by_kl) {
+      s.reference->copy_parameters_from(s.policy.model);  // the weights that sample, as pi_old
+      ++s.ref_updates;
+      s.ref_kl_running.reset();  // the KL to the new reference starts at zero
+    }
+  }
+  if (s.reference && actor.use_iterative_ref_model) m["actor/ref_updates"] = static_cast<double>(s.ref_updates);
 
   // 7. Metrics, with verl's names.
   for (const auto& [k, v] : loss_metrics) m[k] = mean_of(v);
@@ -710,6 +819,7 @@ Metrics Trainer::train_step() {
   m["timing_s/update_actor"] = update_seconds;
   m["timing_s/step"] = seconds_since(t_step);
   m["perf/gen_tokens_per_s"] = gen_seconds > 0 ? static_cast<double>(gen_tokens) / gen_seconds : 0.0;
+  s.last_batch = std::move(batch);
   s.logger->log(s.step, m);
   if (cfg.trainer.sample_log_freq > 0 && s.step % cfg.trainer.sample_log_freq == 0) {
     std::string lines;
@@ -752,6 +862,10 @@ void Trainer::fit() {
   bar.advance(s.step);
   while (s.step < s.total_steps) {
     auto m = train_step();
+    // On a terminal the bar holds the current line without a newline: clear it so the step
+    // line takes its place; the bar is redrawn below by advance().
+    if (isatty(fileno(stderr))) std::fputs("\r\033[2K", stderr);
+    log_info(step_summary(s.step, s.total_steps, m));
     bar.advance(1, str("score=", m["critic/score/mean"], " acc=", m["acc/mean"], " len=", m["response_length/mean"]));
     if (t.test_freq > 0 && s.step % t.test_freq == 0 && !s.val_rows.empty()) {
       for (const auto& [k, val] : validate()) log_info(str("step ", s.step, ": ", k, " = ", val));

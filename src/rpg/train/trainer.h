@@ -7,16 +7,22 @@
 // the chosen policy loss, with the global normaliser of each mini-batch -> clip -> step.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rpg/reward/registry.h"
 #include "rpg/train/config.h"
 
 namespace rpg::model {
 class CausalLM;
+}
+namespace rpg::rollout {
+class Batch;
 }
 
 namespace rpg::train {
@@ -26,6 +32,22 @@ using Metrics = std::map<std::string, double>;
 // The adaptive KL controller of Ziegler et al. (2019) as verl applies it to the KL-in-reward
 // coefficient: coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon).
 double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n);
+
+// The console line of one training step, e.g. "step 3/20 | score -0.512 | pg_loss 0.0123 |
+// kl 1.2e-05 | grad_norm 0.53 | response_length 11.2 | 4.1 s"; kl is the step's KL term
+// (actor/kl_loss, else actor/rpg_kl, else actor/reward_kl_penalty, else actor/ppo_kl).
+std::string step_summary(int64_t step, int64_t total, const Metrics& m);
+
+// One optimizer step as the trainer took it (recorded on request, for tests that rebuild the
+// update by hand): the rows of Trainer::last_batch() in the mini-batch, the fp32 master
+// weights before the step, the summed micro-batch losses and the accumulated fp32 gradients
+// before clipping, in named_parameters() order.
+struct UpdateRecord {
+  std::vector<int64_t> rows;
+  std::vector<at::Tensor> weights;
+  double loss = 0.0;
+  std::vector<at::Tensor> grads;
+};
 
 class Trainer {
  public:
@@ -54,7 +76,16 @@ class Trainer {
   // refreshed every step (pi_ref = pi_old), nor when no loss needs one.
   bool has_reference_model() const;
   int64_t total_steps() const;
+  // The fp32 master weights (the optimizer's).
   const model::CausalLM& model() const;
+  // The last step's batch in verl's layout: input_ids, attention_mask, position_ids, responses,
+  // response_mask, rollout_log_probs, group_index, old_log_probs, ref_log_probs (when a
+  // reference is used), advantages.
+  const rollout::Batch& last_batch() const;
+  // With on = true every later train_step keeps an UpdateRecord per optimizer step (costs a
+  // copy of the weights and gradients each time).
+  void record_updates(bool on);
+  const std::vector<UpdateRecord>& last_updates() const;
 
  private:
   struct Impl;
