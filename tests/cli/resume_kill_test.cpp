@@ -1,12 +1,17 @@
-// `rpg train` killed with SIGKILL at arbitrary moments (generation, update, checkpoint
-// writing) and restarted until it finishes ends with bit-identical weights and the same
-// per-step metrics as an uninterrupted run.
+// `rpg train` killed with SIGKILL and restarted until it finishes ends with bit-identical
+// weights, training state and per-step metrics to an uninterrupted run. Two ways to kill:
+// at random moments (timed), and at three guaranteed points through the test hook
+// RPG_TEST_KILL_AT (core/test_hook.h): inside checkpoint writing (the training-state file
+// half on disk), during generation, and in the middle of an optimizer step. After every
+// kill, no checkpoint directory the loader would pick is incomplete.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -51,66 +56,185 @@ int run_and_maybe_kill(const std::vector<std::string>& args, int kill_after_ms) 
   }
 }
 
-std::vector<double> scores(const fs::path& metrics) {
-  std::vector<double> out;
+// Every metric of every step except wall-clock ones (timing_s/*, perf/*), in step order.
+std::vector<std::map<std::string, double>> step_metrics(const fs::path& metrics) {
+  std::vector<std::map<std::string, double>> out;
   std::istringstream in(read_file(metrics));
   std::string line;
   while (std::getline(in, line)) {
     auto j = nlohmann::json::parse(line);
-    if (j.contains("critic/score/mean")) out.push_back(j["critic/score/mean"].get<double>());
+    std::map<std::string, double> m;
+    for (const auto& [k, v] : j.items())
+      if (v.is_number() && k.rfind("timing_s/", 0) != 0 && k.rfind("perf/", 0) != 0) m[k] = v.get<double>();
+    out.push_back(std::move(m));
   }
   return out;
 }
 
-TEST(ResumeAfterKill, SigkillAtRandomMomentsThenResumeIsBitIdentical) {
-  const auto fixture = test::oracle_output_dir("tiny_chat_model.py");
-  test::TempDir dir;
-  std::string jsonl;
-  for (int i = 0; i < 8; ++i) jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
-  test::write_text(dir / "p.jsonl", jsonl);
-  const std::string data = (dir / "p.parquet").string();
-  ASSERT_EQ(test::run_process({test::rpg_binary().string(), "data", "prepare", (dir / "p.jsonl").string(), data,
-                               "--data-source", "math_dapo"})
-                .exit_code,
-            0);
-  auto args_for = [&](const std::string& run) {
-    return std::vector<std::string>{
-        "train", "-", "actor_rollout_ref.model.path=" + (fixture / "model").string(), "data.train_files=" + data,
-        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
-        "actor_rollout_ref.actor.policy_loss=rpg_reinforce", "actor_rollout_ref.actor.optim.lr=1e-2",
-        "algorithm.adv_estimator=rpg_batch", "trainer.total_training_steps=24", "trainer.save_freq=1",
-        "trainer.max_actor_ckpt_to_keep=2", "trainer.device=cpu", "trainer.default_local_dir=" + run};
-  };
-  const std::string whole = (dir / "whole").string(), killed = (dir / "killed").string();
-  const auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(run_and_maybe_kill(args_for(whole), 600000), 0);
-  const int whole_ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+// A safetensors file is complete when its header's last data offset is the file's end.
+bool complete_safetensors(const fs::path& file) {
+  if (!fs::is_regular_file(file)) return false;
+  const std::string bytes = read_file(file);
+  if (bytes.size() < 8) return false;
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  if (8 + n > bytes.size()) return false;
+  auto header = nlohmann::json::parse(bytes.substr(8, n), nullptr, false);
+  if (!header.is_object()) return false;
+  uint64_t end = 0;
+  for (const auto& [name, info] : header.items())
+    if (name != "__metadata__") end = std::max(end, info["data_offsets"][1].get<uint64_t>());
+  return 8 + n + end == bytes.size();
+}
 
+// Checkpoint directories the loader may pick (global_step_<digits>), newest first.
+std::vector<std::pair<int, fs::path>> loadable_checkpoints(const fs::path& run) {
+  std::vector<std::pair<int, fs::path>> out;
+  for (const auto& e : fs::directory_iterator(run)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("global_step_", 0) == 0 && name.size() > 12 &&
+        name.find_first_not_of("0123456789", 12) == std::string::npos)
+      out.emplace_back(std::stoi(name.substr(12)), e.path());
+  }
+  std::sort(out.rbegin(), out.rend());
+  return out;
+}
+
+// No directory the loader would pick is incomplete, and the latest marker names one of them.
+// Returns the newest checkpoint's step.
+int expect_only_complete_checkpoints(const fs::path& run) {
+  const auto dirs = loadable_checkpoints(run);
+  for (const auto& [n, dir] : dirs) {
+    EXPECT_TRUE(fs::exists(dir / "train_state.json")) << dir;
+    EXPECT_TRUE(complete_safetensors(dir / "train_state.safetensors")) << dir;
+    EXPECT_TRUE(complete_safetensors(dir / "actor" / "model.safetensors")) << dir;
+  }
+  if (dirs.empty()) return 0;
+  const std::string marker = read_file(run / "latest_checkpointed_iteration.txt");
+  EXPECT_EQ(std::stoi(marker), dirs.front().first) << "the latest marker names another checkpoint";
+  return dirs.front().first;
+}
+
+class ResumeAfterKill : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fixture_ = test::oracle_output_dir("tiny_chat_model.py");
+    std::string jsonl;
+    for (int i = 0; i < 8; ++i)
+      jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
+    test::write_text(dir_ / "p.jsonl", jsonl);
+    data_ = (dir_ / "p.parquet").string();
+    ASSERT_EQ(test::run_process({test::rpg_binary().string(), "data", "prepare", (dir_ / "p.jsonl").string(), data_,
+                                 "--data-source", "math_dapo"})
+                  .exit_code,
+              0);
+    whole_ = dir_ / "whole";
+    killed_ = dir_ / "killed";
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_EQ(run_and_maybe_kill(args_for(whole_), 600000), 0);
+    whole_ms_ = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+    // Every step must move the weights, or equal weights would prove little: the tiny
+    // model never answers right (all scores -1, zero advantages), so the entropy bonus and
+    // the KL loss supply the gradient.
+    for (const auto& m : step_metrics(whole_ / "metrics.jsonl")) ASSERT_GT(m.at("actor/grad_norm"), 0.0);
+  }
+
+  // 24 steps over 8 prompts (6 epochs: reshuffles and epoch boundaries), a checkpoint every
+  // step, two optimizer steps per training step (two mini-batches).
+  std::vector<std::string> args_for(const fs::path& run) const {
+    return {"train", "-", "actor_rollout_ref.model.path=" + (fixture_ / "model").string(), "data.train_files=" + data_,
+            "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+            "actor_rollout_ref.actor.policy_loss=rpg_reinforce", "actor_rollout_ref.actor.optim.lr=1e-2",
+            "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_coef=0.1", "algorithm.adv_estimator=rpg_batch",
+            "trainer.total_training_steps=24", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2",
+            "trainer.device=cpu", "trainer.default_local_dir=" + run.string()};
+  }
+
+  // Runs rpg train on the killed run dir with RPG_TEST_KILL_AT=`kill_at` ("" = none).
+  test::ProcessResult run_killed(const std::string& kill_at) const {
+    std::vector<std::string> argv = {test::rpg_binary().string()};
+    for (const auto& a : args_for(killed_)) argv.push_back(a);
+    return test::run_process(argv, {"RPG_TEST_KILL_AT=" + kill_at});
+  }
+
+  // The killed-and-resumed run ended exactly as the uninterrupted one.
+  void expect_identical_to_whole() const {
+    EXPECT_EQ(read_file(whole_ / "global_step_24" / "actor" / "model.safetensors"),
+              read_file(killed_ / "global_step_24" / "actor" / "model.safetensors"));
+    EXPECT_EQ(read_file(whole_ / "global_step_24" / "train_state.safetensors"),
+              read_file(killed_ / "global_step_24" / "train_state.safetensors"));
+    const auto want = step_metrics(whole_ / "metrics.jsonl"), got = step_metrics(killed_ / "metrics.jsonl");
+    EXPECT_EQ(want.size(), 24u);
+    EXPECT_EQ(got, want);
+    for (const auto& e : fs::directory_iterator(killed_))
+      EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left over: " << e.path();
+  }
+
+  test::TempDir dir_;
+  fs::path fixture_, whole_, killed_;
+  std::string data_;
+  int whole_ms_ = 0;
+};
+
+TEST_F(ResumeAfterKill, SigkillAtRandomMomentsThenResumeIsBitIdentical) {
   RandomStream rs(77);
   int kills = 0, attempts = 0;
   while (attempts++ < 60) {
     // Kill after 15-50% of an uninterrupted run's time: during start-up, generation,
     // updates or checkpoint writing (every step writes one).
-    const int delay = whole_ms * 15 / 100 + static_cast<int>(rs.next_u64() % static_cast<uint64_t>(whole_ms * 35 / 100 + 1));
-    int code = run_and_maybe_kill(args_for(killed), delay);
+    const int delay =
+        whole_ms_ * 15 / 100 + static_cast<int>(rs.next_u64() % static_cast<uint64_t>(whole_ms_ * 35 / 100 + 1));
+    int code = run_and_maybe_kill(args_for(killed_), delay);
     if (code == 0) break;
     ASSERT_EQ(code, -9) << "rpg train failed on attempt " << attempts;
     ++kills;
+    if (fs::exists(killed_)) expect_only_complete_checkpoints(killed_);
   }
   ASSERT_LT(attempts, 60) << "never finished";
   EXPECT_GE(kills, 2) << "the test did not interrupt the run enough";
-  // Same final weights, byte for byte, and the same metrics for every step.
-  EXPECT_EQ(read_file(fs::path(whole) / "global_step_24" / "actor" / "model.safetensors"),
-            read_file(fs::path(killed) / "global_step_24" / "actor" / "model.safetensors"));
-  EXPECT_EQ(read_file(fs::path(whole) / "global_step_24" / "train_state.safetensors"),
-            read_file(fs::path(killed) / "global_step_24" / "train_state.safetensors"));
-  EXPECT_EQ(scores(fs::path(whole) / "metrics.jsonl"), scores(fs::path(killed) / "metrics.jsonl"));
-  EXPECT_EQ(scores(fs::path(killed) / "metrics.jsonl").size(), 24u);
-  for (const auto& e : fs::directory_iterator(killed))
-    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left over: " << e.path();
+  expect_identical_to_whole();
   std::cerr << "killed " << kills << " times\n";
+}
+
+TEST_F(ResumeAfterKill, SigkillInsideCheckpointWritingGenerationAndOptimizerStepThenResumeIsBitIdentical) {
+  // 1. Inside the third checkpoint's writing: actor/ written, train_state.safetensors half
+  //    written, nothing published.
+  auto r = run_killed("checkpoint_write:3");
+  ASSERT_EQ(r.exit_code, -SIGKILL) << r.err;
+  std::vector<fs::path> partial;
+  for (const auto& e : fs::directory_iterator(killed_))
+    if (e.path().filename().string().rfind("global_step_3.tmp.", 0) == 0) partial.push_back(e.path());
+  ASSERT_EQ(partial.size(), 1u) << "the kill did not land inside the writing of global_step_3";
+  EXPECT_TRUE(complete_safetensors(partial[0] / "actor" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(partial[0] / "train_state.safetensors"));
+  EXPECT_FALSE(complete_safetensors(partial[0] / "train_state.safetensors")) << "expected a half-written file";
+  EXPECT_FALSE(fs::exists(partial[0] / "train_state.json"));
+  EXPECT_EQ(expect_only_complete_checkpoints(killed_), 2);
+
+  // 2. During generation (the 20th decode step of the resumed process: a few steps later).
+  r = run_killed("generation:20");
+  ASSERT_EQ(r.exit_code, -SIGKILL) << r.err;
+  EXPECT_NE(r.err.find("resumed from " + (killed_ / "global_step_2").string() + " at step 2"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("skipping damaged"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(partial[0])) << "the killed run's temporary checkpoint was not removed";
+  const int after_generation = expect_only_complete_checkpoints(killed_);
+  EXPECT_GT(after_generation, 2) << "no step completed before the generation kill";
+
+  // 3. In the middle of the third optimizer step of the resumed process (the second
+  //    training step's first mini-batch), half of the parameters updated.
+  r = run_killed("optimizer_step:3");
+  ASSERT_EQ(r.exit_code, -SIGKILL) << r.err;
+  EXPECT_NE(r.err.find(" at step " + std::to_string(after_generation)), std::string::npos) << r.err;
+  EXPECT_EQ(expect_only_complete_checkpoints(killed_), after_generation + 1);
+
+  // 4. To the end, uninterrupted.
+  r = run_killed("");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_identical_to_whole();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/rng.h"
+#include "rpg/core/test_hook.h"
 #include "rpg/model/causal_lm.h"
 
 namespace rpg::rollout {
@@ -153,6 +154,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
     at::Tensor tokens = at::tensor(last_tokens, at::kLong).unsqueeze(1).to(model_.device());
     at::Tensor logits = model_.decode(cache, slot_ids, tokens);  // [N, 1, V]
     take_tokens(active, logits.select(1, 0));
+    test_hook::kill_point("generation");  // kill-and-resume tests die mid-generation here
   }
   stats_.seconds = seconds_since(t_start);
   return out;

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "rpg/core/error.h"
+#include "rpg/core/test_hook.h"
 #include "rpg/model/safetensors.h"
 
 namespace rpg::train {
@@ -46,8 +47,16 @@ void save_tensor_file(const std::filesystem::path& path, const std::map<std::str
   if (!out) throw IoError(str("cannot create ", path.string()));
   const std::string header = st::serialize_header(infos, {});
   out.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const auto& c : data)
+  for (size_t i = 0; i < data.size(); ++i) {
+    const auto& c = data[i];
     out.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.numel() * c.element_size()));
+    if (i == data.size() / 2) {
+      // Kill-and-resume tests die here, the file half on disk, to prove that such a
+      // checkpoint is never picked up (test_hook.h).
+      out.flush();
+      test_hook::kill_point("checkpoint_write");
+    }
+  }
   out.flush();
   if (!out) throw IoError(str("cannot write ", path.string()));
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "rpg/core/error.h"
+#include "rpg/core/test_hook.h"
 
 namespace rpg {
 namespace {
@@ -59,6 +60,8 @@ class AdamW final : public Optimizer {
     c10::NoGradGuard no_grad;
     ++steps_;
     for (size_t i = 0; i < params_.size(); ++i) {
+      // Kill-and-resume tests die here, half of the parameters updated (core/test_hook.h).
+      if (i == params_.size() / 2) test_hook::kill_point("optimizer_step");
       const at::Tensor& param = params_[i].second;
       if (!param.grad().defined()) continue;
       Slots& s = slots_[i];
@@ -147,6 +150,8 @@ class ScheduleFreeAdamW final : public Optimizer {
     const double ckp1 = weight_sum_ != 0.0 ? weight / weight_sum_ : 0.0;
     const double bc2 = 1.0 - std::pow(o_.beta2, k + 1.0);
     for (size_t i = 0; i < params_.size(); ++i) {
+      // Kill-and-resume tests die here, half of the parameters updated (core/test_hook.h).
+      if (i == params_.size() / 2) test_hook::kill_point("optimizer_step");
       const at::Tensor& param = params_[i].second;
       if (!param.grad().defined()) continue;
       Slots& s = slots_[i];

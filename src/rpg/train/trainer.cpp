@@ -29,6 +29,7 @@
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
 #include "rpg/train/checkpoint.h"
+#include "rpg/train/resume_check.h"
 #include "rpg/train/optim.h"
 
 #include <nlohmann/json.hpp>
@@ -276,6 +277,7 @@ struct Trainer::Impl {
                             {"optimizer", os.scalars}, {"config", fingerprint()}, {"ref_updates", ref_updates},
                             {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
     write_file_atomic(out.path() / "train_state.json", state.dump(2) + "\n");
+    save_checkpoint_config(out.path(), cfg);
     out.commit();
     write_file_atomic(run_dir / "latest_checkpointed_iteration.txt", std::to_string(step) + "\n");
     prune_checkpoints();
@@ -385,6 +387,7 @@ struct Trainer::Impl {
     set_epoch(state["epoch"].get<int64_t>());
     cursor = state["cursor"].get<int64_t>();
     log_info(str("resumed from ", dir.string(), " at step ", step));
+    report_config_changes(dir, cfg);
   }
 
   std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b) const {
