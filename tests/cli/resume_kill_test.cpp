@@ -115,19 +115,24 @@ int expect_only_complete_checkpoints(const fs::path& run) {
   return dirs.front().first;
 }
 
+// Eight "i+1?" prompts as Parquet in the paper's schema; returns the file.
+std::string prepare_prompts(const fs::path& dir) {
+  std::string jsonl;
+  for (int i = 0; i < 8; ++i)
+    jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
+  test::write_text(dir / "p.jsonl", jsonl);
+  const std::string data = (dir / "p.parquet").string();
+  const auto r = test::run_process(
+      {test::rpg_binary().string(), "data", "prepare", (dir / "p.jsonl").string(), data, "--data-source", "math_dapo"});
+  if (r.exit_code != 0) throw std::runtime_error("rpg data prepare failed: " + r.err);
+  return data;
+}
+
 class ResumeAfterKill : public ::testing::Test {
  protected:
   void SetUp() override {
     fixture_ = test::oracle_output_dir("tiny_chat_model.py");
-    std::string jsonl;
-    for (int i = 0; i < 8; ++i)
-      jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
-    test::write_text(dir_ / "p.jsonl", jsonl);
-    data_ = (dir_ / "p.parquet").string();
-    ASSERT_EQ(test::run_process({test::rpg_binary().string(), "data", "prepare", (dir_ / "p.jsonl").string(), data_,
-                                 "--data-source", "math_dapo"})
-                  .exit_code,
-              0);
+    data_ = prepare_prompts(dir_.path());
     whole_ = dir_ / "whole";
     killed_ = dir_ / "killed";
     const auto t0 = std::chrono::steady_clock::now();
@@ -235,6 +240,45 @@ TEST_F(ResumeAfterKill, SigkillInsideCheckpointWritingGenerationAndOptimizerStep
   r = run_killed("");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_identical_to_whole();
+}
+
+// Resuming with changed settings: compatible ones are logged one line per key, one that
+// breaks resume (a batch size) is refused with a one-line error.
+TEST(ResumeConfig, CompatibleChangesAreReportedIncompatibleOnesRefused) {
+  const auto fixture = test::oracle_output_dir("tiny_chat_model.py");
+  test::TempDir dir;
+  const std::string data = prepare_prompts(dir.path());
+  auto train = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {test::rpg_binary().string(), "train", "-",
+                                     "actor_rollout_ref.model.path=" + (fixture / "model").string(),
+                                     "data.train_files=" + data, "data.train_batch_size=2",
+                                     "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
+                                     "actor_rollout_ref.actor.ppo_mini_batch_size=1", "trainer.save_freq=1",
+                                     "trainer.device=cpu", "trainer.default_local_dir=" + (dir / "run").string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run_process(argv);
+  };
+  auto r = train({"trainer.total_training_steps=2", "actor_rollout_ref.actor.optim.lr=1e-2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("config changed"), std::string::npos) << r.err;
+
+  r = train({"trainer.total_training_steps=3", "actor_rollout_ref.actor.optim.lr=2e-2", "trainer.test_freq=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("at step 2"), std::string::npos) << r.err;
+  for (const std::string line : {"resume: config changed: actor_rollout_ref.actor.optim.lr 0.01 -> 0.02\n",
+                                 "resume: config changed: trainer.test_freq -1 -> 5\n",
+                                 "resume: config changed: trainer.total_training_steps 2 -> 3\n"})
+    EXPECT_NE(r.err.find(line), std::string::npos) << "missing '" << line << "' in:\n" << r.err;
+  size_t lines = 0;
+  for (size_t at = r.err.find("config changed"); at != std::string::npos; at = r.err.find("config changed", at + 1))
+    ++lines;
+  EXPECT_EQ(lines, 3u) << r.err;
+
+  r = train({"trainer.total_training_steps=4", "actor_rollout_ref.actor.optim.lr=2e-2", "trainer.test_freq=5",
+             "data.train_batch_size=4"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("rpg: error: cannot resume from "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("train_batch_size was 2"), std::string::npos) << r.err;
 }
 
 }  // namespace
