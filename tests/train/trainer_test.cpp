@@ -3,6 +3,7 @@
 #include "rpg/train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
 #include "rpg/core/config.h"
@@ -11,9 +12,12 @@
 
 #include <nlohmann/json.hpp>
 #include <cmath>
+#include <functional>
 #include <sstream>
+#include "rpg/algo/policy_loss.h"
 #include "rpg/data/dataset.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/rollout/batch.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -82,36 +86,50 @@ class TrainerTest : public ::testing::Test {
 fs::path TrainerTest::fixture_;
 test::TempDir* TrainerTest::dir_ = nullptr;
 
-// Adam's first steps move each weight by about lr * sign(gradient), which would hide a
-// gradient-scale bug; the pre-clip gradient norms (actor/grad_norm, one per mini-batch)
-// expose it. Weights must then agree to a small fraction of one step (lr = 1e-3): fp32
-// summation order differs between micro-batch layouts.
-TEST_F(TrainerTest, MicroBatchingNeverChangesTheUpdate) {
-  std::vector<std::vector<at::Tensor>> params;
-  std::vector<double> grad_norms;
-  for (int variant = 0; variant < 3; ++variant) {
-    TrainConfig c = config("micro" + std::to_string(variant));
-    auto& a = c.actor_rollout_ref.actor;
-    a.ppo_epochs = 2;
-    if (variant == 0) a.ppo_micro_batch_size_per_gpu = 1;
-    if (variant == 1) a.ppo_micro_batch_size_per_gpu = 8;
-    if (variant == 2) {
-      a.use_dynamic_bsz = true;
-      a.ppo_max_token_len_per_gpu = 700;  // about 3 sequences of ~200 tokens
-    }
-    Trainer t(c, scorers());
-    auto m = t.train_step();
-    grad_norms.push_back(m.at("actor/grad_norm"));
-    std::vector<at::Tensor> ps;
-    for (const auto& p : t.model().parameters()) ps.push_back(p.detach().clone());
-    params.push_back(std::move(ps));
-    EXPECT_NE(m.at("critic/advantages/max"), 0.0);  // a real update, not a no-op
+// The largest |a - b| over a list of tensors, and the largest |b|: the scale it is judged by.
+std::pair<double, double> max_diff_and_scale(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, (a[i] - b[i]).abs().max().item<double>());
+    scale = std::max(scale, b[i].abs().max().item<double>());
   }
-  for (int variant = 1; variant < 3; ++variant) {
-    EXPECT_NEAR(grad_norms[variant], grad_norms[0], 1e-5 * grad_norms[0]) << "variant " << variant;
-    for (size_t i = 0; i < params[0].size(); ++i)
-      EXPECT_LT((params[variant][i] - params[0][i]).abs().max().item<double>(), 1e-5)
-          << "variant " << variant << " param " << i;
+  return {diff, scale};
+}
+
+// Micro-batches of 1, 3 or all rows, and token-budget packing (rows reordered, uneven
+// micro-batches), give the loss and every gradient of one big batch, in every loss
+// aggregation mode: each micro-batch is divided by the mini-batch's global normaliser.
+TEST_F(TrainerTest, MicroBatchingAndPackingKeepTheGradientInEveryAggMode) {
+  for (const std::string mode : {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"}) {
+    std::vector<UpdateRecord> updates;
+    for (int variant = 0; variant < 4; ++variant) {
+      TrainConfig c = config("micro_" + mode + std::to_string(variant));
+      auto& a = c.actor_rollout_ref.actor;
+      a.loss_agg_mode = mode;
+      a.ppo_mini_batch_size = 4;  // one optimizer step of 16 rows: every variant sees the same weights
+      if (variant == 0) a.ppo_micro_batch_size_per_gpu = 16;
+      if (variant == 1) a.ppo_micro_batch_size_per_gpu = 1;
+      if (variant == 2) a.ppo_micro_batch_size_per_gpu = 3;
+      if (variant == 3) {
+        a.use_dynamic_bsz = true;
+        a.ppo_max_token_len_per_gpu = 700;  // about 3 sequences of ~200 tokens
+      }
+      Trainer t(c, scorers());
+      t.record_updates(true);
+      auto m = t.train_step();
+      EXPECT_NE(m.at("critic/advantages/max"), 0.0);  // a real update, not a no-op
+      ASSERT_EQ(t.last_updates().size(), 1u);
+      updates.push_back(t.last_updates()[0]);
+    }
+    const auto& whole = updates[0];
+    for (int variant = 1; variant < 4; ++variant) {
+      const auto& u = updates[static_cast<size_t>(variant)];
+      EXPECT_NEAR(u.loss, whole.loss, 1e-6 * std::max(1.0, std::abs(whole.loss))) << mode << " variant " << variant;
+      const auto [diff, scale] = max_diff_and_scale(u.grads, whole.grads);
+      EXPECT_GT(scale, 0.0);
+      EXPECT_LE(diff, 1e-6 * scale) << mode << " variant " << variant << ": max gradient difference " << diff
+                                    << " at gradient scale " << scale;
+    }
   }
 }
 
@@ -376,6 +394,366 @@ TEST_F(TrainerTest, BadConfigurationIsAClearError) {
   EXPECT_THROW(Trainer(c, scorers()), ConfigError);
   c = config("bad3");
   EXPECT_THROW(Trainer(c, reward::ScorerRegistry()), ValueError);  // no scorer for data_source "letters"
+}
+
+// One optimizer step rebuilt by hand: a fresh model with the recorded weights (in `dtype`, as
+// the trainer computes), log-probs of the recorded mini-batch, the algorithm module's loss on
+// the trainer's old/ref/rollout log-probs and advantages, with the mini-batch's normaliser.
+struct HandUpdate {
+  double loss = 0;
+  std::vector<at::Tensor> grads;
+};
+
+HandUpdate hand_update(const fs::path& model_dir, const Trainer& t, const UpdateRecord& r, const std::string& loss_name,
+                       const algo::PolicyLossConfig& lc, double temperature, at::ScalarType dtype) {
+  auto m = model::CausalLM::from_pretrained(model_dir, {dtype, at::kCPU});
+  {
+    c10::NoGradGuard no_grad;
+    auto ps = m.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(r.weights[i]);
+  }
+  m.set_requires_grad(true);
+  const rollout::Batch mini = t.last_batch().select(r.rows);
+  model::LogProbOptions lo;
+  lo.temperature = temperature;
+  auto lp = m.log_probs(mini.get("input_ids"), mini.get("attention_mask"), mini.get("position_ids"),
+                        mini.get("responses"), lo);
+  algo::PolicyLossInputs in;
+  in.log_probs = lp.log_probs;
+  in.old_log_probs = mini.get("old_log_probs");
+  if (mini.has("ref_log_probs")) in.ref_log_probs = mini.get("ref_log_probs");
+  in.rollout_log_probs = mini.get("rollout_log_probs");
+  in.advantages = mini.get("advantages");
+  in.response_mask = mini.get("response_mask");
+  in.normaliser = algo::loss_normaliser(in.response_mask, lc.loss_agg_mode);
+  auto out = algo::compute_policy_loss(loss_name, in, lc);
+  out.loss.backward();
+  HandUpdate h;
+  h.loss = out.loss.item<double>();
+  for (const auto& p : m.parameters()) h.grads.push_back(p.grad().to(at::kFloat));
+  return h;
+}
+
+void expect_same_update(const UpdateRecord& r, const HandUpdate& h, double tol, const std::string& what) {
+  EXPECT_NEAR(r.loss, h.loss, tol * std::max(1.0, std::abs(h.loss))) << what;
+  const auto [diff, scale] = max_diff_and_scale(r.grads, h.grads);
+  EXPECT_GT(scale, 0.0) << what;
+  EXPECT_LE(diff, tol * scale) << what << ": max gradient difference " << diff << " at gradient scale " << scale;
+}
+
+// The loss and gradient of every optimizer step of a trainer step equal the algorithm
+// module's loss assembled by hand on the same batch: the loop wires the paper's losses with
+// the configured clip, KL form and coefficient, reference, old log-probs and aggregation.
+// Two steps, two mini-batches each: the second mini-batch is off-policy (w != 1, clipping
+// binds) and at step 2 the fixed reference differs from pi_old.
+TEST_F(TrainerTest, StepLossAndGradientEqualTheAlgorithmModule) {
+  struct Case {
+    std::string name;
+    std::function<void(TrainConfig&)> set;
+    std::string loss;
+    algo::PolicyLossConfig lc;
+  };
+  auto base = [] {
+    algo::PolicyLossConfig l;
+    l.clip_ratio_low = 0.02;
+    l.clip_ratio_high = 0.03;
+    l.clip_ratio_c = 3.0;
+    l.kl_coef = 0.1;
+    return l;
+  };
+  std::vector<Case> cases;
+  {
+    // The RPG fork's spelling of RPG-REINFORCE-UFKL with RPG-Style Clip (Algorithm 2).
+    Case k{"rpg_reinforce_ufkl_clip", [](TrainConfig& c) {
+             c.actor_rollout_ref.actor.policy_loss = "vanilla";
+             c.actor_rollout_ref.actor.kl_form = "rkl";
+             c.actor_rollout_ref.actor.kl_loss_type = "rpg_rf_ufkl_clip_ppo";
+           }, "rpg_reinforce", base()};
+    k.lc.kl = algo::Divergence::UFKL;
+    k.lc.clip = true;
+    cases.push_back(k);
+  }
+  {
+    Case k{"rpg_reinforce_rkl_noclip_seq_mean_token_mean", [](TrainConfig& c) {
+             c.actor_rollout_ref.actor.kl_form = "rkl";
+             c.actor_rollout_ref.actor.rpg_style_clip = false;
+             c.actor_rollout_ref.actor.loss_agg_mode = "seq-mean-token-mean";
+           }, "rpg_reinforce", base()};
+    k.lc.kl = algo::Divergence::RKL;
+    k.lc.clip = false;
+    k.lc.loss_agg_mode = algo::LossAggMode::SeqMeanTokenMean;
+    cases.push_back(k);
+  }
+  {
+    Case k{"rpg_fkl_clip", [](TrainConfig& c) {
+             c.actor_rollout_ref.actor.policy_loss = "rpg";
+             c.actor_rollout_ref.actor.kl_form = "fkl";
+           }, "rpg", base()};
+    k.lc.kl = algo::Divergence::FKL;
+    k.lc.clip = true;
+    cases.push_back(k);
+  }
+  {
+    // Old log-probs from the rollout instead of a recomputation.
+    Case k{"rpg_reinforce_urkl_rollout_old", [](TrainConfig& c) {
+             c.actor_rollout_ref.actor.kl_form = "urkl";
+             c.actor_rollout_ref.actor.old_log_prob_source = "rollout";
+           }, "rpg_reinforce", base()};
+    k.lc.kl = algo::Divergence::URKL;
+    k.lc.clip = true;
+    cases.push_back(k);
+  }
+  {
+    // GRPO: k3 (low_var_kl) to the fixed initial policy, seq-mean-token-sum.
+    Case k{"grpo_low_var_kl", [](TrainConfig& c) {
+             c.actor_rollout_ref.actor.policy_loss = "grpo";
+             c.actor_rollout_ref.actor.kl_loss_type = "low_var_kl";
+             c.actor_rollout_ref.actor.loss_agg_mode = "seq-mean-token-sum";
+             c.algorithm.adv_estimator = "grpo";
+           }, "grpo", base()};
+    k.lc.kl_loss_type = algo::KlEstimator::LowVarKl;
+    k.lc.loss_agg_mode = algo::LossAggMode::SeqMeanTokenSum;
+    cases.push_back(k);
+  }
+  for (const auto& k : cases) {
+    TrainConfig c = config("hand_" + k.name);
+    c.actor_rollout_ref.actor.clip_ratio_low = k.lc.clip_ratio_low;
+    c.actor_rollout_ref.actor.clip_ratio_high = k.lc.clip_ratio_high;
+    c.actor_rollout_ref.actor.clip_ratio_c = k.lc.clip_ratio_c;
+    c.actor_rollout_ref.actor.kl_loss_coef = k.lc.kl_coef;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;  // whole mini-batches
+    c.actor_rollout_ref.actor.optim.lr = 1e-2;
+    k.set(c);
+    Trainer t(c, scorers());
+    t.record_updates(true);
+    t.train_step();
+    auto m = t.train_step();
+    ASSERT_EQ(t.last_updates().size(), 2u) << k.name;
+    for (size_t i = 0; i < 2; ++i) {
+      const auto h = hand_update(fixture_ / "model", t, t.last_updates()[i], k.loss, k.lc,
+                                 c.actor_rollout_ref.rollout.temperature, at::kFloat);
+      expect_same_update(t.last_updates()[i], h, 1e-6, k.name + " mini-batch " + std::to_string(i));
+    }
+    if (k.loss == "grpo") {
+      EXPECT_GT(m.at("actor/kl_loss"), 1e-7) << "the reference must differ from pi_old at step 2";
+    } else if (k.lc.clip) {
+      EXPECT_GT(m.at("actor/pg_clipfrac"), 0.0) << k.name << ": the clip never bound";
+    }
+  }
+}
+
+// Paper Section 5: the iterative reference is refreshed when the moving-average token KL to
+// it exceeds ref_kl_target (here never by step count). Step 1 is on the reference (KL 0);
+// after a refresh the next step's pi_old is the reference again (KL exactly 0), so a tiny
+// target refreshes every second step and a huge one never.
+TEST_F(TrainerTest, ReferenceRefreshedWhenTokenKlExceedsTarget) {
+  for (const double target : {1e-12, 1e9}) {
+    TrainConfig c = config("ref_kl_target_" + std::to_string(target));
+    auto& a = c.actor_rollout_ref.actor;
+    a.policy_loss = "grpo";
+    a.kl_loss_coef = 0.01;
+    a.use_iterative_ref_model = true;
+    a.ref_update_freq = -1;
+    a.ref_kl_target = target;
+    a.ref_kl_ema = 1.0;
+    a.ppo_micro_batch_size_per_gpu = 8;
+    a.optim.lr = 1e-2;
+    c.algorithm.adv_estimator = "grpo";
+    Trainer t(c, scorers());
+    ASSERT_TRUE(t.has_reference_model());
+    std::vector<double> updates, kls;
+    for (int step = 0; step < 4; ++step) {
+      auto m = t.train_step();
+      updates.push_back(m.at("actor/ref_updates"));
+      kls.push_back(m.at("actor/ref_kl_moving_avg"));
+    }
+    EXPECT_EQ(kls[0], 0.0);
+    EXPECT_GT(kls[1], 0.0);
+    if (target < 1) {
+      EXPECT_EQ(updates, (std::vector<double>{0, 1, 1, 2}));
+      EXPECT_EQ(kls[2], 0.0);  // the reference took pi_old's weights
+      EXPECT_FALSE(at::equal(t.last_batch().get("ref_log_probs"), t.last_batch().get("old_log_probs")));  // step 4 moved on
+    } else {
+      EXPECT_EQ(updates, (std::vector<double>{0, 0, 0, 0}));
+      EXPECT_GT(kls[2], kls[1]);  // the policy keeps moving away from the initial one
+    }
+  }
+  // Without a reference in use, the target would silently do nothing.
+  TrainConfig c = config("ref_kl_target_rpg");
+  c.actor_rollout_ref.actor.use_iterative_ref_model = true;
+  c.actor_rollout_ref.actor.ref_kl_target = 0.01;
+  try {
+    c.validate();
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("actor_rollout_ref.actor.ref_kl_target: no reference policy is in use"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// old_log_prob_source=rollout (verl: rollout_correction.bypass_mode=true): pi_old's
+// log-probs are the sampling engine's, not a recomputation.
+TEST_F(TrainerTest, OldLogProbsFromTheRollout) {
+  for (const bool bypass : {false, true}) {
+    TrainConfig c = config(bypass ? "old_bypass" : "old_rollout");
+    if (bypass) c.algorithm.rollout_correction.bypass_mode = true;
+    else c.actor_rollout_ref.actor.old_log_prob_source = "rollout";
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+    Trainer t(c, scorers());
+    auto m = t.train_step();
+    const auto& b = t.last_batch();
+    EXPECT_TRUE(at::equal(b.get("old_log_probs"), b.get("rollout_log_probs")));
+    EXPECT_EQ(m.count("training/rollout_log_prob_diff_max"), 0u);  // nothing recomputed to compare
+  }
+  TrainConfig c = config("old_recompute");
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  Trainer t(c, scorers());
+  auto m = t.train_step();
+  EXPECT_EQ(m.count("training/rollout_log_prob_diff_max"), 1u);
+  EXPECT_FALSE(t.last_batch().get("old_log_probs").is_same(t.last_batch().get("rollout_log_probs")));
+}
+
+// compute_dtype=bfloat16: forward/backward on a bf16 copy, gradients accumulated into the fp32
+// master weights, which stay fp32 and receive an update close to the fp32 one (same batch:
+// generation uses the master weights); bf16 rounding makes it differ, so bf16 is really used.
+TEST_F(TrainerTest, Bf16ComputeKeepsFp32MasterWeights) {
+  std::vector<UpdateRecord> first;
+  std::vector<std::vector<at::Tensor>> after;
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    TrainConfig c = config("dtype_" + dtype);
+    c.actor_rollout_ref.actor.compute_dtype = dtype;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 3;  // accumulation over micro-batches
+    Trainer t(c, scorers());
+    t.record_updates(true);
+    auto m = t.train_step();
+    for (const auto& [k, v] : m) EXPECT_TRUE(std::isfinite(v)) << dtype << ": " << k << " = " << v;
+    for (const auto& p : t.model().parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat) << dtype;
+    for (const auto& g : t.last_updates()[0].grads) EXPECT_EQ(g.scalar_type(), at::kFloat) << dtype;
+    first.push_back(t.last_updates()[0]);
+    std::vector<at::Tensor> ps;
+    for (const auto& p : t.model().parameters()) ps.push_back(p.detach().clone());
+    after.push_back(std::move(ps));
+    if (dtype == "bfloat16") EXPECT_GT(m.at("training/rollout_log_prob_diff_max"), 1e-4);  // fp32 rollout vs bf16
+  }
+  EXPECT_TRUE(at::equal(first[0].weights[0], first[1].weights[0]));
+  auto flat = [](const std::vector<at::Tensor>& v) {
+    std::vector<at::Tensor> f;
+    for (const auto& t : v) f.push_back(t.reshape(-1));
+    return at::cat(f);
+  };
+  const at::Tensor g32 = flat(first[0].grads), g16 = flat(first[1].grads);
+  const double cosine = (g32 * g16).sum().item<double>() / (g32.norm().item<double>() * g16.norm().item<double>());
+  const double rel_norm = std::abs(g16.norm().item<double>() / g32.norm().item<double>() - 1);
+  EXPECT_GT(cosine, 0.99);
+  EXPECT_LT(rel_norm, 0.05);
+  EXPECT_GT((g32 - g16).abs().max().item<double>(), 0.0) << "bf16 compute was not used";
+  // The whole step's update (two Adam steps) points the same way.
+  const at::Tensor w0 = flat(first[0].weights);
+  const at::Tensor d32 = flat(after[0]) - w0, d16 = flat(after[1]) - w0;
+  const double update_cosine = (d32 * d16).sum().item<double>() / (d32.norm().item<double>() * d16.norm().item<double>());
+  EXPECT_GT(update_cosine, 0.9);
+}
+
+// algorithm.rollout_correction.rollout_is (verl's key): each token's loss is multiplied by
+// the truncated IS weight min(pi_old / pi_rollout, threshold) exactly as the algorithm module
+// computes it. bf16 compute makes the trainer's pi_old differ from the fp32 rollout's.
+TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
+  std::map<std::string, double> losses;
+  for (const std::string level : {"none", "token", "sequence"}) {
+    TrainConfig c = config("rollout_is_" + level);
+    c.actor_rollout_ref.actor.compute_dtype = "bfloat16";
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+    if (level != "none") c.algorithm.rollout_correction.rollout_is = level;
+    c.algorithm.rollout_correction.rollout_is_threshold = 1.0;
+    Trainer t(c, scorers());
+    t.record_updates(true);
+    auto m = t.train_step();
+    algo::PolicyLossConfig lc;
+    lc.clip_ratio_low = 0.2;
+    lc.clip_ratio_high = 0.28;
+    lc.clip = true;
+    lc.kl = algo::Divergence::UFKL;
+    lc.kl_coef = 1e-3;
+    if (level != "none") {
+      lc.rollout_correction = algo::parse_rollout_correction(level);
+      lc.rollout_correction_cap = 1.0;
+      EXPECT_LT(m.at("actor/rollout_is_mean"), 1.0) << level;
+    }
+    const auto& r = t.last_updates()[0];
+    const auto h = hand_update(fixture_ / "model", t, r, "rpg_reinforce", lc, c.actor_rollout_ref.rollout.temperature,
+                               at::kBFloat16);
+    expect_same_update(r, h, 1e-6, level);
+    losses[level] = r.loss;
+  }
+  EXPECT_GT(std::abs(losses["token"] - losses["none"]), 1e-4 * std::abs(losses["none"]));
+  EXPECT_GT(std::abs(losses["sequence"] - losses["token"]), 1e-4 * std::abs(losses["none"]));
+}
+
+// The RPG fork's kl_loss_type spellings and verl's bypass_mode resolve to the same config as
+// rpg's own keys.
+TEST(TrainConfigResolve, RpgForkSpellingsMeanOurKeys) {
+  auto resolved = [](std::vector<std::string> overrides) {
+    auto loaded = load_config<TrainConfig>({}, overrides);
+    loaded.value.resolve();
+    loaded.value.resolve();  // idempotent
+    return config_to_yaml(loaded.value);
+  };
+  const std::string p = "actor_rollout_ref.actor.";
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> same = {
+      {{p + "kl_loss_type=rpg_rf_ufkl_clip_ppo"},
+       {p + "policy_loss=rpg_reinforce", p + "kl_form=ufkl", p + "rpg_style_clip=true"}},
+      {{p + "kl_loss_type=rpg_rf_rkl", p + "rpg_style_clip=true"},
+       {p + "policy_loss=rpg_reinforce", p + "kl_form=rkl", p + "rpg_style_clip=false"}},
+      {{p + "kl_loss_type=rpg_urkl"}, {p + "policy_loss=rpg", p + "kl_form=urkl"}},
+      {{p + "kl_loss_type=rpg_fkl", p + "policy_loss=rpg"}, {p + "policy_loss=rpg", p + "kl_form=fkl"}},
+      {{"algorithm.rollout_correction.bypass_mode=true"}, {p + "old_log_prob_source=rollout"}},
+  };
+  for (const auto& [fork, ours] : same) EXPECT_EQ(resolved(fork), resolved(ours)) << fork[0];
+  EXPECT_NE(resolved({p + "kl_loss_type=rpg_rf_ufkl"}), resolved({p + "kl_loss_type=rpg_rf_ufkl_clip_ppo"}));
+  EXPECT_NE(resolved({p + "kl_loss_type=rpg_ufkl"}), resolved({p + "kl_loss_type=rpg_rf_ufkl"}));
+  for (const std::string bad : {"rpg_js", "rpg_ujs", "rpg_rf_ufkl_clip_hard", "rpg_rf_ufkl_clip_ppo_v3"})
+    EXPECT_THROW(resolved({p + "kl_loss_type=" + bad}), ConfigError) << bad;
+  try {
+    resolved({p + "kl_loss_type=rpg_ufkl", p + "policy_loss=grpo"});
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'rpg_ufkl' means policy_loss=rpg, but policy_loss=grpo is set"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TrainConfigResolve, NewKeysAreValidated) {
+  auto error_of = [](std::vector<std::string> overrides) -> std::string {
+    try {
+      load_config<TrainConfig>({}, overrides);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of({"actor_rollout_ref.actor.compute_dtype=float16"}).find("compute_dtype: got 'float16'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"actor_rollout_ref.actor.old_log_prob_source=engine"}).find("old_log_prob_source"),
+            std::string::npos);
+  EXPECT_NE(error_of({"algorithm.rollout_correction.rollout_is=seq"}).find("rollout_is: got 'seq'"), std::string::npos);
+  EXPECT_NE(error_of({"algorithm.rollout_correction.rollout_rs=token_k1"}).find("rejection sampling is not implemented"),
+            std::string::npos);
+  EXPECT_NE(error_of({"algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.actor.old_log_prob_source=rollout"})
+                .find("has no effect when the old log-probs are the rollout's"),
+            std::string::npos);
+  EXPECT_NE(error_of({"actor_rollout_ref.actor.ref_kl_target=0.1"}).find("set use_iterative_ref_model=true"),
+            std::string::npos);
+  EXPECT_NE(error_of({"actor_rollout_ref.actor.ref_update_freq=0"}).find("ref_update_freq: must be > 0 unless"),
+            std::string::npos);
+}
+
+TEST(StepSummary, OneLineWithTheStepsKeyNumbers) {
+  Metrics m = {{"critic/score/mean", -0.5}, {"actor/pg_loss", 0.0123}, {"actor/rpg_kl", 2e-5}, {"actor/ppo_kl", 9.0},
+               {"actor/grad_norm", 0.53}, {"response_length/mean", 11.3}, {"timing_s/step", 4.2}};
+  EXPECT_EQ(step_summary(3, 20, m),
+            "step 3/20 | score -0.5000 | pg_loss 0.0123 | kl 2e-05 | grad_norm 0.53 | response_length 11.3 | 4.20 s");
 }
 
 }  // namespace
