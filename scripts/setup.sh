@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up of a machine for building and testing rpg:
-#   1. Debian -dev packages the C++ build needs (apt-get; skipped when all are present);
+#   1. Debian packages the C++ build and the tests need (apt-get; skipped when all are present);
 #   2. the Python venv with torch (libtorch), pyarrow (Arrow/Parquet C++) and the test
 #      oracles, pinned by requirements.txt.
 # The venv lives outside the clone, in $RPG_CACHE_DIR (default ~/.cache/rpg), keyed by a
@@ -21,6 +21,9 @@ apt_packages=(
   python3 python3-venv
   libgtest-dev libgmock-dev libyaml-cpp-dev nlohmann-json3-dev
   clang-14 libclang-rt-14-dev libicu-dev
+  # The HTML report's render test (tests/eval/report_render_test.cpp): headless Chromium
+  # and a font, so the headings and chart captions have glyphs to draw.
+  chromium fonts-dejavu-core
 )
 missing=()
 for p in "${apt_packages[@]}"; do

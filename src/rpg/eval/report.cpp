@@ -48,10 +48,13 @@ std::string chart(const std::string& name, const Series& points) {
   }
   const double xs = x1 > x0 ? (w - 2 * pad) / (x1 - x0) : 0, ys = y1 > y0 ? (h - 2 * pad) / (y1 - y0) : 0;
   std::ostringstream svg;
+  // data-metric and <title> name the chart for tools and tests (the render test finds the
+  // charts by them) and for a hover tooltip in the browser.
   svg << "<figure><figcaption>" << escape(name) << " <small>last " << number(points.back().second) << " (min "
-      << number(y0) << ", max " << number(y1) << ")</small></figcaption><svg viewBox=\"0 0 " << w << " " << h
-      << "\" width=\"" << w << "\" height=\"" << h << "\"><rect width=\"" << w << "\" height=\"" << h
-      << "\" fill=\"#fafafa\" stroke=\"#ddd\"/>";
+      << number(y0) << ", max " << number(y1) << "; steps " << number(x0) << "-" << number(x1)
+      << ")</small></figcaption><svg class=\"chart\" data-metric=\"" << escape(name) << "\" viewBox=\"0 0 " << w
+      << " " << h << "\" width=\"" << w << "\" height=\"" << h << "\"><title>" << escape(name) << "</title><rect width=\""
+      << w << "\" height=\"" << h << "\" fill=\"#fafafa\" stroke=\"#ddd\"/>";
   if (points.size() == 1) {
     svg << "<circle cx=\"" << w / 2 << "\" cy=\"" << h / 2 << "\" r=\"3\" fill=\"#1f77b4\"/>";
   } else {
