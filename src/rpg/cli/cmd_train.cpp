@@ -27,6 +27,7 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
   if (!parser.parse(args)) return 0;
   auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
   for (const auto& notice : loaded.notices) log_info(notice);
+  for (const auto& notice : loaded.value.resolve()) log_info(notice);  // aliases -> canonical keys
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(loaded.value);
   const std::filesystem::path run_dir = loaded.value.trainer.default_local_dir;

@@ -43,6 +43,7 @@ int run_config_show(const std::string& full_name, const std::vector<std::string>
   if (!parser.parse(args)) return 0;
   auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
   for (const auto& notice : loaded.notices) log_info(notice);
+  for (const auto& notice : loaded.value.resolve()) log_info(notice);  // aliases -> canonical keys
   std::cout << config_to_yaml(loaded.value);
   return 0;
 }
