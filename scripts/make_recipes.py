@@ -154,3 +154,15 @@ with open(os.path.join(OUT, "README.md"), "w") as f:
             "| recipe | what | authors' script |\n|---|---|---|\n")
     for name, title, script in TABLE:
         f.write(f"| `{name}.yaml` | {title} | `{script}` |\n")
+    f.write("""
+## Keys for the paper's other knobs (override on the command line)
+
+| key | values | what |
+|---|---|---|
+| `actor_rollout_ref.actor.kl_loss_type` | the RPG fork's `rpg_<kl>`, `rpg_rf_<kl>`, `rpg_rf_<kl>_clip_ppo` (`<kl>` = `fkl`, `rkl`, `ufkl`, `urkl`) | the authors' way of choosing the loss, resolved into `policy_loss` (`rpg` / `rpg_reinforce`), `kl_form` and `rpg_style_clip` (`_clip_ppo`: on; `rpg_rf_<kl>`: off, the paper's Table 2 surrogate). `rpg config show` prints the result. Their `rpg_js`, `rpg_ujs`, `_clip_hard` and `_clip_ppo_v3` variants are not implemented (an error says so). |
+| `actor_rollout_ref.actor.use_iterative_ref_model`, `ref_update_freq` | `true`; K (`<= 0`: never by count) | the reference used by GRPO's KL loss and by KL in the reward becomes the current policy every K steps |
+| `actor_rollout_ref.actor.ref_kl_target`, `ref_kl_ema` | kappa (`0`: off); weight of the newest step in `(0, 1]` (default 0.1) | Section 5: also refresh it when the moving average of the token-level KL(pi_old ‖ pi_ref) (k3, over each step's response tokens, restarted at each refresh) exceeds kappa. Metrics `actor/ref_kl_moving_avg`, `actor/ref_updates`. RPG losses regularise towards pi_old, which is refreshed every step anyway, so the key is refused for them. |
+| `actor_rollout_ref.actor.old_log_prob_source` | `recompute` (default), `rollout` | pi_old's log-probs recomputed by a trainer forward pass, or the sampling engine's own (saves that pass). verl's `algorithm.rollout_correction.bypass_mode=true` means `rollout`. |
+| `algorithm.rollout_correction.rollout_is`, `rollout_is_threshold` | `null` (off), `token`, `sequence`; cap (default 2.0) | verl's truncated importance sampling between the rollout's and the trainer's log-probs: every token's loss times `min(pi_old / pi_rollout, cap)` (per token, or the product over the sequence). verl's rejection sampling (`rollout_rs`) and `rollout_is_batch_normalize` are refused. |
+| `actor_rollout_ref.actor.compute_dtype` | `float32` (default), `bfloat16` | bf16 forward/backward on a bf16 copy of the weights; gradients are accumulated into the fp32 master weights, which the optimizer (fp32 state) updates. Generation uses the fp32 master weights. |
+""")
