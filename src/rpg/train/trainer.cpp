@@ -753,7 +753,7 @@ Metrics Trainer::train_step() {
         auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
         out.loss.backward();
         s.move_compute_grads();
-        record.loss += out.loss.item<double>();
+        if (s.recording) record.loss += out.loss.item<double>();
         for (const auto& [k, v] : out.metrics) loss_metrics[k].push_back(v.item<double>());
       }
       if (s.recording) {

@@ -3,8 +3,11 @@
 // One step: generate n responses for a batch of prompts with the live weights -> score them
 // (reward registry by data_source) -> DAPO overlong shaping -> dynamic sampling (drop groups
 // whose metric is constant, generate more until train_batch_size groups) -> old log-probs
-// (and reference log-probs) -> advantages -> ppo_epochs x mini-batches x micro-batches of
-// the chosen policy loss, with the global normaliser of each mini-batch -> clip -> step.
+// (recomputed, or the rollout's) and reference log-probs (initial policy, or the iterative
+// reference refreshed every K steps or on a moving-average token-KL target) -> advantages ->
+// ppo_epochs x mini-batches x micro-batches of the chosen policy loss (optionally with
+// truncated-IS rollout correction), with the global normaliser of each mini-batch -> clip ->
+// step. Forward/backward in fp32 or bf16 (a bf16 copy; fp32 master weights and optimizer).
 #pragma once
 
 #include <ATen/core/Tensor.h>
