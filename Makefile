@@ -6,7 +6,7 @@ BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_ARGS ?=
 
-.PHONY: all setup configure build test demo clean
+.PHONY: all setup configure build test demo demo-seeds demo-compare clean
 
 all: build
 
@@ -24,6 +24,13 @@ test: build
 
 demo: build
 	@$(BUILD)/rpg demo --out runs/demo
+
+# Issue 10's checks of the demo's claim (not tests: they take tens of minutes).
+demo-seeds: build
+	@RPG=$(BUILD)/rpg scripts/demo_seeds.sh 1 2 3
+
+demo-compare: build
+	@$(BUILD)/rpg demo --compare --seeds 1,2,3 --out runs/demo --results docs/demo-results.md
 
 clean:
 	rm -rf $(BUILD)

@@ -15,7 +15,8 @@ namespace {
 TEST(DemoCli, QuickRunProducesEveryStage) {
   test::TempDir dir;
   const fs::path out = dir / "demo";
-  auto r = test::run_process({test::rpg_binary().string(), "demo", "--quick", "--no-progress", "--out", out.string()},
+  auto r = test::run_process({test::rpg_binary().string(), "demo", "--quick", "--no-progress", "--out", out.string(),
+                              "--recipes", (test::source_dir() / "recipes").string()},
                              {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("held-out accuracy"), std::string::npos) << r.out;
@@ -28,6 +29,45 @@ TEST(DemoCli, QuickRunProducesEveryStage) {
   for (const char* k : {"sft_accuracy", "rl_accuracy", "improvement_points", "wall_seconds"})
     EXPECT_TRUE(s.contains(k) && s[k].is_number()) << k;
   EXPECT_NE(read_file(out / "rl/report.html").find("<svg"), std::string::npos);
+}
+
+// --compare: every method's recipe runs from the same warm start per seed, and the table
+// lists each method with Start / Last / Best taken from that run's own metrics.jsonl.
+TEST(DemoCli, QuickCompareRunsEveryMethodAndWritesTheTable) {
+  test::TempDir dir;
+  const fs::path out = dir / "demo", results = dir / "results.md";
+  auto r = test::run_process({test::rpg_binary().string(), "demo", "--quick", "--compare", "--seeds", "4,5",
+                              "--no-progress", "--out", out.string(), "--results", results.string(), "--recipes",
+                              (test::source_dir() / "recipes").string()},
+                             {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string md = read_file(results), svg = read_file(dir / "results.svg");
+  const std::vector<std::pair<std::string, std::string>> methods = {
+      {"GRPO", "grpo"}, {"DAPO", "dapo"}, {"REINFORCE++", "rfpp"}, {"RPG-UFKL", "rpg_ufkl"}, {"RPG-URKL", "rpg_urkl"},
+      {"RPG-REINFORCE-UFKL", "rpg_reinforce_ufkl_clip_0.2_0.28"},
+      {"RPG-REINFORCE-URKL", "rpg_reinforce_urkl_clip_0.2_0.28"}};
+  for (const auto& [name, recipe] : methods) {
+    EXPECT_NE(md.find("| " + name + " | "), std::string::npos) << name;
+    EXPECT_NE(svg.find("<title>" + name + "</title>"), std::string::npos) << name;
+    for (const char* seed : {"seed_4", "seed_5"}) {
+      const fs::path run = out / "compare" / seed / recipe;
+      // The run used its recipe's algorithm (policy loss as the recipe file says).
+      const std::string cfg = read_file(run / "config.yaml"), recipe_text = read_file(test::source_dir() / "recipes" / (recipe + ".yaml"));
+      const auto loss_line = [](const std::string& text) {
+        const auto at = text.find("policy_loss:");
+        return text.substr(at, text.find('\n', at) - at);
+      };
+      EXPECT_EQ(loss_line(cfg), loss_line(recipe_text)) << run;
+      EXPECT_NE(read_file(run / "metrics.jsonl").find("val-core/math_dapo/acc/mean@1"), std::string::npos) << run;
+    }
+  }
+  EXPECT_NE(md.find("rpg demo --compare --seeds 4,5"), std::string::npos) << md;
+}
+
+TEST(DemoCli, CompareRejectsBadSeedList) {
+  auto r = test::run_process({test::rpg_binary().string(), "demo", "--compare", "--seeds", "1,x"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("rpg: error: demo: --seeds"), std::string::npos) << r.err;
 }
 
 }  // namespace

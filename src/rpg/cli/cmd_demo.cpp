@@ -1,5 +1,7 @@
 // `rpg demo`: argument parsing only; the work is in rpg/train/demo.
+#include <cstdlib>
 #include <iostream>
+#include <sstream>
 
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
@@ -13,6 +15,7 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
   std::string out = o.out_dir.string();
   int64_t seed = 0;
   bool no_progress = false;
+  std::string recipes = o.recipes_dir.string(), results, seeds;
   ArgParser parser(full_name,
                    "A real RL run on the CPU with nothing downloaded: synthetic math problems, a tokenizer and a\n"
                    "small Qwen2 model built from scratch, a short SFT warm start, then RPG-REINFORCE-UFKL with\n"
@@ -22,12 +25,38 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
       .option("--seed", &seed, "seed of data, model and training (default 0)", "S")
       .option("--sft-steps", &o.sft_steps, "SFT optimizer steps (default 300)", "N")
       .option("--rl-steps", &o.rl_steps, "RL steps (default 30)", "N")
+      .option("--recipes", &recipes, "directory of the recipe files (default recipes)", "DIR")
+      .flag("--compare", &o.compare,
+            "run GRPO, DAPO, REINFORCE++, RPG-UFKL/URKL and RPG-REINFORCE-UFKL/URKL on the same budget over\n"
+            "several seeds; write a Last / Best table and a plot")
+      .option("--seeds", &seeds, "with --compare: comma-separated seeds (default 1,2,3)", "LIST")
+      .option("--results", &results, "with --compare: the Markdown table (default OUT/compare/demo-results.md)",
+              "FILE")
       .flag("--quick", &o.quick, "tiny sizes: a smoke test of every stage in seconds")
       .flag("--no-progress", &no_progress, "no progress bars");
   if (!parser.parse(args)) return 0;
   o.out_dir = out;
   o.seed = static_cast<uint64_t>(seed);
   o.progress = !no_progress;
+  o.recipes_dir = recipes;
+  o.results_file = results;
+  if (!seeds.empty()) {
+    o.compare_seeds.clear();
+    std::stringstream in(seeds);
+    for (std::string item; std::getline(in, item, ',');) {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0') throw UsageError("demo: --seeds wants comma-separated integers, got '" + seeds + "'");
+      o.compare_seeds.push_back(v);
+    }
+  }
+  if (o.compare) {
+    const auto runs = train::run_demo_compare(o);
+    std::cout << "compared " << o.compare_methods.size() << " methods over " << o.compare_seeds.size()
+              << " seeds (" << runs.size() << " runs)\n"
+              << "table: " << (results.empty() ? (o.out_dir / "compare" / "demo-results.md").string() : results) << "\n";
+    return 0;
+  }
   auto r = train::run_demo(o);
   std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): SFT " << r.before << " -> RL " << r.after
             << " (" << (r.after - r.before) * 100.0 << " points)\n"

@@ -3,6 +3,12 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cmath>
+#include <functional>
+#include <iomanip>
+#include <map>
+#include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
@@ -41,23 +47,21 @@ double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const
   return result.metrics.at("math_dapo").at(str("acc/mean@", o.eval_n));
 }
 
-}  // namespace
+void shrink_for_quick(DemoOptions& o) {
+  if (!o.quick) return;
+  o.train_problems = 64, o.test_problems = 16, o.sft_steps = 4, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
+  o.eval_n = 1, o.max_response_tokens = 16;
+}
 
-DemoResult run_demo(DemoOptions o) {
-  if (o.quick) {
-    o.train_problems = 64, o.test_problems = 16, o.sft_steps = 4, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
-    o.eval_n = 1, o.max_response_tokens = 16;
-  }
-  const auto t0 = Clock::now();
-  const fs::path out = o.out_dir, data_dir = out / "data", tok_dir = out / "tokenizer", init_dir = out / "model_init",
-                 sft_dir = out / "sft", rl_dir = out / "rl";
-  fs::create_directories(out);
-  auto stage = [&](const std::string& what) {
-    log_info(str("demo [", static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0).count()), " s] ",
-                 what));
-  };
+// Stages 1-5: data, tokenizer, model, SFT warm start and its held-out accuracy.
+struct WarmStart {
+  fs::path data_dir, sft_model;
+  double accuracy = 0.0;
+};
 
+WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::function<void(const std::string&)>& stage) {
   stage("1/7 synthetic problems");
+  const fs::path data_dir = out / "data", tok_dir = out / "tokenizer", init_dir = out / "model_init";
   data::SynthOptions so;
   so.seed = o.seed;
   so.train = o.train_problems;
@@ -96,60 +100,122 @@ DemoResult run_demo(DemoOptions o) {
   sft.seed = static_cast<int64_t>(o.seed);
   sft.device = "cpu";
   sft.progress = o.progress;
-  const auto sft_result = run_sft(init_dir, data_dir / data::synth_sft_name("train"), sft_dir, sft);
+  const auto sft_result = run_sft(init_dir, data_dir / data::synth_sft_name("train"), out / "sft", sft);
 
   stage("5/7 evaluation of the SFT model on the held-out test split");
-  DemoResult r;
-  r.before = test_accuracy(sft_result.model_dir, data_dir / data::synth_parquet_name("test"), o);
-  log_info(str("demo: SFT model test mean@", o.eval_n, " = ", r.before));
+  WarmStart w{data_dir, sft_result.model_dir, 0.0};
+  w.accuracy = test_accuracy(w.sft_model, data_dir / data::synth_parquet_name("test"), o);
+  log_info(str("demo: SFT model test mean@", o.eval_n, " = ", w.accuracy));
+  return w;
+}
 
-  stage("6/7 RL: RPG-REINFORCE-UFKL, RPG-Style Clip (0.2, 0.28), iterative reference, dynamic sampling");
-  TrainConfig c;
-  c.actor_rollout_ref.model.path = sft_result.model_dir.string();
+// The RL stage: a paper recipe with its sizes (and only its sizes) changed to the demo's.
+TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const WarmStart& w, const fs::path& run_dir,
+                      const fs::path& val_file, int64_t val_n) {
+  const fs::path file = o.recipes_dir / (recipe + ".yaml");
+  if (!fs::exists(file))
+    throw IoError(str("demo: recipe ", file.string(), " not found (run from the repository root or pass --recipes DIR)"));
+  TrainConfig c = load_config<TrainConfig>(file, {}).value;
+  for (const auto& notice : c.resolve()) log_info(notice);
+  c.actor_rollout_ref.model.path = w.sft_model.string();
   c.actor_rollout_ref.model.enable_gradient_checkpointing = false;
-  c.data.train_files = {(data_dir / data::synth_parquet_name("train")).string()};
-  c.data.val_files = {(data_dir / data::synth_parquet_name("validation")).string()};
+  c.data.train_files = {(w.data_dir / data::synth_parquet_name("train")).string()};
+  c.data.val_files = {val_file.string()};
   c.data.train_batch_size = o.rl_prompts;
   c.data.gen_batch_size = o.rl_prompts * 2;
   c.data.max_prompt_length = 256;
   c.data.max_response_length = o.max_response_tokens;
   c.actor_rollout_ref.rollout.n = o.rl_n;
-  c.actor_rollout_ref.rollout.val_kwargs.n = 1;
+  c.actor_rollout_ref.rollout.val_kwargs.n = val_n;
+  c.actor_rollout_ref.rollout.val_kwargs.temperature = 1.0;  // as the demo's own test evaluation
+  c.actor_rollout_ref.rollout.val_kwargs.top_p = 1.0;
   auto& a = c.actor_rollout_ref.actor;
-  a.policy_loss = "rpg_reinforce";
-  a.kl_form = "ufkl";
-  a.rpg_style_clip = true;
-  a.clip_ratio_low = 0.2;
-  a.clip_ratio_high = 0.28;
-  a.use_kl_loss = true;
-  a.kl_loss_coef = 1e-4;
-  a.use_iterative_ref_model = true;
   a.ppo_mini_batch_size = std::max<int64_t>(1, o.rl_prompts / 2);
   a.ppo_micro_batch_size_per_gpu = o.rl_prompts * o.rl_n;
+  // A from-scratch 1M-parameter model needs a far larger step than a 4B one (the recipes' 1e-6).
   a.optim.lr = 1e-3;
+  a.optim.lr_warmup_steps = 0;
   a.optim.weight_decay = 0.0;
-  c.algorithm.adv_estimator = "rpg";
+  c.reward_model.overlong_buffer.len = std::max<int64_t>(1, o.max_response_tokens / 4);
   // The quick smoke test's barely trained model solves nothing, so no group would survive.
-  c.algorithm.filter_groups.enable = !o.quick;
-  c.algorithm.filter_groups.metric = "acc";
+  c.algorithm.filter_groups.enable = c.algorithm.filter_groups.enable && !o.quick;
   // A weak warm start solves few problems, so few groups vary: allow many generation batches.
   c.algorithm.filter_groups.max_num_gen_batches = 40;
   c.trainer.total_training_steps = o.rl_steps;
-  c.trainer.test_freq = std::max<int64_t>(1, o.rl_steps / 3);
+  c.trainer.total_epochs = 1000;  // the step count decides
+  c.trainer.test_freq = std::max<int64_t>(1, o.rl_steps / (o.compare ? 6 : 3));
   c.trainer.save_freq = -1;
-  c.trainer.default_local_dir = rl_dir.string();
+  c.trainer.max_actor_ckpt_to_keep = 1;
+  c.trainer.val_before_train = true;
+  c.trainer.resume_mode = "disable";
+  c.trainer.default_local_dir = run_dir.string();
+  c.trainer.experiment_name = recipe;
   c.trainer.device = "cpu";
   c.trainer.seed = static_cast<int64_t>(o.seed);
   c.trainer.sample_log_freq = std::max<int64_t>(1, o.rl_steps / 5);
-  write_file_atomic(rl_dir / "config.yaml", config_to_yaml(c));
-  {
-    Trainer trainer(c, reward::builtin_scorers());
-    trainer.fit();
+  return c;
+}
+
+// Trains `c` in a fresh run directory (a previous demo's RL output there is replaced).
+void train_fresh(const TrainConfig& c) {
+  const fs::path run_dir = c.trainer.default_local_dir;
+  fs::remove_all(run_dir);
+  fs::create_directories(run_dir);
+  write_file_atomic(run_dir / "config.yaml", config_to_yaml(c));
+  Trainer trainer(c, reward::builtin_scorers());
+  trainer.fit();
+}
+
+// (step, value) of one validation metric from a run's metrics.jsonl.
+std::vector<std::pair<int64_t, double>> metric_curve(const fs::path& metrics_file, const std::string& key) {
+  std::vector<std::pair<int64_t, double>> curve;
+  std::istringstream in(read_file(metrics_file));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded()) throw FormatError(str(metrics_file.string(), ": not a JSON line: ", line.substr(0, 80)));
+    if (j.contains(key) && j.contains("step")) curve.emplace_back(j["step"].get<int64_t>(), j[key].get<double>());
   }
+  return curve;
+}
+
+std::pair<double, double> mean_std(const std::vector<double>& xs) {
+  if (xs.empty()) return {0.0, 0.0};
+  double mean = 0.0, var = 0.0;
+  for (double x : xs) mean += x;
+  mean /= static_cast<double>(xs.size());
+  for (double x : xs) var += (x - mean) * (x - mean);
+  return {mean, xs.size() > 1 ? std::sqrt(var / static_cast<double>(xs.size() - 1)) : 0.0};
+}
+
+std::string fixed(double x, int digits) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(digits) << x;
+  return s.str();
+}
+
+}  // namespace
+
+DemoResult run_demo(DemoOptions o) {
+  shrink_for_quick(o);
+  const auto t0 = Clock::now();
+  const fs::path out = o.out_dir, rl_dir = out / "rl";
+  fs::create_directories(out);
+  auto stage = [&](const std::string& what) {
+    log_info(str("demo [", static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0).count()), " s] ",
+                 what));
+  };
+  const WarmStart w = warm_start(o, out, stage);
+  DemoResult r;
+  r.before = w.accuracy;
+
+  stage("6/7 RL: RPG-REINFORCE-UFKL, RPG-Style Clip (0.2, 0.28), iterative reference, dynamic sampling");
+  train_fresh(rl_config(o, "rpg_reinforce_ufkl_clip_0.2_0.28", w, rl_dir,
+                        w.data_dir / data::synth_parquet_name("validation"), 1));
 
   stage("7/7 evaluation after RL");
   const fs::path final_model = rl_dir / str("global_step_", o.rl_steps) / "actor";
-  r.after = test_accuracy(final_model, data_dir / data::synth_parquet_name("test"), o);
+  r.after = test_accuracy(final_model, w.data_dir / data::synth_parquet_name("test"), o);
   r.report = eval::write_report(rl_dir);
   nlohmann::json summary = {{"seed", o.seed},
                             {"test_problems", o.test_problems},
@@ -162,6 +228,124 @@ DemoResult run_demo(DemoOptions o) {
                             {"final_model", final_model.string()}};
   write_file_atomic(out / "summary.json", summary.dump(2) + "\n");
   return r;
+}
+
+std::vector<CompareRun> run_demo_compare(DemoOptions o) {
+  shrink_for_quick(o);
+  o.compare = true;
+  if (o.compare_seeds.empty() || o.compare_methods.empty())
+    throw ValueError("demo --compare: no seeds or no methods to compare");
+  const auto t0 = Clock::now();
+  const fs::path out = o.out_dir / "compare";
+  fs::create_directories(out);
+  const std::string key = str("val-core/math_dapo/acc/mean@", o.eval_n);
+  std::vector<CompareRun> runs;
+  std::vector<std::string> methods;
+  for (const auto& [name, recipe] : o.compare_methods) methods.push_back(name);
+  for (uint64_t seed : o.compare_seeds) {
+    DemoOptions os = o;
+    os.seed = seed;
+    const fs::path seed_dir = out / str("seed_", seed);
+    fs::create_directories(seed_dir);
+    auto stage = [&](const std::string& what) {
+      log_info(str("demo --compare [", static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0).count()),
+                   " s] seed ", seed, ": ", what));
+    };
+    const WarmStart w = warm_start(os, seed_dir, stage);
+    for (const auto& [name, recipe] : o.compare_methods) {
+      stage(str("RL with ", name, " (recipes/", recipe, ".yaml)"));
+      const fs::path run_dir = seed_dir / recipe;
+      // Validation on the held-out test split gives the curve; step 0 is the SFT start.
+      train_fresh(rl_config(os, recipe, w, run_dir, w.data_dir / data::synth_parquet_name("test"), o.eval_n));
+      CompareRun run{name, seed, metric_curve(run_dir / "metrics.jsonl", key)};
+      if (run.curve.empty()) throw FormatError(str(run_dir.string(), "/metrics.jsonl: no ", key, " values"));
+      runs.push_back(std::move(run));
+    }
+  }
+  const fs::path results = o.results_file.empty() ? out / "demo-results.md" : o.results_file;
+  const fs::path svg = fs::path(results).replace_extension(".svg");
+  std::string command = str("rpg demo --compare --seeds ");
+  for (size_t i = 0; i < o.compare_seeds.size(); ++i) command += str(i ? "," : "", o.compare_seeds[i]);
+  command += str(" --rl-steps ", o.rl_steps, " --sft-steps ", o.sft_steps, o.quick ? " --quick" : "");
+  write_file_atomic(svg, compare_plot_svg(runs, methods));
+  write_file_atomic(results, compare_table_markdown(runs, methods, command, svg.filename().string()));
+  log_info(str("demo --compare: wrote ", results.string(), " and ", svg.string()));
+  return runs;
+}
+
+std::string compare_table_markdown(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods,
+                                   const std::string& command, const std::string& svg_name) {
+  std::set<uint64_t> seeds;
+  for (const auto& r : runs) seeds.insert(r.seed);
+  std::ostringstream md;
+  md << "# Demo comparison: the paper's methods on the synthetic held-out test split\n\n"
+     << "Made by `" << command << "`: for each seed the same data, tokenizer, from-scratch model and SFT\n"
+     << "warm start, then the same RL budget for every method (its recipe file with the demo's sizes).\n"
+     << "Held-out accuracy is mean@k on the test split at temperature 1. \"Last\" is the final step,\n"
+     << "\"Best\" the best validation after step 0, as in the paper's Table 3; mean +- std over "
+     << seeds.size() << " seeds. \"Start\" is the SFT model every method begins from.\n\n"
+     << "| Method | Start | Last | Best |\n|---|---|---|---|\n";
+  for (const auto& m : methods) {
+    std::vector<double> start, last, best;
+    for (const auto& r : runs) {
+      if (r.method != m || r.curve.empty()) continue;
+      double b = -1.0;
+      for (const auto& [step, v] : r.curve)
+        if (step > 0) b = std::max(b, v);
+      start.push_back(r.curve.front().first == 0 ? r.curve.front().second : NAN);
+      last.push_back(r.curve.back().second);
+      best.push_back(b < 0.0 ? r.curve.back().second : b);
+    }
+    if (last.empty()) continue;
+    auto cell = [](const std::vector<double>& xs) {
+      const auto [mean, sd] = mean_std(xs);
+      return str(fixed(mean, 4), " +- ", fixed(sd, 4));
+    };
+    md << "| " << m << " | " << cell(start) << " | " << cell(last) << " | " << cell(best) << " |\n";
+  }
+  md << "\n![held-out accuracy per RL step, mean over seeds](" << svg_name << ")\n";
+  return md.str();
+}
+
+std::string compare_plot_svg(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods) {
+  // Mean over seeds at each validation step of each method.
+  std::map<std::string, std::map<int64_t, std::vector<double>>> by_method;
+  int64_t max_step = 1;
+  double lo = 1.0, hi = 0.0;
+  for (const auto& r : runs)
+    for (const auto& [step, v] : r.curve) by_method[r.method][step].push_back(v), max_step = std::max(max_step, step);
+  for (auto& [m, steps] : by_method)
+    for (auto& [step, vs] : steps) {
+      const double mean = mean_std(vs).first;
+      lo = std::min(lo, mean), hi = std::max(hi, mean);
+    }
+  if (hi <= lo) hi = lo + 0.01;
+  const double W = 640, H = 360, L = 60, R = 200, T = 20, B = 40;
+  auto x = [&](double s) { return L + (W - L - R) * s / static_cast<double>(max_step); };
+  auto y = [&](double v) { return T + (H - T - B) * (1.0 - (v - lo) / (hi - lo)); };
+  static const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
+      << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
+      << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
+      << "<text x=\"" << L << "\" y=\"" << H - 10 << "\">RL step 0</text><text x=\"" << W - R - 30 << "\" y=\""
+      << H - 10 << "\">" << max_step << "</text>\n"
+      << "<text x=\"4\" y=\"" << T + 4 << "\">" << fixed(hi, 3) << "</text><text x=\"4\" y=\"" << H - B << "\">"
+      << fixed(lo, 3) << "</text>\n";
+  size_t i = 0;
+  for (const auto& m : methods) {
+    const auto it = by_method.find(m);
+    if (it == by_method.end()) continue;
+    const char* colour = colours[i % std::size(colours)];
+    svg << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\" points=\"";
+    for (const auto& [step, vs] : it->second) svg << fixed(x(static_cast<double>(step)), 1) << "," << fixed(y(mean_std(vs).first), 1) << " ";
+    svg << "\"><title>" << m << "</title></polyline>\n<text x=\"" << W - R + 10 << "\" y=\"" << T + 14 * (i + 1)
+        << "\" fill=\"" << colour << "\">" << m << "</text>\n";
+    ++i;
+  }
+  svg << "</svg>\n";
+  return svg.str();
 }
 
 }  // namespace rpg::train

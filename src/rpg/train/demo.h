@@ -7,12 +7,17 @@
 //   -> RL with RPG-REINFORCE-UFKL and RPG-Style Clip (0.2, 0.28), iterative reference,
 //      dynamic sampling
 //   -> evaluation again, and an HTML report.
-// Every step is the real code path of the corresponding rpg command.
+// Every step is the real code path of the corresponding rpg command; the RL stage is the
+// paper's recipe file (recipes/*.yaml) with only its sizes changed.
+// `compare` runs the same warm start and RL budget for the paper's methods over several
+// seeds and writes a table of Last / Best held-out accuracy in the layout of the paper's
+// Table 3, with the mean curves as an SVG plot.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace rpg::train {
 
@@ -30,6 +35,20 @@ struct DemoOptions {
   int64_t max_response_tokens = 48;
   bool quick = false;
   bool progress = true;
+  // The recipe files (the RL stage loads its algorithm settings from them).
+  std::filesystem::path recipes_dir = "recipes";
+  // --compare: these seeds, these recipes (method name, recipe file stem).
+  bool compare = false;
+  std::vector<uint64_t> compare_seeds = {1, 2, 3};
+  std::vector<std::pair<std::string, std::string>> compare_methods = {
+      {"GRPO", "grpo"},
+      {"DAPO", "dapo"},
+      {"REINFORCE++", "rfpp"},
+      {"RPG-UFKL", "rpg_ufkl"},
+      {"RPG-URKL", "rpg_urkl"},
+      {"RPG-REINFORCE-UFKL", "rpg_reinforce_ufkl_clip_0.2_0.28"},
+      {"RPG-REINFORCE-URKL", "rpg_reinforce_urkl_clip_0.2_0.28"}};
+  std::filesystem::path results_file;  // compare: the Markdown table (default OUT/demo-results.md)
 };
 
 struct DemoResult {
@@ -38,5 +57,25 @@ struct DemoResult {
 };
 
 DemoResult run_demo(DemoOptions options);
+
+// One method's held-out accuracy curve in one seed's run: (step, mean@eval_n) pairs, step 0
+// being the SFT start.
+struct CompareRun {
+  std::string method;
+  uint64_t seed = 0;
+  std::vector<std::pair<int64_t, double>> curve;
+};
+
+// Runs the comparison and writes the table (and results_file with .svg for the plot);
+// returns every run's curve.
+std::vector<CompareRun> run_demo_compare(DemoOptions options);
+
+// The Markdown table of Last / Best (mean +- std over seeds) per method; `command` is
+// quoted as the command that made it. Pure function of its inputs (tested on its own).
+std::string compare_table_markdown(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods,
+                                   const std::string& command, const std::string& svg_name);
+
+// The mean curve per method as a self-contained SVG line plot.
+std::string compare_plot_svg(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods);
 
 }  // namespace rpg::train

@@ -1,0 +1,45 @@
+// The comparison table of `rpg demo --compare`: Start / Last / Best per method, mean and
+// sample standard deviation over seeds, computed here by hand from made-up curves.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "rpg/train/demo.h"
+
+namespace rpg::train {
+namespace {
+
+TEST(DemoCompareTable, LastBestMeanAndSampleStdOverSeeds) {
+  // Seed 1: start 0.10, best after step 0 is 0.50 (at step 2), last 0.40.
+  // Seed 2: start 0.20, best 0.30 (step 4 = last).
+  std::vector<CompareRun> runs = {
+      {"RPG-UFKL", 1, {{0, 0.10}, {2, 0.50}, {4, 0.40}}},
+      {"RPG-UFKL", 2, {{0, 0.20}, {2, 0.25}, {4, 0.30}}},
+      {"GRPO", 1, {{0, 0.60}, {2, 0.05}, {4, 0.05}}},  // best excludes the start (0.60)
+      {"GRPO", 2, {{0, 0.60}, {2, 0.15}, {4, 0.05}}},
+  };
+  const std::string md = compare_table_markdown(runs, {"GRPO", "RPG-UFKL", "DAPO"}, "rpg demo --compare", "p.svg");
+  // Start mean 0.15, sd sqrt(((0.05)^2 * 2) / 1) = 0.0707; last mean 0.35 sd 0.0707; best mean 0.40 sd 0.1414.
+  EXPECT_NE(md.find("| RPG-UFKL | 0.1500 +- 0.0707 | 0.3500 +- 0.0707 | 0.4000 +- 0.1414 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| GRPO | 0.6000 +- 0.0000 | 0.0500 +- 0.0000 | 0.1000 +- 0.0707 |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("| DAPO |"), std::string::npos) << "a method without runs has no row";
+  EXPECT_LT(md.find("| GRPO |"), md.find("| RPG-UFKL |")) << "rows follow the given method order";
+  EXPECT_NE(md.find("mean +- std over 2 seeds"), std::string::npos);
+  EXPECT_NE(md.find("](p.svg)"), std::string::npos);
+}
+
+TEST(DemoCompareTable, PlotHasOneLinePerMethodWithItsMeanCurve) {
+  std::vector<CompareRun> runs = {{"A", 1, {{0, 0.0}, {10, 1.0}}}, {"A", 2, {{0, 0.0}, {10, 0.5}}},
+                                  {"B", 1, {{0, 0.25}, {10, 0.25}}}};
+  const std::string svg = compare_plot_svg(runs, {"A", "B"});
+  size_t lines = 0;
+  for (size_t at = svg.find("<polyline"); at != std::string::npos; at = svg.find("<polyline", at + 1)) ++lines;
+  EXPECT_EQ(lines, 2u);
+  EXPECT_NE(svg.find("<title>A</title>"), std::string::npos);
+  // The highest mean (A at step 10: 0.75) sits on the top of the plot area, the lowest (0) on its bottom.
+  EXPECT_NE(svg.find(">0.750<"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">0.000<"), std::string::npos) << svg;
+}
+
+}  // namespace
+}  // namespace rpg::train
