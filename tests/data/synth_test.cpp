@@ -115,7 +115,7 @@ TEST(Synth, HeldOutSplitsDoNotDependOnTheTrainingSize) {
 }
 
 TEST(Synth, LevelsStayWithinBoundsAndAreBalanced) {
-  for (auto [lo, hi] : {std::pair{1, 5}, std::pair{2, 4}, std::pair{5, 5}, std::pair{1, 1}}) {
+  for (auto [lo, hi] : {std::pair{1, 5}, std::pair{2, 4}, std::pair{5, 5}, std::pair{1, 1}, std::pair{0, 1}}) {
     auto o = sized(3, 997, 101, 53);
     o.min_difficulty = lo;
     o.max_difficulty = hi;
@@ -141,7 +141,9 @@ TEST(Synth, LevelsStayWithinBoundsAndAreBalanced) {
 TEST(Synth, DapoScorerAcceptsEveryWorkedSolutionAndRejectsAWrongAnswer) {
   const auto registry = reward::builtin_scorers();
   const auto& score = registry.find("math_dapo");
-  const auto s = data::synth_splits(sized(21, 4000, 500, 500));
+  auto o = sized(21, 4000, 500, 500);
+  o.min_difficulty = 0;
+  const auto s = data::synth_splits(o);
   std::map<int, int> checked;
   for (const auto& p : all_of(s)) {
     ASSERT_EQ(last_line(p.solution), "Answer: " + p.answer) << p.solution;
@@ -158,7 +160,7 @@ TEST(Synth, DapoScorerAcceptsEveryWorkedSolutionAndRejectsAWrongAnswer) {
     EXPECT_FALSE(wrong_answer.acc);
     ++checked[p.difficulty];
   }
-  EXPECT_EQ(checked.size(), 5u);
+  EXPECT_EQ(checked.size(), 6u);
   // Negative and fractional ground truths are among those scored.
   bool negative = false, fraction = false;
   for (const auto& p : all_of(s)) negative |= p.answer[0] == '-', fraction |= p.answer.find('/') != std::string::npos;
@@ -182,14 +184,16 @@ std::string with_line_replaced(std::string jsonl, size_t line, const std::functi
 
 TEST(Synth, PythonOracleRederivesEveryAnswer) {
   TempDir dir;
-  const auto s = data::synth_splits(sized(33, 3000, 300, 300));
+  auto o = sized(33, 3000, 300, 300);
+  o.min_difficulty = 0;
+  const auto s = data::synth_splits(o);
   for (auto [name, split] : {std::pair{"train", &s.train}, std::pair{"validation", &s.validation},
                              std::pair{"test", &s.test}}) {
     write_file_atomic(dir / (std::string(name) + ".jsonl"), data::synth_sft_jsonl(*split));
     auto r = run_oracle("data_synth_check.py", {(dir / (std::string(name) + ".jsonl")).string()});
     auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["checked"], split->size());
-    EXPECT_EQ(j["levels"].size(), 5u);
+    EXPECT_EQ(j["levels"].size(), 6u);
   }
 }
 
@@ -207,11 +211,13 @@ void expect_oracle_rejects(const std::filesystem::path& file, const std::string&
 // whose "Answer:" line was changed consistently, and a wrong intermediate step.
 TEST(Synth, PythonOracleRejectsWrongAnswersAndSteps) {
   TempDir dir;
-  const auto problems = data::synth_splits(sized(34, 200, 10, 10)).train;
+  auto o = sized(34, 200, 10, 10);
+  o.min_difficulty = 0;
+  const auto problems = data::synth_splits(o).train;
   const std::string good = data::synth_sft_jsonl(problems);
   std::map<int, size_t> first_of_level;
   for (size_t i = 0; i < problems.size(); ++i) first_of_level.emplace(problems[i].difficulty, i);
-  ASSERT_EQ(first_of_level.size(), 5u);
+  ASSERT_EQ(first_of_level.size(), 6u);
   const auto path = dir / "bad.jsonl";
   for (auto [level, line] : first_of_level) {
     write_file_atomic(path, with_line_replaced(good, line, [](nlohmann::json& j) {
@@ -230,12 +236,21 @@ TEST(Synth, PythonOracleRejectsWrongAnswersAndSteps) {
                       j["response"] = response;
                     }));
   expect_oracle_rejects(path, "a wrong level-2 step");
+  // A level-0 partial sum that is off by one (the final sum still right).
+  write_file_atomic(path, with_line_replaced(good, first_of_level.at(0), [](nlohmann::json& j) {
+                      std::string response = j["response"];
+                      const size_t eq = response.find("\n= ") + 3;
+                      const size_t end = response.find(' ', eq);
+                      response.replace(eq, end - eq, std::to_string(std::stoi(response.substr(eq, end - eq)) + 1));
+                      j["response"] = response;
+                    }));
+  expect_oracle_rejects(path, "a wrong level-0 partial sum");
   write_file_atomic(path, good);
   EXPECT_NO_THROW(run_oracle("data_synth_check.py", {path.string()}));
 }
 
 TEST(Synth, BadOptionsAreValueErrors) {
-  EXPECT_THROW(data::synth_problem(0, 1), ValueError);
+  EXPECT_THROW(data::synth_problem(-1, 1), ValueError);
   EXPECT_THROW(data::synth_problem(6, 1), ValueError);
   auto o = sized(0, 10, 10, 10);
   o.min_difficulty = 4;
@@ -325,7 +340,7 @@ TEST(Synth, CliWritesByteIdenticalFilesThatShowAndPyarrowRead) {
 
 TEST(Synth, CliRejectsBadArgumentsInOneLine) {
   TempDir dir;
-  for (const auto& bad : std::vector<std::vector<std::string>>{{"--min-difficulty", "0"},
+  for (const auto& bad : std::vector<std::vector<std::string>>{{"--min-difficulty", "-1"},
                                                                {"--max-difficulty", "6"},
                                                                {"--min-difficulty", "4", "--max-difficulty", "2"},
                                                                {"--train", "0"},

@@ -66,10 +66,17 @@ def check_chain(line, expected, where):
 def solve(problem, difficulty, steps):
     """The exact answer of the problem, checking the worked steps along the way."""
     m = ASK.match(problem)
-    if m and difficulty in (1, 2):
+    if m and difficulty in (0, 1, 2):
         expr = m.group("a") or m.group("b") or m.group("c")
         v = value(expr)
-        if difficulty == 1:
+        if difficulty == 0:
+            terms = expr.split(" + ")
+            if len(terms) != 3 or not all(t.isdigit() and len(t) == 1 for t in terms):
+                raise AssertionError("level 0 adds three one-digit numbers")
+            want = [expr, f"= {int(terms[0]) + int(terms[1])} + {terms[2]}", f"= {v}"]
+            if steps != want:
+                raise AssertionError(f"level 0 steps {steps} != {want}")
+        elif difficulty == 1:
             if count_ops(expr) != 1 or len(steps) != 1:
                 raise AssertionError("level 1 is one operation solved in one line")
             check_chain(steps[0], v, "step")

@@ -57,12 +57,12 @@ int run_data_show(const std::string& full_name, const std::vector<std::string>& 
 
 int run_data_synth(const std::string& full_name, const std::vector<std::string>& args) {
   std::string out_dir;
-  int64_t seed = 0, min_difficulty = data::kSynthMinDifficulty, max_difficulty = data::kSynthMaxDifficulty;
+  int64_t seed = 0, min_difficulty = data::kSynthDefaultMinDifficulty, max_difficulty = data::kSynthMaxDifficulty;
   data::SynthOptions options;
   data::SynthWriteOptions write;
   ArgParser parser(full_name,
-                   "Generates seeded synthetic math problems with exact answers and worked solutions (levels: 1 one\n"
-                   "operation, 2 several with parentheses, 3 linear equations, 4 digit sums / products, 5 fractions).\n"
+                   "Generates seeded synthetic math problems with exact answers and worked solutions (levels: 0 sums of\n"
+                   "three digits (the demo's), 1 one operation, 2 several with parentheses, 3 linear equations, 4 digit sums / products, 5 fractions).\n"
                    "Writes train / validation / test .parquet in the paper's schema and <split>_sft.jsonl\n"
                    "(prompt, response) pairs; no problem appears in two splits. Same seed, same bytes.");
   parser.positional("OUT_DIR", &out_dir, "directory for the six files (created when missing)")
@@ -70,8 +70,8 @@ int run_data_synth(const std::string& full_name, const std::vector<std::string>&
       .option("--train", &options.train, "training problems (default 2000)", "N")
       .option("--val", &options.validation, "validation problems (default 200)", "N")
       .option("--test", &options.test, "test problems (default 200)", "N")
-      .option("--min-difficulty", &min_difficulty, "lowest level, 1..5 (default 1)", "A")
-      .option("--max-difficulty", &max_difficulty, "highest level, 1..5 (default 5)", "B")
+      .option("--min-difficulty", &min_difficulty, "lowest level, 0..5 (default 1)", "A")
+      .option("--max-difficulty", &max_difficulty, "highest level, 0..5 (default 5)", "B")
       .option("--data-source", &write.data_source, "data_source of every row (default math_dapo)", "NAME")
       .option("--repeat-test", &write.repeat_test, "test rows per problem, extra_info.index 0..k-1 (default 1)", "K")
       .epilog("example: rpg data synth runs/demo/data --seed 1 --train 4000 --max-difficulty 4 --repeat-test 4");

@@ -1,6 +1,9 @@
 // Synthetic math problems for the CPU demo (`rpg data synth`): a small model can learn
 // them within minutes, their answers are exact, and their difficulty is graded so that RL
 // has room to improve on a partly competent SFT start. Levels:
+//   0  three one-digit numbers added step by step: "What is 3 + 5 + 8?" (the CPU demo's
+//      level: every held-out problem is made of additions seen in training; not in the
+//      default range, and it holds only 1,000 distinct problems)
 //   1  one operation:            "What is 56 / 8?"
 //   2  several operations with parentheses: "Compute (7 + 5) * 3 - 4."
 //   3  a linear equation with an integer solution: "Solve for x: 3x + 7 = 22."
@@ -19,24 +22,25 @@
 
 namespace rpg::data {
 
-inline constexpr int kSynthMinDifficulty = 1;
+inline constexpr int kSynthMinDifficulty = 0;
 inline constexpr int kSynthMaxDifficulty = 5;
+inline constexpr int kSynthDefaultMinDifficulty = 1;
 
 struct SynthProblem {
   std::string problem;   // the question, without the prompt template
   std::string answer;    // canonical ground truth
   std::string solution;  // worked steps; the last line is "Answer: <answer>"
-  int difficulty = kSynthMinDifficulty;
+  int difficulty = kSynthDefaultMinDifficulty;
   bool operator==(const SynthProblem&) const = default;
 };
 
-// One problem of the given level, chosen by `key`. ValueError for a level outside 1..5.
+// One problem of the given level, chosen by `key`. ValueError for a level outside 0..5.
 SynthProblem synth_problem(int difficulty, uint64_t key);
 
 struct SynthOptions {
   uint64_t seed = 0;
   int64_t train = 2000, validation = 200, test = 200;
-  int min_difficulty = kSynthMinDifficulty, max_difficulty = kSynthMaxDifficulty;
+  int min_difficulty = kSynthDefaultMinDifficulty, max_difficulty = kSynthMaxDifficulty;
 };
 
 struct SynthSplits {
