@@ -18,13 +18,17 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
   std::string recipes = o.recipes_dir.string(), results, seeds;
   ArgParser parser(full_name,
                    "A real RL run on the CPU with nothing downloaded: synthetic math problems, a tokenizer and a\n"
-                   "small Qwen2 model built from scratch, a short SFT warm start, then RPG-REINFORCE-UFKL with\n"
+                   "small Qwen2 model built from scratch (sums of three digits, 2 layers), a short SFT warm\n"
+                   "start, then RPG-REINFORCE-UFKL (recipes/rpg_reinforce_ufkl_clip_0.2_0.28.yaml) with\n"
                    "RPG-Style Clip (0.2, 0.28), iterative reference and dynamic sampling; held-out accuracy\n"
                    "before and after RL, and an HTML report. Everything goes to one run directory.");
   parser.option("--out", &out, "run directory (default runs/demo)", "DIR")
       .option("--seed", &seed, "seed of data, model and training (default 0)", "S")
-      .option("--sft-steps", &o.sft_steps, "SFT optimizer steps (default 300)", "N")
-      .option("--rl-steps", &o.rl_steps, "RL steps (default 30)", "N")
+      .option("--sft-steps", &o.sft_steps, str("SFT optimizer steps (default ", o.sft_steps, ")"), "N")
+      .option("--sft-lr", &o.sft_lr, str("SFT peak learning rate (default ", o.sft_lr, ")"), "X")
+      .option("--rl-steps", &o.rl_steps, str("RL steps (default ", o.rl_steps, ")"), "N")
+      .option("--rl-lr", &o.rl_lr, str("RL learning rate (default ", o.rl_lr, ")"), "X")
+      .option("--eval-n", &o.eval_n, str("samples per test problem for mean@n (default ", o.eval_n, ")"), "N")
       .option("--recipes", &recipes, "directory of the recipe files (default recipes)", "DIR")
       .flag("--compare", &o.compare,
             "run GRPO, DAPO, REINFORCE++, RPG-UFKL/URKL and RPG-REINFORCE-UFKL/URKL on the same budget over\n"

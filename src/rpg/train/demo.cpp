@@ -49,7 +49,7 @@ double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const
 
 void shrink_for_quick(DemoOptions& o) {
   if (!o.quick) return;
-  o.train_problems = 64, o.test_problems = 16, o.sft_steps = 4, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
+  o.train_problems = 64, o.validation_problems = 8, o.test_problems = 16, o.sft_steps = 4, o.sft_batch = 8, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
   o.eval_n = 1, o.max_response_tokens = 16;
 }
 
@@ -65,8 +65,9 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   data::SynthOptions so;
   so.seed = o.seed;
   so.train = o.train_problems;
-  so.validation = std::max<int64_t>(8, o.test_problems / 4);
+  so.validation = o.validation_problems;
   so.test = o.test_problems;
+  so.min_difficulty = o.min_difficulty;
   so.max_difficulty = o.max_difficulty;
   const auto splits = data::synth_splits(so);
   data::write_synth(data_dir, splits, {});
@@ -84,18 +85,18 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   Tokenizer tok = Tokenizer::from_dir(tok_dir);
   model::InitOptions mo;
   mo.seed = o.seed;
-  mo.hidden_size = 128;
-  mo.num_hidden_layers = 4;
-  mo.intermediate_size = 384;
+  mo.hidden_size = o.model_hidden;
+  mo.num_hidden_layers = o.model_layers;
+  mo.intermediate_size = o.model_intermediate;
   mo.max_position_embeddings = 512;
   model::init_model_dir(mo, {static_cast<int64_t>(tok.vocab_size()), *tok.eos_id(), tok.pad_id().value_or(*tok.eos_id())},
                         tok_dir, init_dir);
 
   stage("4/7 SFT warm start on worked solutions");
   SftOptions sft;
-  sft.lr = 3e-3;
-  sft.batch_size = 16;
-  sft.micro_batch_size = 16;
+  sft.lr = o.sft_lr;
+  sft.batch_size = o.sft_batch;
+  sft.micro_batch_size = o.sft_batch;
   sft.steps = o.sft_steps;
   sft.seed = static_cast<int64_t>(o.seed);
   sft.device = "cpu";
@@ -132,11 +133,13 @@ TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const War
   auto& a = c.actor_rollout_ref.actor;
   a.ppo_mini_batch_size = std::max<int64_t>(1, o.rl_prompts / 2);
   a.ppo_micro_batch_size_per_gpu = o.rl_prompts * o.rl_n;
-  // A from-scratch 1M-parameter model needs a far larger step than a 4B one (the recipes' 1e-6).
-  a.optim.lr = 1e-3;
-  a.optim.lr_warmup_steps = 0;
+  // A from-scratch 1M-parameter model takes a larger step than a 4B one (the recipes' 1e-6);
+  // 1e-3 collapsed the demo's policy within 10 steps.
+  a.optim.lr = o.rl_lr;
   a.optim.weight_decay = 0.0;
-  c.reward_model.overlong_buffer.len = std::max<int64_t>(1, o.max_response_tokens / 4);
+  // DAPO's soft overlong penalty over the last 8 tokens: far beyond the ~26 tokens a worked
+  // level-0 solution takes, so it only punishes rambling.
+  c.reward_model.overlong_buffer.len = std::min<int64_t>(8, std::max<int64_t>(1, o.max_response_tokens / 4));
   // The quick smoke test's barely trained model solves nothing, so no group would survive.
   c.algorithm.filter_groups.enable = c.algorithm.filter_groups.enable && !o.quick;
   // A weak warm start solves few problems, so few groups vary: allow many generation batches.
