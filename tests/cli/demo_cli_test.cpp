@@ -2,6 +2,9 @@
 // its outputs in one run directory.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <sstream>
+
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/io.h"
@@ -25,6 +28,29 @@ TEST(DemoCli, QuickRunProducesEveryStage) {
                         "rl/metrics.jsonl", "rl/report.html", "rl/global_step_2/actor/model.safetensors",
                         "summary.json"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
+  // The imperfect demonstrations: every training problem twice; about half the pairs end in
+  // an answer 1 or 2 away from the chain's last value, the chain itself untouched.
+  std::istringstream clean(read_file(out / "data/train_sft.jsonl")), noisy(read_file(out / "data/train_sft_imperfect.jsonl"));
+  std::map<std::string, std::string> right;
+  for (std::string line; std::getline(clean, line);) {
+    auto j = nlohmann::json::parse(line);
+    right[j["prompt"]] = j["response"];
+  }
+  size_t pairs = 0, wrong = 0;
+  for (std::string line; std::getline(noisy, line); ++pairs) {
+    auto j = nlohmann::json::parse(line);
+    const std::string response = j["response"], good = right.at(j["prompt"]);
+    const size_t cut = good.rfind('\n') + 1;
+    ASSERT_EQ(response.substr(0, cut), good.substr(0, cut)) << "the worked chain is unchanged";
+    const long have = std::stol(response.substr(cut + 8)), want = std::stol(good.substr(cut + 8));
+    if (have == want) continue;
+    ++wrong;
+    EXPECT_TRUE(std::labs(have - want) == 1 || std::labs(have - want) == 2) << response;
+    EXPECT_GE(have, 0) << response;
+  }
+  EXPECT_EQ(pairs, 2 * right.size());
+  EXPECT_GT(wrong, pairs * 3 / 10);
+  EXPECT_LT(wrong, pairs * 7 / 10);
   auto s = nlohmann::json::parse(read_file(out / "summary.json"));
   for (const char* k : {"sft_accuracy", "rl_accuracy", "improvement_points", "wall_seconds"})
     EXPECT_TRUE(s.contains(k) && s[k].is_number()) << k;

@@ -14,6 +14,7 @@
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
+#include "rpg/core/rng.h"
 #include "rpg/core/config.h"
 #include "rpg/data/dataset.h"
 #include "rpg/data/prepare.h"
@@ -51,6 +52,26 @@ void shrink_for_quick(DemoOptions& o) {
   if (!o.quick) return;
   o.train_problems = 64, o.validation_problems = 8, o.test_problems = 16, o.sft_steps = 4, o.sft_batch = 8, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
   o.eval_n = 1, o.max_response_tokens = 16;
+}
+
+// The SFT pairs of the imperfect demonstrations (DemoOptions::answer_noise): every problem
+// `copies` times; in a seeded fraction of them the last line says a value 1 or 2 away from
+// the chain's (still non-negative, never the right one).
+std::vector<data::SynthProblem> imperfect_demonstrations(const std::vector<data::SynthProblem>& train, int64_t copies,
+                                                         double noise, uint64_t seed) {
+  RandomStream rs(seed ^ 0x696d706572666563ull);
+  std::vector<data::SynthProblem> out;
+  for (int64_t c = 0; c < copies; ++c)
+    for (data::SynthProblem p : train) {
+      if (rs.uniform() < noise) {
+        const int64_t right = std::stoll(p.answer);
+        const int64_t offset = (rs.uniform() < 0.5 ? 1 : 2) * (rs.uniform() < 0.5 ? -1 : 1);
+        const int64_t wrong = right + offset >= 0 ? right + offset : right - offset;
+        p.solution = p.solution.substr(0, p.solution.rfind('\n') + 1) + "Answer: " + std::to_string(wrong);
+      }
+      out.push_back(std::move(p));
+    }
+  return out;
 }
 
 // Stages 1-5: data, tokenizer, model, SFT warm start and its held-out accuracy.
@@ -92,7 +113,8 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   model::init_model_dir(mo, {static_cast<int64_t>(tok.vocab_size()), *tok.eos_id(), tok.pad_id().value_or(*tok.eos_id())},
                         tok_dir, init_dir);
 
-  stage("4/7 SFT warm start on worked solutions");
+  stage(str("4/7 SFT warm start on imperfect worked solutions (", 100.0 * o.answer_noise,
+             "% with a miscopied final answer)"));
   SftOptions sft;
   sft.lr = o.sft_lr;
   sft.batch_size = o.sft_batch;
@@ -101,7 +123,10 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   sft.seed = static_cast<int64_t>(o.seed);
   sft.device = "cpu";
   sft.progress = o.progress;
-  const auto sft_result = run_sft(init_dir, data_dir / data::synth_sft_name("train"), out / "sft", sft);
+  const fs::path sft_file = data_dir / "train_sft_imperfect.jsonl";
+  write_file_atomic(sft_file, data::synth_sft_jsonl(imperfect_demonstrations(splits.train, o.sft_copies,
+                                                                              o.answer_noise, o.seed)));
+  const auto sft_result = run_sft(init_dir, sft_file, out / "sft", sft);
 
   stage("5/7 evaluation of the SFT model on the held-out test split");
   WarmStart w{data_dir, sft_result.model_dir, 0.0};
@@ -133,9 +158,10 @@ TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const War
   auto& a = c.actor_rollout_ref.actor;
   a.ppo_mini_batch_size = std::max<int64_t>(1, o.rl_prompts / 2);
   a.ppo_micro_batch_size_per_gpu = o.rl_prompts * o.rl_n;
-  // A from-scratch 1M-parameter model takes a larger step than a 4B one (the recipes' 1e-6);
-  // 1e-3 collapsed the demo's policy within 10 steps.
+  // A from-scratch 0.5M-parameter model takes a far larger step than a 4B one (the
+  // recipes' 1e-6); 2e-4 without warm-up was measured on 4 seeds.
   a.optim.lr = o.rl_lr;
+  a.optim.lr_warmup_steps = 0;
   a.optim.weight_decay = 0.0;
   // DAPO's soft overlong penalty over the last 8 tokens: far beyond the ~26 tokens a worked
   // level-0 solution takes, so it only punishes rambling.

@@ -30,15 +30,21 @@ struct DemoOptions {
   // Sizes (defaults: the full demo; `quick` shrinks everything for a smoke test). Level 0
   // (a + b + c over digits) holds 1,000 distinct problems: train + validation + test must
   // stay well below that.
-  int64_t train_problems = 700, validation_problems = 50, test_problems = 150;
+  int64_t train_problems = 780, validation_problems = 50, test_problems = 150;
+  // The warm start imitates imperfect demonstrations: each training problem appears
+  // `sft_copies` times, and in a fraction `answer_noise` of the pairs the worked chain is
+  // right but the final "Answer:" line is off by 1 or 2 (as careless human or model-written
+  // solutions are). SFT copies the noise; the verifiable reward is what can remove it.
+  int64_t sft_copies = 2;
+  double answer_noise = 0.5;
   int min_difficulty = 0, max_difficulty = 0;
   int64_t model_layers = 2, model_hidden = 128, model_intermediate = 512;
-  int64_t sft_steps = 350, sft_batch = 32;
+  int64_t sft_steps = 800, sft_batch = 32;
   double sft_lr = 5e-3;
-  int64_t rl_steps = 100;
+  int64_t rl_steps = 30;
   int64_t rl_prompts = 16;  // per RL step
   int64_t rl_n = 8;         // responses per prompt
-  double rl_lr = 1e-4;
+  double rl_lr = 2e-4;
   int64_t eval_n = 8;       // mean@eval_n on the test split, temperature 1
   int64_t max_response_tokens = 48;
   bool quick = false;
