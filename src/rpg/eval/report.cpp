@@ -68,6 +68,8 @@ std::string chart(const std::string& name, const Series& points) {
   return svg.str();
 }
 
+}  // namespace
+
 std::vector<nlohmann::json> read_jsonl(const fs::path& path, bool required) {
   std::vector<nlohmann::json> out;
   if (!fs::exists(path)) {
@@ -91,8 +93,6 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& path, bool required) {
   }
   return out;
 }
-
-}  // namespace
 
 std::string render_report(const fs::path& run_dir) {
   const auto rows = read_jsonl(run_dir / "metrics.jsonl", /*required=*/true);

@@ -5,8 +5,16 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace rpg::eval {
+
+// The objects of a run's JSON-lines log (metrics.jsonl, samples.jsonl). A missing file is an
+// IoError when `required`, else empty; a malformed line is a FormatError naming file and
+// line, except a torn last line (a killed run), which is skipped.
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& path, bool required);
 
 // Renders the report HTML for `run_dir`. Throws IoError when metrics.jsonl is missing,
 // FormatError naming the file and line for a malformed line (a torn last line is skipped).

@@ -198,13 +198,8 @@ void train_fresh(const TrainConfig& c) {
 // (step, value) of one validation metric from a run's metrics.jsonl.
 std::vector<std::pair<int64_t, double>> metric_curve(const fs::path& metrics_file, const std::string& key) {
   std::vector<std::pair<int64_t, double>> curve;
-  std::istringstream in(read_file(metrics_file));
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) throw FormatError(str(metrics_file.string(), ": not a JSON line: ", line.substr(0, 80)));
+  for (const auto& j : eval::read_jsonl(metrics_file, /*required=*/true))
     if (j.contains(key) && j.contains("step")) curve.emplace_back(j["step"].get<int64_t>(), j[key].get<double>());
-  }
   return curve;
 }
 
