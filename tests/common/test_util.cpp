@@ -25,7 +25,7 @@ namespace rpg::test {
 
 fs::path source_dir() { return RPG_SOURCE_DIR; }
 fs::path binary_dir() { return RPG_BINARY_DIR; }
-fs::path shared_dir() { return fs::weakly_canonical(fs::path(RPG_SHARED_DIR_PATH)); }
+fs::path data_dir() { return source_dir() / "data"; }
 fs::path rpg_binary() { return binary_dir() / "rpg"; }
 fs::path python() { return RPG_PYTHON_PATH; }
 

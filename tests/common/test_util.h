@@ -10,7 +10,7 @@ namespace rpg::test {
 
 std::filesystem::path source_dir();
 std::filesystem::path binary_dir();
-std::filesystem::path shared_dir();   // ../shared beside the repository
+std::filesystem::path data_dir();     // data/ in the repository (the paper's eval sets)
 std::filesystem::path rpg_binary();   // build/rpg
 std::filesystem::path python();       // the venv's python
 

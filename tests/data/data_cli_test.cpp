@@ -84,7 +84,7 @@ TEST(DataCli, PrepareErrorsAreOneLineNamingTheProblem) {
 }
 
 TEST(DataCli, ShowPrintsSchemaRowCountAndFirstRows) {
-  auto r = rpg({"data", "show", (shared_dir() / "data" / "aime-2024.parquet").string(), "--rows", "2"});
+  auto r = rpg({"data", "show", (data_dir() / "aime-2024.parquet").string(), "--rows", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("rows: 960"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("prompt: list<element: struct<content: string, role: string>>"), std::string::npos) << r.out;

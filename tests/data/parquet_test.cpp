@@ -102,7 +102,7 @@ class RealData : public ::testing::TestWithParam<RealFile> {};
 
 TEST_P(RealData, LoadsWithTheExpectedRowsSourcesAndRepeats) {
   const auto& p = GetParam();
-  auto path = shared_dir() / "data" / p.name;
+  auto path = data_dir() / p.name;
   auto rows = data::read_parquet(path);
   ASSERT_EQ(rows.size(), p.rows);
   // Every field equals pyarrow's reading of the same file.
@@ -199,7 +199,7 @@ TEST(DataParquet, MissingOrNonParquetFileIsAnError) {
 }
 
 TEST(DataParquet, InspectReportsSchemaAndRowCount) {
-  auto info = data::inspect_parquet(shared_dir() / "data" / "amc-23.parquet");
+  auto info = data::inspect_parquet(data_dir() / "amc-23.parquet");
   EXPECT_EQ(info.num_rows, 1280);
   EXPECT_NE(info.schema.find("extra_info: struct<index: int64, raw_problem: string, split: null>"), std::string::npos)
       << info.schema;

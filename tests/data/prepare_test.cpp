@@ -19,7 +19,7 @@ namespace {
 TEST(DataPrepare, ReproducesThePaperFilesFromTheirRawProblems) {
   for (auto [name, source] : {std::pair{"aime-2024.parquet", "math_dapo"}, std::pair{"amc-23.parquet", "amc_23"}}) {
     const bool compare_index = std::string(name) == "amc-23.parquet";
-    auto real = data::read_parquet(shared_dir() / "data" / name);
+    auto real = data::read_parquet(data_dir() / name);
     std::map<std::string, std::string> answers;
     for (const auto& r : real) answers[r.extra_info.raw_problem] = r.reward_model.ground_truth;
     std::vector<data::ProblemRecord> records;

@@ -35,7 +35,7 @@ void expect_struct_fields(const std::shared_ptr<arrow::DataType>& type,
 class ArrowSmoke : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ArrowSmoke, SchemaAndRowCountMatchPyarrow) {
-  std::string path = (rpg::test::shared_dir() / "data" / GetParam()).string();
+  std::string path = (rpg::test::data_dir() / GetParam()).string();
   auto table = read_table(path);
   ASSERT_NE(table, nullptr);
   auto schema = table->schema();
