@@ -83,7 +83,7 @@ TEST(DataPrepare, ReadsJsonlWithConfigurableKeysAndNumericAnswers) {
     data::read_records(dir / "bad.jsonl");
     FAIL();
   } catch (const FormatError& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: invalid JSON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.jsonl:2: not valid JSON"), std::string::npos) << e.what();
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/jsonl.h"
 
 namespace rpg {
 namespace {
@@ -131,14 +132,7 @@ MetricsLogger::MetricsLogger(const std::filesystem::path& dir, bool tensorboard,
   if (ec) throw IoError(str("cannot create directory ", dir.string(), ": ", ec.message()));
   if (std::filesystem::exists(jsonl_)) {
     // Keep only the steps before the resume point; a torn last line is dropped too.
-    std::istringstream in(read_file(jsonl_));
-    std::string line, kept;
-    while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() < resume_step)
-        kept += line + "\n";
-    }
-    write_file_atomic(jsonl_, kept);
+    jsonl::keep_steps(jsonl_, [&](int64_t step) { return step < resume_step; });
   }
   file_ = std::fopen(jsonl_.c_str(), "ab");
   if (!file_) throw IoError(str("cannot open ", jsonl_.string(), ": ", std::strerror(errno)));

@@ -4,6 +4,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/jsonl.h"
 
 namespace rpg::data {
 namespace {
@@ -85,20 +86,7 @@ std::string apply_prompt_template(std::string_view problem) {
 std::vector<ProblemRecord> parse_jsonl_records(std::string_view text, const std::string& source,
                                                const RecordColumns& columns) {
   std::vector<ProblemRecord> out;
-  size_t line_no = 0, start = 0;
-  while (start < text.size()) {
-    size_t nl = text.find('\n', start);
-    std::string_view line = text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
-    start = nl == std::string_view::npos ? text.size() : nl + 1;
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(str(source, ":", line_no, ": invalid JSON: ", e.what()));
-    }
-    if (!j.is_object()) throw FormatError(str(source, ":", line_no, ": expected a JSON object"));
+  jsonl::parse(text, source, [&](size_t line_no, nlohmann::json& j) {
     ProblemRecord r;
     for (auto [key, dest] : {std::pair{&columns.problem, &r.problem}, std::pair{&columns.answer, &r.answer}}) {
       auto it = j.find(*key);
@@ -106,7 +94,7 @@ std::vector<ProblemRecord> parse_jsonl_records(std::string_view text, const std:
       *dest = field_text(*it, source, line_no, *key);
     }
     out.push_back(std::move(r));
-  }
+  }, {.allow_torn_last_line = false});
   return out;
 }
 

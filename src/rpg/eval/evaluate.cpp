@@ -5,6 +5,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/jsonl.h"
 
 #include <nlohmann/json.hpp>
 #include "rpg/core/progress.h"
@@ -63,21 +64,11 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
 }
 
 EvalResult evaluate_responses(const std::filesystem::path& path, const reward::ScorerRegistry& scorers) {
-  const std::string text = read_file(path);
   struct Line {
     std::string data_source, ground_truth, prompt, response;
   };
   std::vector<Line> lines;
-  size_t start = 0, number = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    ++number;
-    std::string_view raw(text.data() + start, end - start);
-    start = end + 1;
-    if (raw.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    auto j = nlohmann::json::parse(raw, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) throw FormatError(str(path.string(), ":", number, ": not a JSON object"));
+  jsonl::for_each(path, [&](size_t number, nlohmann::json& j) {
     Line l;
     for (auto [key, field] : {std::pair{"data_source", &l.data_source}, std::pair{"ground_truth", &l.ground_truth},
                               std::pair{"prompt", &l.prompt}, std::pair{"response", &l.response}}) {
@@ -86,7 +77,7 @@ EvalResult evaluate_responses(const std::filesystem::path& path, const reward::S
       *field = j[key].get<std::string>();
     }
     lines.push_back(std::move(l));
-  }
+  }, {.allow_torn_last_line = false});
   if (lines.empty()) throw FormatError(str(path.string(), ": no responses"));
   std::vector<reward::ScoreRequest> requests;
   for (const auto& l : lines) requests.push_back({l.data_source, l.response, l.ground_truth});

@@ -9,25 +9,13 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/jsonl.h"
+#include "rpg/core/text.h"
 
 namespace fs = std::filesystem;
 
 namespace rpg::eval {
 namespace {
-
-std::string escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string number(double v) {
   std::ostringstream o;
@@ -50,10 +38,10 @@ std::string chart(const std::string& name, const Series& points) {
   std::ostringstream svg;
   // data-metric and <title> name the chart for tools and tests (the render test finds the
   // charts by them) and for a hover tooltip in the browser.
-  svg << "<figure><figcaption>" << escape(name) << " <small>last " << number(points.back().second) << " (min "
+  svg << "<figure><figcaption>" << html_escape(name) << " <small>last " << number(points.back().second) << " (min "
       << number(y0) << ", max " << number(y1) << "; steps " << number(x0) << "-" << number(x1)
-      << ")</small></figcaption><svg class=\"chart\" data-metric=\"" << escape(name) << "\" viewBox=\"0 0 " << w
-      << " " << h << "\" width=\"" << w << "\" height=\"" << h << "\"><title>" << escape(name) << "</title><rect width=\""
+      << ")</small></figcaption><svg class=\"chart\" data-metric=\"" << html_escape(name) << "\" viewBox=\"0 0 " << w
+      << " " << h << "\" width=\"" << w << "\" height=\"" << h << "\"><title>" << html_escape(name) << "</title><rect width=\""
       << w << "\" height=\"" << h << "\" fill=\"#fafafa\" stroke=\"#ddd\"/>";
   if (points.size() == 1) {
     svg << "<circle cx=\"" << w / 2 << "\" cy=\"" << h / 2 << "\" r=\"3\" fill=\"#1f77b4\"/>";
@@ -71,27 +59,11 @@ std::string chart(const std::string& name, const Series& points) {
 }  // namespace
 
 std::vector<nlohmann::json> read_jsonl(const fs::path& path, bool required) {
-  std::vector<nlohmann::json> out;
   if (!fs::exists(path)) {
     if (required) throw IoError(str("no ", path.string(), ": not a run directory"));
-    return out;
+    return {};
   }
-  std::istringstream in(read_file(path));
-  std::string line;
-  size_t number = 0;
-  std::vector<std::string> lines;
-  while (std::getline(in, line)) lines.push_back(line);
-  for (const auto& l : lines) {
-    ++number;
-    if (l.empty()) continue;
-    auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) {
-      if (number == lines.size()) break;  // a torn last line of a killed run
-      throw FormatError(str(path.string(), ":", number, ": not a JSON object"));
-    }
-    out.push_back(std::move(j));
-  }
-  return out;
+  return jsonl::read(path);  // a run being written (or killed) may have a torn last line
 }
 
 std::string render_report(const fs::path& run_dir) {
@@ -104,12 +76,12 @@ std::string render_report(const fs::path& run_dir) {
       if (k != "step" && v.is_number() && std::isfinite(v.get<double>())) series[k].emplace_back(step, v.get<double>());
   }
   std::ostringstream html;
-  html << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rpg run " << escape(run_dir.filename().string())
+  html << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rpg run " << html_escape(run_dir.filename().string())
        << "</title><style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:.5em}"
           "figcaption{font-size:13px}pre{background:#f4f4f4;padding:1em;overflow:auto;max-height:30em}"
           "h2{border-bottom:1px solid #ccc}td{vertical-align:top;padding:.3em;border-bottom:1px solid #eee}"
           "</style></head><body>\n<h1>rpg run: "
-       << escape(run_dir.string()) << "</h1>\n<p>" << rows.size() << " metric records, "
+       << html_escape(run_dir.string()) << "</h1>\n<p>" << rows.size() << " metric records, "
        << series.size() << " metrics.</p>\n";
   // Validation first (what the paper reports), then the training curves by group.
   for (const std::string group : {"val-core/", "critic/", "acc/", "actor/", "response_length/", "training/", "train/",
@@ -123,7 +95,7 @@ std::string render_report(const fs::path& run_dir) {
         ++it;
       }
     }
-    if (!charts.empty()) html << "<h2>" << (group.empty() ? "other" : escape(group)) << "</h2>\n" << charts;
+    if (!charts.empty()) html << "<h2>" << (group.empty() ? "other" : html_escape(group)) << "</h2>\n" << charts;
   }
   const auto samples = read_jsonl(run_dir / "samples.jsonl", /*required=*/false);
   if (!samples.empty()) {
@@ -131,14 +103,14 @@ std::string render_report(const fs::path& run_dir) {
     const size_t start = samples.size() > 20 ? samples.size() - 20 : 0;
     for (size_t i = start; i < samples.size(); ++i) {
       const auto& s = samples[i];
-      auto text = [&](const char* key) { return s.contains(key) ? escape(s[key].is_string() ? s[key].get<std::string>() : s[key].dump()) : ""; };
+      auto text = [&](const char* key) { return s.contains(key) ? html_escape(s[key].is_string() ? s[key].get<std::string>() : s[key].dump()) : ""; };
       html << "<tr><td>" << text("step") << "</td><td><pre>" << text("prompt") << "</pre></td><td><pre>"
            << text("response") << "</pre></td><td>" << text("score") << "</td></tr>\n";
     }
     html << "</table>\n";
   }
   if (fs::exists(run_dir / "config.yaml"))
-    html << "<h2>configuration</h2>\n<pre>" << escape(read_file(run_dir / "config.yaml")) << "</pre>\n";
+    html << "<h2>configuration</h2>\n<pre>" << html_escape(read_file(run_dir / "config.yaml")) << "</pre>\n";
   html << "</body></html>\n";
   return html.str();
 }

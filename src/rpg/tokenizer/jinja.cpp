@@ -8,6 +8,7 @@
 #include <set>
 
 #include "rpg/core/error.h"
+#include "rpg/core/text.h"
 #include "rpg/tokenizer/jinja_value.h"
 #include "rpg/tokenizer/unicode.h"
 
@@ -2092,18 +2093,7 @@ Value do_filter(const std::string& name, const Value& v, Args& a, Renderer& r, P
   if (name == "string") return Value::str(to_str(v));
   if (name == "safe" || name == "e" || name == "escape") {
     if (name == "safe") return v;
-    std::string s = to_str(v), out;
-    for (char c : s) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&#34;"; break;
-        case '\'': out += "&#39;"; break;
-        default: out += c;
-      }
-    }
-    return Value::str(out);
+    return Value::str(html_escape(to_str(v)));
   }
   if (name == "upper") return Value::str(py_case(to_str(v), 1));
   if (name == "lower") return Value::str(py_case(to_str(v), 0));

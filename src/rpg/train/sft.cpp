@@ -10,6 +10,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/jsonl.h"
 #include "rpg/core/log.h"
 #include "rpg/core/metrics.h"
 #include "rpg/core/progress.h"
@@ -46,22 +47,9 @@ void validate(const SftOptions& o) {
 }  // namespace
 
 std::vector<SftPair> read_sft_jsonl(const fs::path& file) {
-  const std::string text = read_file(file);
   std::vector<SftPair> pairs;
-  size_t start = 0;
-  int64_t line_no = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(start, end - start);
-    start = end + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+  jsonl::for_each(file, [&](size_t line_no, nlohmann::json& j) {
     const std::string where = str(file.string(), ":", line_no, ": ");
-    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) throw FormatError(str(where, "not valid JSON"));
-    if (!j.is_object()) throw FormatError(str(where, "expected a JSON object {\"prompt\": ..., \"response\": ...}"));
     SftPair p;
     for (const char* key : {"prompt", "response"}) {
       auto it = j.find(key);
@@ -71,7 +59,7 @@ std::vector<SftPair> read_sft_jsonl(const fs::path& file) {
     p.prompt = j["prompt"].get<std::string>();
     p.response = j["response"].get<std::string>();
     pairs.push_back(std::move(p));
-  }
+  }, {.allow_torn_last_line = false});
   if (pairs.empty()) throw FormatError(str(file.string(), ": no (prompt, response) pairs"));
   return pairs;
 }

@@ -17,6 +17,7 @@
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/jsonl.h"
 #include "rpg/core/log.h"
 #include "rpg/core/metrics.h"
 #include "rpg/core/progress.h"
@@ -84,19 +85,6 @@ void append_file(const fs::path& path, const std::string& text) {
   if (!f) throw IoError(str("cannot open ", path.string()));
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   if (std::fclose(f) != 0 || !ok) throw IoError(str("cannot write ", path.string()));
-}
-
-// After a resume at `step`, lines of later steps (a killed run's tail) are dropped.
-void keep_lines_up_to(const fs::path& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::istringstream in(read_file(path));
-  std::string line, kept;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() <= step)
-      kept += line + "\n";
-  }
-  write_file_atomic(path, kept);
 }
 
 }  // namespace
@@ -488,7 +476,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   s.resume();
   // Metrics of steps after the checkpoint (a crashed run's tail) are dropped.
   s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true, s.step + 1);
-  keep_lines_up_to(s.run_dir / "samples.jsonl", s.step);
+  jsonl::keep_steps(s.run_dir / "samples.jsonl", [&](int64_t st) { return st <= s.step; });
   log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
                " steps; policy loss ", actor.policy_loss, ", advantages ", cfg.algorithm.adv_estimator, "; run dir ",
                s.run_dir.string()));
