@@ -207,3 +207,38 @@ TEST(DataParquet, InspectReportsSchemaAndRowCount) {
 
 }  // namespace
 }  // namespace rpg::test
+
+namespace rpg {
+namespace {
+
+// Damaged copies of a real file: every truncation point and a byte flip at many offsets read
+// as the original rows or fail with a FormatError naming the file -- never another exception
+// or a crash (the fuzz target fuzz.parquet explores the rest).
+TEST(DataParquet, DamagedBytesAreAFormatErrorOrTheSameRows) {
+  const auto path = test::data_dir() / "amc-23.parquet";
+  const std::string bytes = read_file(path);
+  const auto original = data::read_parquet(path);
+  ASSERT_EQ(data::read_parquet_bytes(bytes, "amc-23.parquet"), original);
+  size_t errors = 0, reads = 0;
+  auto attempt = [&](const std::string& damaged) {
+    try {
+      auto rows = data::read_parquet_bytes(damaged, "damaged.parquet");
+      ++reads;
+      EXPECT_LE(rows.size(), original.size());
+    } catch (const FormatError& e) {
+      ++errors;
+      EXPECT_EQ(std::string(e.what()).rfind("damaged.parquet: ", 0), 0u) << e.what();
+    }
+  };
+  for (size_t cut = 0; cut < bytes.size(); cut += 97) attempt(bytes.substr(0, cut));
+  for (size_t at = 0; at < bytes.size(); at += 61) {
+    std::string flipped = bytes;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x5a);
+    attempt(flipped);
+  }
+  EXPECT_GT(errors, 0u);
+  EXPECT_EQ(errors + reads, (bytes.size() + 96) / 97 + (bytes.size() + 60) / 61);
+}
+
+}  // namespace
+}  // namespace rpg

@@ -20,16 +20,34 @@ const char* kPromptType = "list<struct<content: string, role: string>>";
 const char* kRewardModelType = "struct<ground_truth: string, style: string>";
 const char* kExtraInfoType = "struct<index: int64, raw_problem: string, split: string>";
 
-std::shared_ptr<arrow::Table> read_table(const fs::path& path) {
+std::unique_ptr<parquet::arrow::FileReader> open_reader(std::shared_ptr<arrow::io::RandomAccessFile> input,
+                                                        const std::string& name) {
+  auto reader = parquet::arrow::OpenFile(std::move(input), arrow::default_memory_pool());
+  if (!reader.ok()) throw FormatError(str(name, ": not a Parquet file: ", reader.status().message()));
+  return std::move(*reader);
+}
+
+std::unique_ptr<parquet::arrow::FileReader> open_reader(const fs::path& path) {
   if (!fs::exists(path)) throw IoError(str(path.string(), ": no such file"));
   auto file = arrow::io::ReadableFile::Open(path.string());
   if (!file.ok()) throw IoError(str(path.string(), ": cannot open: ", file.status().message()));
-  auto reader = parquet::arrow::OpenFile(*file, arrow::default_memory_pool());
-  if (!reader.ok()) throw FormatError(str(path.string(), ": not a Parquet file: ", reader.status().message()));
-  auto table = (*reader)->ReadTable();
-  if (!table.ok()) throw FormatError(str(path.string(), ": cannot read: ", table.status().message()));
-  auto combined = (*table)->CombineChunks();
-  if (!combined.ok()) throw FormatError(str(path.string(), ": cannot read: ", combined.status().message()));
+  return open_reader(*file, path.string());
+}
+
+std::shared_ptr<arrow::Table> read_table(parquet::arrow::FileReader& reader, const std::string& name) {
+  std::shared_ptr<arrow::Table> table;
+  // Corrupt files can make the Parquet reader throw its own exception types.
+  try {
+    auto read = reader.ReadTable();
+    if (!read.ok()) throw FormatError(str(name, ": cannot read: ", read.status().message()));
+    table = *read;
+  } catch (const parquet::ParquetException& e) {
+    throw FormatError(str(name, ": cannot read: ", e.what()));
+  }
+  auto combined = table->CombineChunks();
+  if (!combined.ok()) throw FormatError(str(name, ": cannot read: ", combined.status().message()));
+  auto valid = (*combined)->ValidateFull();
+  if (!valid.ok()) throw FormatError(str(name, ": corrupt data: ", valid.message()));
   return *combined;
 }
 
@@ -124,10 +142,8 @@ void check(const arrow::Status& st, const fs::path& path) {
   if (!st.ok()) throw FormatError(str(path.string(), ": cannot build the Parquet table: ", st.message()));
 }
 
-}  // namespace
-
-std::vector<Row> read_parquet(const fs::path& path) {
-  auto table = read_table(path);
+std::vector<Row> rows_of(const arrow::Table& table_ref, const fs::path& path) {
+  const arrow::Table* table = &table_ref;
   Reader r(path);
   const int64_t n = table->num_rows();
 
@@ -185,6 +201,19 @@ std::vector<Row> read_parquet(const fs::path& path) {
     row.extra_info.split = split.get(i, i);
   }
   return rows;
+}
+
+}  // namespace
+
+std::vector<Row> read_parquet(const fs::path& path) {
+  return rows_of(*read_table(*open_reader(path), path.string()), path);
+}
+
+std::vector<Row> read_parquet_bytes(std::string_view bytes, const std::string& name) {
+  auto buffer = std::make_shared<arrow::Buffer>(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                                static_cast<int64_t>(bytes.size()));
+  auto input = std::make_shared<arrow::io::BufferReader>(buffer);
+  return rows_of(*read_table(*open_reader(input, name), name), name);
 }
 
 void write_parquet(const fs::path& path, std::span<const Row> rows) {
@@ -246,17 +275,13 @@ void write_parquet(const fs::path& path, std::span<const Row> rows) {
 }
 
 ParquetInfo inspect_parquet(const fs::path& path) {
-  if (!fs::exists(path)) throw IoError(str(path.string(), ": no such file"));
-  auto file = arrow::io::ReadableFile::Open(path.string());
-  if (!file.ok()) throw IoError(str(path.string(), ": cannot open: ", file.status().message()));
-  auto reader = parquet::arrow::OpenFile(*file, arrow::default_memory_pool());
-  if (!reader.ok()) throw FormatError(str(path.string(), ": not a Parquet file: ", reader.status().message()));
+  auto reader = open_reader(path);
   std::shared_ptr<arrow::Schema> sch;
-  auto st = (*reader)->GetSchema(&sch);
+  auto st = reader->GetSchema(&sch);
   if (!st.ok()) throw FormatError(str(path.string(), ": cannot read the schema: ", st.message()));
   ParquetInfo info;
   info.schema = sch->ToString(/*show_metadata=*/false);
-  auto md = (*reader)->parquet_reader()->metadata();
+  auto md = reader->parquet_reader()->metadata();
   info.num_rows = md->num_rows();
   info.num_row_groups = md->num_row_groups();
   return info;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rpg::data {
@@ -50,6 +51,10 @@ struct Row {
 // file and the column (e.g. "reward_model.ground_truth") with the expected type when a
 // column is missing or mistyped, or the file and row when a required value is null.
 std::vector<Row> read_parquet(const std::filesystem::path& path);
+
+// The same from a file's bytes in memory; `name` stands for the file in error messages.
+// Damaged bytes are a FormatError, never a crash (fuzzed: tests/data/fuzz_parquet.cpp).
+std::vector<Row> read_parquet_bytes(std::string_view bytes, const std::string& name);
 
 // Writes the rows in the schema above (split as a nullable string), atomically: the file
 // appears complete or not at all. Throws IoError / FormatError.
