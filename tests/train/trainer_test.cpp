@@ -215,6 +215,34 @@ TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {
   EXPECT_THROW(Trainer(c, scorers()), FormatError);
 }
 
+// train_state.json carries a format_version; a file without one (written before it existed)
+// still resumes, a newer one is refused with a clear message (not skipped as damaged, which
+// would silently resume from an older checkpoint).
+TEST_F(TrainerTest, CheckpointFormatVersion) {
+  TrainConfig c = config("format_version");
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  c.trainer.total_training_steps = 2;
+  c.trainer.save_freq = 1;
+  {
+    Trainer t(c, scorers());
+    t.fit();
+  }
+  const fs::path json = dir_->path() / "format_version" / "global_step_2" / "train_state.json";
+  auto state = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(state.at("format_version"), 1);
+  state.erase("format_version");
+  test::write_text(json, state.dump(2));
+  EXPECT_EQ(Trainer(c, scorers()).global_step(), 2);
+  state["format_version"] = 2;
+  test::write_text(json, state.dump(2));
+  try {
+    Trainer t(c, scorers());
+    FAIL() << "a newer format_version was accepted (resumed at step " << t.global_step() << ")";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("format_version 2 was written by a newer rpg"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TrainerTest, ResumeRefusesAnIncompatibleConfig) {
   TrainConfig c = config("incompatible");
   c.trainer.total_training_steps = 1;

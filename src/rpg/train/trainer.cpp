@@ -173,7 +173,7 @@ struct Trainer::Impl {
   LrSchedule schedule;
   std::vector<Prompt> prompts;
   std::vector<data::Row> val_rows;
-  fs::path run_dir;
+  RunDir run_dir{""};
   std::unique_ptr<MetricsLogger> logger;
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
   double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
@@ -310,12 +310,10 @@ struct Trainer::Impl {
             {"optim_type", cfg.actor_rollout_ref.actor.optim.optim_type}};
   }
 
-  // global_step_<N>/ = actor/ (Hugging Face model, evaluation weights) + train_state.* (the
-  // exact training weights, optimizer, reference, data position), published by one rename;
-  // latest_checkpointed_iteration.txt (verl's marker) is updated after it.
+  // A checkpoint (layout: RunDir) written into a temporary directory and published by one
+  // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
   void save_checkpoint() {
-    const fs::path dir = run_dir / str("global_step_", step);
-    AtomicDir out(dir);
+    AtomicDir out(run_dir.checkpoint(step));
     optimizer->use_eval_weights();
     model::SaveOptions so;
     so.copy_files_from = cfg.actor_rollout_ref.model.path;
@@ -328,58 +326,27 @@ struct Trainer::Impl {
     if (reference)
       for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
     save_tensor_file(out.path() / "train_state.safetensors", tensors);
-    nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor}, {"kl_in_reward_coef", kl_in_reward_coef},
-                            {"optimizer", os.scalars}, {"config", fingerprint()}, {"ref_updates", ref_updates},
-                            {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
-    write_file_atomic(out.path() / "train_state.json", state.dump(2) + "\n");
+    write_train_state(out.path(), {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
+                                   {"kl_in_reward_coef", kl_in_reward_coef}, {"optimizer", os.scalars},
+                                   {"config", fingerprint()}, {"ref_updates", ref_updates},
+                                   {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}});
     save_checkpoint_config(out.path(), cfg);
     out.commit();
-    write_file_atomic(run_dir / "latest_checkpointed_iteration.txt", std::to_string(step) + "\n");
-    prune_checkpoints();
-    eval::write_report(run_dir);
+    run_dir.mark_latest(step);
+    run_dir.prune(cfg.trainer.max_actor_ckpt_to_keep);
+    eval::write_report(run_dir.root());
   }
 
-  // Complete-looking checkpoint directories global_step_<N> (no temporary suffix), newest first.
-  std::vector<std::pair<int64_t, fs::path>> checkpoint_dirs() const {
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    if (!fs::is_directory(run_dir)) return steps;
-    for (const auto& e : fs::directory_iterator(run_dir)) {
-      const std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.size() > 12 &&
-          std::all_of(name.begin() + 12, name.end(), ::isdigit))
-        steps.emplace_back(std::stoll(name.substr(12)), e.path());
-    }
-    std::sort(steps.rbegin(), steps.rend());
-    return steps;
-  }
-
-  void prune_checkpoints() {
-    const auto keep = cfg.trainer.max_actor_ckpt_to_keep;
-    if (!keep || *keep <= 0) return;
-    const auto steps = checkpoint_dirs();
-    for (size_t i = static_cast<size_t>(*keep); i < steps.size(); ++i) fs::remove_all(steps[i].second);
-  }
-
-  // The checkpoints to resume from, best first (empty: start fresh). resume_mode auto takes
-  // the one the latest marker names, then every other global_step_N, newest first, so a
-  // damaged newest checkpoint falls back to the previous complete one.
+  // The checkpoints to resume from, best first (empty: start fresh).
   std::vector<fs::path> resume_candidates() const {
     const auto& t = cfg.trainer;
     if (t.resume_mode == "disable") return {};
     if (t.resume_mode == "resume_path") {
-      if (!fs::exists(fs::path(*t.resume_path) / "train_state.json"))
+      if (!RunDir::is_complete(*t.resume_path))
         throw ConfigError(str("trainer.resume_path: ", *t.resume_path, " is not a complete rpg checkpoint"));
       return {*t.resume_path};
     }
-    std::vector<fs::path> out;
-    const fs::path marker = run_dir / "latest_checkpointed_iteration.txt";
-    if (fs::exists(marker)) {
-      std::string text = read_file(marker);
-      out.push_back(run_dir / str("global_step_", text.substr(0, text.find_first_of("\r\n"))));
-    }
-    for (const auto& [n, p] : checkpoint_dirs())
-      if (out.empty() || p != out.front()) out.push_back(p);
-    return out;
+    return run_dir.resume_candidates();
   }
 
   // Loads the first candidate that is complete and intact; a damaged one is reported and
@@ -388,7 +355,7 @@ struct Trainer::Impl {
     const auto candidates = resume_candidates();
     for (const auto& dir : candidates) {
       try {
-        if (!fs::exists(dir / "train_state.json")) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
+        if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
         load_checkpoint(dir);
         return true;
       } catch (const ConfigError&) {
@@ -399,14 +366,13 @@ struct Trainer::Impl {
       }
     }
     if (!candidates.empty())
-      throw FormatError(str("no intact checkpoint in ", run_dir.string(),
+      throw FormatError(str("no intact checkpoint in ", run_dir.root().string(),
                             " (set trainer.resume_mode=disable to start over)"));
     return false;
   }
 
   void load_checkpoint(const fs::path& dir) {
-    auto state = nlohmann::json::parse(read_file(dir / "train_state.json"), nullptr, false);
-    if (!state.is_object()) throw FormatError(str(dir.string(), "/train_state.json: malformed JSON"));
+    auto state = read_train_state(dir);
     const auto want = fingerprint();
     for (const auto& [key, value] : want.items())
       if (state["config"][key] != value)
@@ -531,15 +497,11 @@ struct Trainer::Impl {
   // The run directory: a killed checkpoint write's temporary directory removed, the newest
   // intact checkpoint loaded, the logs of steps after it (a crashed run's tail) dropped.
   void open_run_dir() {
-    run_dir = cfg.trainer.default_local_dir;
-    if (fs::is_directory(run_dir))
-      for (const auto& e : fs::directory_iterator(run_dir)) {
-        const std::string name = e.path().filename().string();
-        if (name.rfind("global_step_", 0) == 0 && name.find(".tmp.") != std::string::npos) fs::remove_all(e.path());
-      }
+    run_dir = RunDir(cfg.trainer.default_local_dir);
+    run_dir.remove_partial();
     resume();
-    logger = std::make_unique<MetricsLogger>(run_dir, /*tensorboard=*/true, step + 1);
-    jsonl::keep_steps(run_dir / "samples.jsonl", [&](int64_t st) { return st <= step; });
+    logger = std::make_unique<MetricsLogger>(run_dir.root(), /*tensorboard=*/true, step + 1);
+    jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
   }
 
   // ---- train_step's phases --------------------------------------------------------------
@@ -802,7 +764,7 @@ struct Trainer::Impl {
     if (consecutive_skips >= cfg.trainer.max_consecutive_skips)
       throw Error(str("stopping: ", consecutive_skips, " optimizer steps in a row had a non-finite loss or "
                       "gradient (trainer.max_consecutive_skips); the last checkpoint in ",
-                      run_dir.string(), " is intact"));
+                      run_dir.root().string(), " is intact"));
   }
 
   // The policy loss of one micro-batch (differentiable), under the compute model.
@@ -877,7 +839,7 @@ struct Trainer::Impl {
     if (cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
       std::string lines;
       for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-      append_file(run_dir / "samples.jsonl", lines);
+      append_file(run_dir.root() / "samples.jsonl", lines);
     }
   }
 };
@@ -901,7 +863,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   s.open_run_dir();
   log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
                " steps; policy loss ", cfg.actor_rollout_ref.actor.policy_loss, ", advantages ",
-               cfg.algorithm.adv_estimator, "; run dir ", s.run_dir.string()));
+               cfg.algorithm.adv_estimator, "; run dir ", s.run_dir.root().string()));
 }
 
 Trainer::~Trainer() = default;
@@ -1002,7 +964,7 @@ void Trainer::fit() {
   }
   bar.finish();
   s.logger->flush(/*durable=*/true);
-  if (!fs::exists(s.run_dir / str("global_step_", s.step) / "train_state.json")) s.save_checkpoint();
+  if (!s.run_dir.has_complete(s.step)) s.save_checkpoint();
 }
 
 }  // namespace rpg::train
