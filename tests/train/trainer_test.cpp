@@ -6,6 +6,8 @@
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
@@ -775,6 +777,39 @@ TEST(TrainConfigResolve, NewKeysAreValidated) {
             std::string::npos);
   EXPECT_NE(error_of({"actor_rollout_ref.actor.ref_update_freq=0"}).find("ref_update_freq: must be > 0 unless"),
             std::string::npos);
+}
+
+// data.truncation cuts an over-long prompt exactly as verl's postprocess_data (live oracle).
+TEST(TruncatePrompt, EqualsVerlsPostprocessData) {
+  const std::vector<int> lengths = {5, 8, 9, 10, 13}, maxes = {1, 2, 4, 7, 8};
+  const std::vector<std::pair<const char*, Truncation>> modes = {
+      {"left", Truncation::kLeft}, {"right", Truncation::kRight}, {"middle", Truncation::kMiddle}};
+  const std::string code =
+      "import json, torch\n"
+      "from verl.utils.torch_functional import postprocess_data\n"
+      "out = []\n"
+      "for n in (5, 8, 9, 10, 13):\n"
+      "  for m in (1, 2, 4, 7, 8):\n"
+      "    for t in ('left', 'right', 'middle'):\n"
+      "      ids = torch.arange(100, 100 + n).unsqueeze(0)\n"
+      "      if n <= m: out.append(ids[0].tolist()); continue\n"
+      "      i, _ = postprocess_data(ids, torch.ones_like(ids), max_length=m, pad_token_id=0, left_pad=True,"
+      " truncation=t)\n"
+      "      out.append(i[0].tolist())\n"
+      "print(json.dumps(out))\n";
+  const auto r = test::run_process({test::python().string(), "-c", code});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto expected = nlohmann::json::parse(r.out);
+  size_t k = 0;
+  for (int n : lengths)
+    for (int m : maxes)
+      for (const auto& [name, mode] : modes) {
+        std::vector<int64_t> ids(static_cast<size_t>(n));
+        std::iota(ids.begin(), ids.end(), 100);
+        EXPECT_EQ(truncate_prompt(ids, m, mode), expected.at(k++).get<std::vector<int64_t>>())
+            << "n=" << n << " max=" << m << " " << name;
+      }
+  EXPECT_THROW(truncate_prompt({1, 2, 3}, 2, Truncation::kError), ValueError);
 }
 
 TEST(StepSummary, OneLineWithTheStepsKeyNumbers) {

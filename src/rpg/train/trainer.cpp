@@ -89,6 +89,25 @@ void append_file(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
+std::vector<int64_t> truncate_prompt(std::vector<int64_t> ids, int64_t max_len, Truncation how) {
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n <= max_len) return ids;
+  switch (how) {
+    case Truncation::kLeft: return {ids.end() - max_len, ids.end()};
+    case Truncation::kRight: ids.resize(static_cast<size_t>(max_len)); return ids;
+    case Truncation::kMiddle: {
+      // verl (utils/torch_functional.py postprocess_data): the first max_len // 2 tokens and
+      // the last max_len - max_len // 2.
+      const int64_t left = max_len / 2, right = max_len - left;
+      std::vector<int64_t> out(ids.begin(), ids.begin() + left);
+      out.insert(out.end(), ids.end() - right, ids.end());
+      return out;
+    }
+    case Truncation::kError: break;
+  }
+  throw ValueError(str("prompt of ", n, " tokens > ", max_len, " and truncation=error"));
+}
+
 double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n) {
   const double error = std::clamp(current_kl / target_kl - 1.0, -0.2, 0.2);
   return coef * (1.0 + error * static_cast<double>(n) / static_cast<double>(horizon));
@@ -178,6 +197,8 @@ struct Trainer::Impl {
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
   double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
   bool needs_reference = false;
+  algo::PolicyLossConfig loss_cfg;
+  algo::KlEstimator kl_penalty = algo::KlEstimator::K1;  // algorithm.kl_penalty
   bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
   bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
   bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
@@ -190,9 +211,9 @@ struct Trainer::Impl {
       : cfg(std::move(c)),
         scorers(std::move(s)),
         policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, "float32", cfg.trainer.device)) {
-    recompute_old = cfg.actor_rollout_ref.actor.old_log_prob_source == "recompute";
-    filter_by_acc = cfg.algorithm.filter_groups.metric == "acc";
-    adaptive_kl_ctrl = cfg.algorithm.kl_ctrl.type == "adaptive";
+    recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
+    filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
+    adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
   }
 
   void set_epoch(int64_t e) {
@@ -340,8 +361,8 @@ struct Trainer::Impl {
   // The checkpoints to resume from, best first (empty: start fresh).
   std::vector<fs::path> resume_candidates() const {
     const auto& t = cfg.trainer;
-    if (t.resume_mode == "disable") return {};
-    if (t.resume_mode == "resume_path") {
+    if (cfg.choices.resume_mode == ResumeMode::kDisable) return {};
+    if (cfg.choices.resume_mode == ResumeMode::kResumePath) {
       if (!RunDir::is_complete(*t.resume_path))
         throw ConfigError(str("trainer.resume_path: ", *t.resume_path, " is not a complete rpg checkpoint"));
       return {*t.resume_path};
@@ -361,7 +382,7 @@ struct Trainer::Impl {
       } catch (const ConfigError&) {
         throw;  // an incompatible configuration is the user's decision, not damage
       } catch (const Error& e) {
-        if (cfg.trainer.resume_mode == "resume_path") throw;
+        if (cfg.choices.resume_mode == ResumeMode::kResumePath) throw;
         log_warn(str("skipping damaged checkpoint: ", e.what()));
       }
     }
@@ -436,12 +457,11 @@ struct Trainer::Impl {
       const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
       if (len > max_len) {
         if (cfg.data.filter_overlong_prompts) continue;
-        if (cfg.data.truncation == "left") p.ids.erase(p.ids.begin(), p.ids.end() - max_len);
-        else if (cfg.data.truncation == "right") p.ids.resize(static_cast<size_t>(max_len));
-        else
+        if (cfg.choices.truncation == Truncation::kError)
           throw ValueError(str("data.train_files: row ", i, " has a prompt of ", len,
                                " tokens > data.max_prompt_length=", max_len,
-                               " (set data.truncation=left|right or data.filter_overlong_prompts=true)"));
+                               " (set data.truncation=left|right|middle or data.filter_overlong_prompts=true)"));
+        p.ids = truncate_prompt(std::move(p.ids), max_len, cfg.choices.truncation);
       }
       prompts.push_back(std::move(p));
     }
@@ -479,14 +499,13 @@ struct Trainer::Impl {
     const auto& actor = cfg.actor_rollout_ref.actor;
     const auto& path = cfg.actor_rollout_ref.model.path;
     kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
-    const bool grpo_kl = actor.use_kl_loss && actor.policy_loss.rfind("grpo", 0) == 0;
-    needs_reference = grpo_kl || cfg.algorithm.use_kl_in_reward;
+    needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
     if (needs_reference && !(actor.use_iterative_ref_model && actor.ref_update_freq == 1)) {
       reference = std::make_unique<model::CausalLM>(
           model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()}));
       reference->set_requires_grad(false);
     }
-    if (actor.compute_dtype == "bfloat16") {
+    if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
       compute = std::make_unique<model::CausalLM>(
           model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
       compute->set_requires_grad(true);
@@ -673,7 +692,7 @@ struct Trainer::Impl {
     AdvantageResult out;
     out.token_level_rewards = sb.token_level_scores;
     if (cfg.algorithm.use_kl_in_reward) {
-      const auto estimator = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
+      const auto estimator = kl_penalty;
       out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs, mask,
                                                        kl_in_reward_coef, estimator);
       // The batch's KL (mean over rows of each row's token mean), as verl's controller sees it.
@@ -701,7 +720,7 @@ struct Trainer::Impl {
   // optimizer step per mini-batch. `batch` carries old_log_probs, ref_log_probs, advantages.
   UpdateStats update_actor(const rollout::Batch& batch) {
     const auto& actor = cfg.actor_rollout_ref.actor;
-    const algo::PolicyLossConfig lc = loss_config();
+    const algo::PolicyLossConfig& lc = loss_cfg;
     UpdateStats stats;
     stats.lr = actor.optim.lr * schedule.factor(optimizer->step_count());
     const int64_t rows_per_mini =
@@ -856,7 +875,8 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   s.policy.model.set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
   (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
   (void)algo::policy_loss_registry().get(cfg.actor_rollout_ref.actor.policy_loss);
-  (void)s.loss_config();
+  s.loss_cfg = s.loss_config();  // the loss's string keys parsed once
+  s.kl_penalty = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
   s.load_data();
   s.build_optimizer();
   s.build_models();

@@ -32,6 +32,11 @@ namespace rpg::train {
 
 using Metrics = std::map<std::string, double>;
 
+// A prompt longer than max_len cut as verl's data.truncation does: left keeps the end, right
+// the start, middle the first max_len / 2 and the last max_len - max_len / 2 tokens.
+// ValueError for kError. Shorter prompts are returned unchanged.
+std::vector<int64_t> truncate_prompt(std::vector<int64_t> ids, int64_t max_len, Truncation how);
+
 // The adaptive KL controller of Ziegler et al. (2019) as verl applies it to the KL-in-reward
 // coefficient: coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon).
 double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n);
