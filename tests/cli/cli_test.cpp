@@ -63,6 +63,22 @@ TEST(Cli, CommandHelp) {
   EXPECT_NE(r.out.find("usage: rpg config show"), std::string::npos) << r.out;
 }
 
+// `rpg config show --help` lists every policy loss with its registry description and what it
+// needs (a reference model only for a KL loss towards pi_ref).
+TEST(Cli, ConfigShowHelpListsThePolicyLosses) {
+  ProcessResult r = rpg({"config", "show", "--help"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {"vanilla", "dapo", "grpo", "grpo_corrected", "gspo", "cispo", "rpg", "rpg_reinforce"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + name + " "), std::string::npos) << name << "\n" << r.out;
+  auto line_of = [&](const std::string& name) {
+    const size_t at = r.out.find("\n  " + name + " ");
+    return at == std::string::npos ? std::string() : r.out.substr(at + 1, r.out.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_NE(line_of("grpo").find("[use_kl_loss: reference model]"), std::string::npos) << line_of("grpo");
+  EXPECT_EQ(line_of("rpg").find("reference model"), std::string::npos) << line_of("rpg");
+  EXPECT_NE(line_of("rpg").find("Alg. 1"), std::string::npos) << line_of("rpg");
+}
+
 TEST(Cli, UnknownFlagIsUsageError) {
   expect_one_line_error(rpg({"config", "show", "--bogus"}), 2, "unknown option '--bogus'");
 }

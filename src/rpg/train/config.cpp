@@ -176,10 +176,11 @@ void TrainConfig::validate() const {
     // A reference model is used only by grpo's KL loss and by KL in the reward; rpg and
     // rpg_reinforce regularise towards pi_old, which is the policy at the start of each step.
     const auto& a = actor_rollout_ref.actor;
-    const bool uses_reference = (a.use_kl_loss && a.policy_loss.rfind("grpo", 0) == 0) || algorithm.use_kl_in_reward;
-    require(a.ref_kl_target == 0 || uses_reference, "actor_rollout_ref.actor.ref_kl_target",
+    const bool loss_uses_reference = a.use_kl_loss && algo::policy_loss_registry().get(a.policy_loss).needs_reference;
+    require(a.ref_kl_target == 0 || loss_uses_reference || algorithm.use_kl_in_reward,
+            "actor_rollout_ref.actor.ref_kl_target",
             str("no reference policy is in use (policy_loss ", a.policy_loss, " regularises towards pi_old; a reference "
-                "is used by grpo's KL loss and algorithm.use_kl_in_reward)"));
+                "is used by a KL loss towards pi_ref (grpo*) and algorithm.use_kl_in_reward)"));
   }
   at_least<int64_t>(reward_model.overlong_buffer.len, 0, "reward_model.overlong_buffer.len");
   at_least(reward_model.overlong_buffer.penalty_factor, 0.0, "reward_model.overlong_buffer.penalty_factor");
@@ -251,7 +252,8 @@ std::vector<std::string> TrainConfig::resolve() {
       choice<FilterMetric>(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
   choices.resume_mode =
       choice<ResumeMode>(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
-  choices.kl_loss_uses_reference = a.use_kl_loss && a.policy_loss.rfind("grpo", 0) == 0;
+  choices.kl_loss_uses_reference = a.use_kl_loss && algo::policy_loss_registry().contains(a.policy_loss) &&
+                                   algo::policy_loss_registry().get(a.policy_loss).needs_reference;
   return notices;
 }
 

@@ -259,7 +259,7 @@ struct ActorRolloutRefConfig {
     v.section("rollout", rollout);
     v.ignored("ref", "the reference policy shares the actor's settings");
     v.ignored("hybrid_engine", "rollout and training always share weights in rpg");
-    v.ignored("nccl_timeout", "set by rpg's process groups");
+    v.ignored("nccl_timeout", "rpg runs in one process, with no NCCL process groups");
   }
 };
 
