@@ -1,6 +1,7 @@
 // The RL loop on a tiny chat model made by Hugging Face libraries, with an injected scorer:
 // micro-batching never changes an update, and RL raises the reward of a learnable task.
 #include "rpg/train/trainer.h"
+#include "rpg/train/trainer_testing.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -117,11 +118,11 @@ TEST_F(TrainerTest, MicroBatchingAndPackingKeepTheGradientInEveryAggMode) {
         a.ppo_max_token_len_per_gpu = 700;  // about 3 sequences of ~200 tokens
       }
       Trainer t(c, scorers());
-      t.record_updates(true);
+      TrainerTesting::record_updates(t, true);
       auto m = t.train_step();
       EXPECT_NE(m.at("critic/advantages/max"), 0.0);  // a real update, not a no-op
-      ASSERT_EQ(t.last_updates().size(), 1u);
-      updates.push_back(t.last_updates()[0]);
+      ASSERT_EQ(TrainerTesting::last_updates(t).size(), 1u);
+      updates.push_back(TrainerTesting::last_updates(t)[0]);
     }
     const auto& whole = updates[0];
     for (int variant = 1; variant < 4; ++variant) {
@@ -555,14 +556,14 @@ TEST_F(TrainerTest, StepLossAndGradientEqualTheAlgorithmModule) {
     c.actor_rollout_ref.actor.optim.lr = 1e-2;
     k.set(c);
     Trainer t(c, scorers());
-    t.record_updates(true);
+    TrainerTesting::record_updates(t, true);
     t.train_step();
     auto m = t.train_step();
-    ASSERT_EQ(t.last_updates().size(), 2u) << k.name;
+    ASSERT_EQ(TrainerTesting::last_updates(t).size(), 2u) << k.name;
     for (size_t i = 0; i < 2; ++i) {
-      const auto h = hand_update(fixture_ / "model", t, t.last_updates()[i], k.loss, k.lc,
+      const auto h = hand_update(fixture_ / "model", t, TrainerTesting::last_updates(t)[i], k.loss, k.lc,
                                  c.actor_rollout_ref.rollout.temperature, at::kFloat);
-      expect_same_update(t.last_updates()[i], h, 1e-6, k.name + " mini-batch " + std::to_string(i));
+      expect_same_update(TrainerTesting::last_updates(t)[i], h, 1e-6, k.name + " mini-batch " + std::to_string(i));
     }
     if (k.loss == "grpo") {
       EXPECT_GT(m.at("actor/kl_loss"), 1e-7) << "the reference must differ from pi_old at step 2";
@@ -655,12 +656,12 @@ TEST_F(TrainerTest, Bf16ComputeKeepsFp32MasterWeights) {
     c.actor_rollout_ref.actor.compute_dtype = dtype;
     c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 3;  // accumulation over micro-batches
     Trainer t(c, scorers());
-    t.record_updates(true);
+    TrainerTesting::record_updates(t, true);
     auto m = t.train_step();
     for (const auto& [k, v] : m) EXPECT_TRUE(std::isfinite(v)) << dtype << ": " << k << " = " << v;
     for (const auto& p : t.model().parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat) << dtype;
-    for (const auto& g : t.last_updates()[0].grads) EXPECT_EQ(g.scalar_type(), at::kFloat) << dtype;
-    first.push_back(t.last_updates()[0]);
+    for (const auto& g : TrainerTesting::last_updates(t)[0].grads) EXPECT_EQ(g.scalar_type(), at::kFloat) << dtype;
+    first.push_back(TrainerTesting::last_updates(t)[0]);
     std::vector<at::Tensor> ps;
     for (const auto& p : t.model().parameters()) ps.push_back(p.detach().clone());
     after.push_back(std::move(ps));
@@ -697,7 +698,7 @@ TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
     if (level != "none") c.algorithm.rollout_correction.rollout_is = level;
     c.algorithm.rollout_correction.rollout_is_threshold = 1.0;
     Trainer t(c, scorers());
-    t.record_updates(true);
+    TrainerTesting::record_updates(t, true);
     auto m = t.train_step();
     algo::PolicyLossConfig lc;
     lc.clip_ratio_low = 0.2;
@@ -710,7 +711,7 @@ TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
       lc.rollout_correction_cap = 1.0;
       EXPECT_LT(m.at("actor/rollout_is_mean"), 1.0) << level;
     }
-    const auto& r = t.last_updates()[0];
+    const auto& r = TrainerTesting::last_updates(t)[0];
     const auto h = hand_update(fixture_ / "model", t, r, "rpg_reinforce", lc, c.actor_rollout_ref.rollout.temperature,
                                at::kBFloat16);
     expect_same_update(r, h, 1e-6, level);

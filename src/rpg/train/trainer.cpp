@@ -31,6 +31,7 @@
 #include "rpg/rollout/policy.h"
 #include "rpg/train/checkpoint.h"
 #include "rpg/train/resume_check.h"
+#include "rpg/train/trainer_testing.h"
 #include "rpg/train/optim.h"
 
 #include <nlohmann/json.hpp>
@@ -722,7 +723,8 @@ struct Trainer::Impl {
     const auto& actor = cfg.actor_rollout_ref.actor;
     const algo::PolicyLossConfig& lc = loss_cfg;
     UpdateStats stats;
-    stats.lr = actor.optim.lr * schedule.factor(optimizer->step_count());
+    // The LR the first update of the step uses (schedule-free AdamW: its own warm-up).
+    stats.lr = optimizer->lr_of_next_step(actor.optim.lr * schedule.factor(optimizer->step_count()));
     const int64_t rows_per_mini =
         std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
     const auto t_update = Clock::now();
@@ -893,8 +895,8 @@ bool Trainer::has_reference_model() const { return impl_->reference != nullptr; 
 int64_t Trainer::total_steps() const { return impl_->total_steps; }
 const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
-void Trainer::record_updates(bool on) { impl_->recording = on; }
-const std::vector<UpdateRecord>& Trainer::last_updates() const { return impl_->updates; }
+void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
+const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
 
 std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
   auto get = [&](const char* key) {

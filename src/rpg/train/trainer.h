@@ -46,17 +46,6 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
 // (actor/kl_loss, else actor/rpg_kl, else actor/reward_kl_penalty, else actor/ppo_kl).
 std::string step_summary(int64_t step, int64_t total, const Metrics& m);
 
-// One optimizer step as the trainer took it (recorded on request, for tests that rebuild the
-// update by hand): the rows of Trainer::last_batch() in the mini-batch, the fp32 master
-// weights before the step, the summed micro-batch losses and the accumulated fp32 gradients
-// before clipping, in named_parameters() order.
-struct UpdateRecord {
-  std::vector<int64_t> rows;
-  std::vector<at::Tensor> weights;
-  double loss = 0.0;
-  std::vector<at::Tensor> grads;
-};
-
 class Trainer {
  public:
   // Loads the model, tokenizer and datasets; throws ConfigError / FormatError / IoError
@@ -90,12 +79,8 @@ class Trainer {
   // response_mask, rollout_log_probs, group_index, old_log_probs, ref_log_probs (when a
   // reference is used), advantages.
   const rollout::Batch& last_batch() const;
-  // With on = true every later train_step keeps an UpdateRecord per optimizer step (costs a
-  // copy of the weights and gradients each time).
-  void record_updates(bool on);
-  const std::vector<UpdateRecord>& last_updates() const;
-
  private:
+  friend struct TrainerTesting;  // trainer_testing.h: hooks for tests that rebuild an update
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
