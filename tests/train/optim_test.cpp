@@ -103,6 +103,8 @@ TEST(Optim, ScheduleFreeAdamWMatchesReferenceImplementation) {
   auto opt = make_optimizer(o, ps);
   for (int s = 0; s < pr.steps; ++s) {
     set_grads(ps, pr, s);
+    // The LR the trainer logs is the warm-up's, whatever schedule it is handed.
+    EXPECT_DOUBLE_EQ(opt->lr_of_next_step(123.0), o.lr * std::min(1.0, (s + 1.0) / 3.0)) << s;
     opt->step(0.0);
     for (size_t i = 0; i < ps.size(); ++i) expect_close(ps[i].second, ref.at(str("p.", s, ".", i)), 1e-13, str("step ", s, " param ", i));
   }

@@ -1,10 +1,13 @@
 // The RL loop on a tiny chat model made by Hugging Face libraries, with an injected scorer:
 // micro-batching never changes an update, and RL raises the reward of a learnable task.
 #include "rpg/train/trainer.h"
+#include "rpg/train/trainer_testing.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <gtest/gtest.h>
+
+#include <numeric>
 
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
@@ -115,11 +118,11 @@ TEST_F(TrainerTest, MicroBatchingAndPackingKeepTheGradientInEveryAggMode) {
         a.ppo_max_token_len_per_gpu = 700;  // about 3 sequences of ~200 tokens
       }
       Trainer t(c, scorers());
-      t.record_updates(true);
+      TrainerTesting::record_updates(t, true);
       auto m = t.train_step();
       EXPECT_NE(m.at("critic/advantages/max"), 0.0);  // a real update, not a no-op
-      ASSERT_EQ(t.last_updates().size(), 1u);
-      updates.push_back(t.last_updates()[0]);
+      ASSERT_EQ(TrainerTesting::last_updates(t).size(), 1u);
+      updates.push_back(TrainerTesting::last_updates(t)[0]);
     }
     const auto& whole = updates[0];
     for (int variant = 1; variant < 4; ++variant) {
@@ -213,6 +216,34 @@ TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {
   // Nothing intact at all is an error, not a silent fresh start.
   for (int step : {1, 2}) test::write_text(run / str("global_step_", step) / "train_state.json", "{");
   EXPECT_THROW(Trainer(c, scorers()), FormatError);
+}
+
+// train_state.json carries a format_version; a file without one (written before it existed)
+// still resumes, a newer one is refused with a clear message (not skipped as damaged, which
+// would silently resume from an older checkpoint).
+TEST_F(TrainerTest, CheckpointFormatVersion) {
+  TrainConfig c = config("format_version");
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  c.trainer.total_training_steps = 2;
+  c.trainer.save_freq = 1;
+  {
+    Trainer t(c, scorers());
+    t.fit();
+  }
+  const fs::path json = dir_->path() / "format_version" / "global_step_2" / "train_state.json";
+  auto state = nlohmann::json::parse(read_file(json));
+  EXPECT_EQ(state.at("format_version"), 1);
+  state.erase("format_version");
+  test::write_text(json, state.dump(2));
+  EXPECT_EQ(Trainer(c, scorers()).global_step(), 2);
+  state["format_version"] = 2;
+  test::write_text(json, state.dump(2));
+  try {
+    Trainer t(c, scorers());
+    FAIL() << "a newer format_version was accepted (resumed at step " << t.global_step() << ")";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("format_version 2 was written by a newer rpg"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(TrainerTest, ResumeRefusesAnIncompatibleConfig) {
@@ -525,14 +556,14 @@ TEST_F(TrainerTest, StepLossAndGradientEqualTheAlgorithmModule) {
     c.actor_rollout_ref.actor.optim.lr = 1e-2;
     k.set(c);
     Trainer t(c, scorers());
-    t.record_updates(true);
+    TrainerTesting::record_updates(t, true);
     t.train_step();
     auto m = t.train_step();
-    ASSERT_EQ(t.last_updates().size(), 2u) << k.name;
+    ASSERT_EQ(TrainerTesting::last_updates(t).size(), 2u) << k.name;
     for (size_t i = 0; i < 2; ++i) {
-      const auto h = hand_update(fixture_ / "model", t, t.last_updates()[i], k.loss, k.lc,
+      const auto h = hand_update(fixture_ / "model", t, TrainerTesting::last_updates(t)[i], k.loss, k.lc,
                                  c.actor_rollout_ref.rollout.temperature, at::kFloat);
-      expect_same_update(t.last_updates()[i], h, 1e-6, k.name + " mini-batch " + std::to_string(i));
+      expect_same_update(TrainerTesting::last_updates(t)[i], h, 1e-6, k.name + " mini-batch " + std::to_string(i));
     }
     if (k.loss == "grpo") {
       EXPECT_GT(m.at("actor/kl_loss"), 1e-7) << "the reference must differ from pi_old at step 2";
@@ -625,12 +656,12 @@ TEST_F(TrainerTest, Bf16ComputeKeepsFp32MasterWeights) {
     c.actor_rollout_ref.actor.compute_dtype = dtype;
     c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 3;  // accumulation over micro-batches
     Trainer t(c, scorers());
-    t.record_updates(true);
+    TrainerTesting::record_updates(t, true);
     auto m = t.train_step();
     for (const auto& [k, v] : m) EXPECT_TRUE(std::isfinite(v)) << dtype << ": " << k << " = " << v;
     for (const auto& p : t.model().parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat) << dtype;
-    for (const auto& g : t.last_updates()[0].grads) EXPECT_EQ(g.scalar_type(), at::kFloat) << dtype;
-    first.push_back(t.last_updates()[0]);
+    for (const auto& g : TrainerTesting::last_updates(t)[0].grads) EXPECT_EQ(g.scalar_type(), at::kFloat) << dtype;
+    first.push_back(TrainerTesting::last_updates(t)[0]);
     std::vector<at::Tensor> ps;
     for (const auto& p : t.model().parameters()) ps.push_back(p.detach().clone());
     after.push_back(std::move(ps));
@@ -667,7 +698,7 @@ TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
     if (level != "none") c.algorithm.rollout_correction.rollout_is = level;
     c.algorithm.rollout_correction.rollout_is_threshold = 1.0;
     Trainer t(c, scorers());
-    t.record_updates(true);
+    TrainerTesting::record_updates(t, true);
     auto m = t.train_step();
     algo::PolicyLossConfig lc;
     lc.clip_ratio_low = 0.2;
@@ -680,7 +711,7 @@ TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
       lc.rollout_correction_cap = 1.0;
       EXPECT_LT(m.at("actor/rollout_is_mean"), 1.0) << level;
     }
-    const auto& r = t.last_updates()[0];
+    const auto& r = TrainerTesting::last_updates(t)[0];
     const auto h = hand_update(fixture_ / "model", t, r, "rpg_reinforce", lc, c.actor_rollout_ref.rollout.temperature,
                                at::kBFloat16);
     expect_same_update(r, h, 1e-6, level);
@@ -747,6 +778,39 @@ TEST(TrainConfigResolve, NewKeysAreValidated) {
             std::string::npos);
   EXPECT_NE(error_of({"actor_rollout_ref.actor.ref_update_freq=0"}).find("ref_update_freq: must be > 0 unless"),
             std::string::npos);
+}
+
+// data.truncation cuts an over-long prompt exactly as verl's postprocess_data (live oracle).
+TEST(TruncatePrompt, EqualsVerlsPostprocessData) {
+  const std::vector<int> lengths = {5, 8, 9, 10, 13}, maxes = {1, 2, 4, 7, 8};
+  const std::vector<std::pair<const char*, Truncation>> modes = {
+      {"left", Truncation::kLeft}, {"right", Truncation::kRight}, {"middle", Truncation::kMiddle}};
+  const std::string code =
+      "import json, torch\n"
+      "from verl.utils.torch_functional import postprocess_data\n"
+      "out = []\n"
+      "for n in (5, 8, 9, 10, 13):\n"
+      "  for m in (1, 2, 4, 7, 8):\n"
+      "    for t in ('left', 'right', 'middle'):\n"
+      "      ids = torch.arange(100, 100 + n).unsqueeze(0)\n"
+      "      if n <= m: out.append(ids[0].tolist()); continue\n"
+      "      i, _ = postprocess_data(ids, torch.ones_like(ids), max_length=m, pad_token_id=0, left_pad=True,"
+      " truncation=t)\n"
+      "      out.append(i[0].tolist())\n"
+      "print(json.dumps(out))\n";
+  const auto r = test::run_process({test::python().string(), "-c", code});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto expected = nlohmann::json::parse(r.out);
+  size_t k = 0;
+  for (int n : lengths)
+    for (int m : maxes)
+      for (const auto& [name, mode] : modes) {
+        std::vector<int64_t> ids(static_cast<size_t>(n));
+        std::iota(ids.begin(), ids.end(), 100);
+        EXPECT_EQ(truncate_prompt(ids, m, mode), expected.at(k++).get<std::vector<int64_t>>())
+            << "n=" << n << " max=" << m << " " << name;
+      }
+  EXPECT_THROW(truncate_prompt({1, 2, 3}, 2, Truncation::kError), ValueError);
 }
 
 TEST(StepSummary, OneLineWithTheStepsKeyNumbers) {

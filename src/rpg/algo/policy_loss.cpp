@@ -9,7 +9,8 @@
 
 namespace rpg::algo {
 
-// Each loss lives in its own file (losses_*.cpp); adding one = that file + one line below.
+// The losses are defined in losses_ppo.cpp (the PPO family, grpo*, gspo, cispo) and
+// losses_rpg.cpp (rpg, rpg_reinforce); adding one = its function + one registry line below.
 PolicyLossOutput ppo_clip_loss(const PolicyLossInputs&, const PolicyLossConfig&);
 PolicyLossOutput grpo_loss(const PolicyLossInputs&, const PolicyLossConfig&);
 PolicyLossOutput grpo_corrected_loss(const PolicyLossInputs&, const PolicyLossConfig&);
@@ -20,26 +21,29 @@ PolicyLossOutput rpg_reinforce_loss(const PolicyLossInputs&, const PolicyLossCon
 
 namespace {
 
-void register_policy_losses(Registry<PolicyLossFn>& r) {
-  r.add("ppo", ppo_clip_loss);
-  r.add("vanilla", ppo_clip_loss);  // verl's name of the same loss (actor.policy_loss default)
-  r.add("dapo", ppo_clip_loss);
-  r.add("rfpp", ppo_clip_loss);
-  r.add("rfppb", ppo_clip_loss);
-  r.add("rloo", ppo_clip_loss);
-  r.add("grpo", grpo_loss);
-  r.add("grpo_corrected", grpo_corrected_loss);
-  r.add("gspo", gspo_loss);
-  r.add("cispo", cispo_loss);
-  r.add("rpg", rpg_loss);
-  r.add("rpg_reinforce", rpg_reinforce_loss);
+constexpr bool kRef = true, kOld = true;
+
+void register_policy_losses(Registry<PolicyLossEntry>& r) {
+  r.add("ppo", {ppo_clip_loss, !kRef, kOld, "PPO clip (eps_low/eps_high) with dual-clip c"});
+  r.add("vanilla", {ppo_clip_loss, !kRef, kOld, "verl's name of ppo (actor.policy_loss default)"});
+  r.add("dapo", {ppo_clip_loss, !kRef, kOld, "ppo; DAPO is clip-higher + token-mean + dynamic sampling"});
+  r.add("rfpp", {ppo_clip_loss, !kRef, kOld, "ppo; REINFORCE++ is its advantage + KL in the reward"});
+  r.add("rfppb", {ppo_clip_loss, !kRef, kOld, "ppo; REINFORCE++-baseline"});
+  r.add("rloo", {ppo_clip_loss, !kRef, kOld, "ppo; RLOO is its advantage estimator"});
+  r.add("grpo", {grpo_loss, kRef, kOld, "ppo + beta * k3(pi_ref/pi_theta), no importance weight (Sec. 2.2)"});
+  r.add("grpo_corrected", {grpo_corrected_loss, kRef, kOld, "ppo + beta * w * k3(pi_ref/pi_theta) (Sec. 2.2)"});
+  r.add("gspo", {gspo_loss, !kRef, kOld, "sequence-level importance ratio (Zheng et al. 2025)"});
+  r.add("cispo", {cispo_loss, !kRef, kOld, "clipped stop-gradient IS weight x log-prob (MiniMax-M1)"});
+  r.add("rpg", {rpg_loss, !kRef, kOld, "fully differentiable RPG surrogate, KL to pi_old (Tables 1, 4; Alg. 1)"});
+  r.add("rpg_reinforce",
+        {rpg_reinforce_loss, !kRef, kOld, "REINFORCE-style RPG surrogate, KL to pi_old (Table 2; Alg. 2)"});
 }
 
 }  // namespace
 
-const Registry<PolicyLossFn>& policy_loss_registry() {
-  static const Registry<PolicyLossFn> registry = [] {
-    Registry<PolicyLossFn> r("policy_loss");
+const Registry<PolicyLossEntry>& policy_loss_registry() {
+  static const Registry<PolicyLossEntry> registry = [] {
+    Registry<PolicyLossEntry> r("policy_loss");
     register_policy_losses(r);
     return r;
   }();
@@ -50,7 +54,7 @@ std::vector<std::string> policy_loss_names() { return policy_loss_registry().nam
 
 PolicyLossOutput compute_policy_loss(std::string_view name, const PolicyLossInputs& inputs,
                                      const PolicyLossConfig& config) {
-  return policy_loss_registry().get(name)(inputs, config);
+  return policy_loss_registry().get(name).fn(inputs, config);
 }
 
 void validate(const PolicyLossConfig& c) {

@@ -82,8 +82,22 @@ struct PolicyLossOutput {
 
 using PolicyLossFn = PolicyLossOutput (*)(const PolicyLossInputs&, const PolicyLossConfig&);
 
+// A registry entry declares what its loss needs, so the trainer and the config check ask the
+// entry, never the name. A bare function converts to an entry with the defaults.
+struct PolicyLossEntry {
+  PolicyLossFn fn = nullptr;
+  // Its KL term (kl_coef > 0, i.e. use_kl_loss) is towards pi_ref: a reference model's
+  // log-probs (ref_log_probs) are required.
+  bool needs_reference = false;
+  // It uses the sampling policy's log-probs (the importance ratio / RPG's target pi_old).
+  bool needs_old_log_probs = true;
+  const char* description = "";
+  PolicyLossEntry(PolicyLossFn f, bool needs_ref = false, bool needs_old = true, const char* what = "")  // NOLINT
+      : fn(f), needs_reference(needs_ref), needs_old_log_probs(needs_old), description(what) {}
+};
+
 // The registry of every policy loss, filled once by register_policy_losses() (policy_loss.cpp).
-const Registry<PolicyLossFn>& policy_loss_registry();
+const Registry<PolicyLossEntry>& policy_loss_registry();
 std::vector<std::string> policy_loss_names();
 
 // Looks the loss up by name (ValueError listing the valid names) and runs it.

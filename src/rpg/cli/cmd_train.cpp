@@ -25,13 +25,11 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
       .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.policy_loss=rpg_reinforce")
       .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
   if (!parser.parse(args)) return 0;
-  auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
-  for (const auto& notice : loaded.notices) log_info(notice);
-  for (const auto& notice : loaded.value.resolve()) log_info(notice);  // aliases -> canonical keys
+  TrainConfig config = load_train_config(file, overrides);
   // The resolved configuration, beside the run's metrics and checkpoints.
-  const std::string resolved = config_to_yaml(loaded.value);
-  const std::filesystem::path run_dir = loaded.value.trainer.default_local_dir;
-  train::Trainer trainer(std::move(loaded.value), reward::builtin_scorers());
+  const std::string resolved = config_to_yaml(config);
+  const std::filesystem::path run_dir = config.trainer.default_local_dir;
+  train::Trainer trainer(std::move(config), reward::builtin_scorers());
   write_file_atomic(run_dir / "config.yaml", resolved);
   trainer.fit();
   return 0;

@@ -5,6 +5,7 @@
 #include "rpg/core/args.h"
 #include "rpg/core/build_info.h"
 #include "rpg/core/config.h"
+#include "rpg/algo/policy_loss.h"
 #include "rpg/core/log.h"
 #include "rpg/train/config.h"
 
@@ -31,20 +32,31 @@ const std::vector<Command>& commands() {
   return table;
 }
 
-int run_config_show(const std::string& full_name, const std::vector<std::string>& args) {
-  std::string file;
-  std::vector<std::string> overrides;
-  ArgParser parser(full_name,
-                   "Loads a training config (YAML), applies key=value overrides in order, fills in the\n"
-                   "defaults and prints the result. Unknown keys and wrong types are errors.");
-  parser.positional("CONFIG", &file, "YAML file ('-' for defaults only)")
-      .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.optim.lr=1e-6")
-      .epilog("example: rpg config show recipes/rpg_reinforce_ufkl.yaml data.train_batch_size=64");
-  if (!parser.parse(args)) return 0;
+TrainConfig load_train_config(const std::string& file, const std::vector<std::string>& overrides) {
   auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
   for (const auto& notice : loaded.notices) log_info(notice);
   for (const auto& notice : loaded.value.resolve()) log_info(notice);  // aliases -> canonical keys
-  std::cout << config_to_yaml(loaded.value);
+  return std::move(loaded.value);
+}
+
+int run_config_show(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string file;
+  std::vector<std::string> overrides;
+  std::string losses = "policy losses (actor_rollout_ref.actor.policy_loss; docs/algorithms.md):";
+  for (const auto& name : algo::policy_loss_names()) {
+    const auto& e = algo::policy_loss_registry().get(name);
+    losses += str("\n  ", name, std::string(name.size() < 16 ? 16 - name.size() : 1, ' '), e.description,
+                  e.needs_reference ? " [use_kl_loss: reference model]" : "");
+  }
+  ArgParser parser(full_name,
+                   "Loads a training config (YAML), applies key=value overrides in order, fills in the\n"
+                   "defaults and prints the result. Unknown keys, wrong types and out-of-range values are\n"
+                   "errors naming the full key.");
+  parser.positional("CONFIG", &file, "YAML file ('-' for defaults only)")
+      .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.optim.lr=1e-6")
+      .epilog("example: rpg config show recipes/rpg_reinforce_ufkl.yaml data.train_batch_size=64\n\n" + losses);
+  if (!parser.parse(args)) return 0;
+  std::cout << config_to_yaml(load_train_config(file, overrides));
   return 0;
 }
 

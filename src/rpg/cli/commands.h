@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "rpg/train/config.h"
+
 namespace rpg::cli {
 
 struct Command {
@@ -12,6 +14,10 @@ struct Command {
   std::string summary;  // one line for `rpg --help`
   int (*run)(const std::string& full_name, const std::vector<std::string>& args);
 };
+
+// `rpg train` / `rpg config show`: CONFIG ('-': defaults only) + overrides, bound, validated
+// and resolved (aliases -> canonical keys); the loader's and resolver's notices are logged.
+TrainConfig load_train_config(const std::string& file, const std::vector<std::string>& overrides);
 
 // Every command, in the order `rpg --help` lists them.
 const std::vector<Command>& commands();

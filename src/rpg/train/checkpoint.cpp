@@ -2,10 +2,13 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/test_hook.h"
 #include "rpg/model/safetensors.h"
 
@@ -78,6 +81,89 @@ std::map<std::string, at::Tensor> load_tensor_file(const std::filesystem::path& 
     out.emplace(info.name, std::move(t));
   }
   return out;
+}
+
+namespace {
+constexpr std::string_view kStepPrefix = "global_step_";
+constexpr const char* kLatestMarker = "latest_checkpointed_iteration.txt";
+constexpr const char* kStateJson = "train_state.json";
+}  // namespace
+
+std::filesystem::path RunDir::checkpoint(int64_t step) const {
+  return root_ / (std::string(kStepPrefix) + std::to_string(step));
+}
+
+std::optional<int64_t> RunDir::step_of(std::string_view name) {
+  if (!name.starts_with(kStepPrefix)) return std::nullopt;
+  const std::string_view digits = name.substr(kStepPrefix.size());
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return std::nullopt;
+  return std::stoll(std::string(digits));
+}
+
+std::vector<std::pair<int64_t, std::filesystem::path>> RunDir::checkpoints() const {
+  std::vector<std::pair<int64_t, std::filesystem::path>> steps;
+  if (!std::filesystem::is_directory(root_)) return steps;
+  for (const auto& e : std::filesystem::directory_iterator(root_))
+    if (auto n = step_of(e.path().filename().string()); n && e.is_directory()) steps.emplace_back(*n, e.path());
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+bool RunDir::is_complete(const std::filesystem::path& dir) { return std::filesystem::exists(dir / kStateJson); }
+
+void RunDir::remove_partial() const {
+  if (!std::filesystem::is_directory(root_)) return;
+  for (const auto& e : std::filesystem::directory_iterator(root_)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with(kStepPrefix) && name.find(".tmp.") != std::string::npos) std::filesystem::remove_all(e.path());
+  }
+}
+
+void RunDir::mark_latest(int64_t step) const { write_file_atomic(root_ / kLatestMarker, std::to_string(step) + "\n"); }
+
+void RunDir::prune(std::optional<int64_t> keep) const {
+  if (!keep || *keep <= 0) return;
+  const auto steps = checkpoints();
+  for (size_t i = static_cast<size_t>(*keep); i < steps.size(); ++i) {
+    // Renamed out of the loadable names first: a run killed while deleting must not leave a
+    // half-deleted global_step_<N> behind (remove_partial() finishes the job on restart).
+    std::filesystem::path doomed = steps[i].second;
+    doomed += ".tmp.pruned";
+    std::filesystem::rename(steps[i].second, doomed);
+    std::filesystem::remove_all(doomed);
+  }
+}
+
+std::vector<std::filesystem::path> RunDir::resume_candidates() const {
+  std::vector<std::filesystem::path> out;
+  const std::filesystem::path marker = root_ / kLatestMarker;
+  if (std::filesystem::exists(marker)) {
+    const std::string text = read_file(marker);
+    out.push_back(root_ / (std::string(kStepPrefix) + text.substr(0, text.find_first_of("\r\n"))));
+  }
+  for (const auto& [n, p] : checkpoints())
+    if (out.empty() || p != out.front()) out.push_back(p);
+  return out;
+}
+
+void write_train_state(const std::filesystem::path& checkpoint_dir, nlohmann::json state) {
+  state["format_version"] = RunDir::kFormatVersion;
+  write_file_atomic(checkpoint_dir / kStateJson, state.dump(2) + "\n");
+}
+
+nlohmann::json read_train_state(const std::filesystem::path& checkpoint_dir) {
+  const std::filesystem::path file = checkpoint_dir / kStateJson;
+  auto state = nlohmann::json::parse(read_file(file), nullptr, false);
+  if (!state.is_object()) throw FormatError(str(file.string(), ": malformed JSON"));
+  const auto version = state.value("format_version", nlohmann::json(1));
+  if (!version.is_number_integer() || version.get<int64_t>() < 1)
+    throw FormatError(str(file.string(), ": format_version must be a positive integer, got ", version.dump()));
+  if (version.get<int64_t>() > RunDir::kFormatVersion)
+    throw ConfigError(str(file.string(), ": format_version ", version.get<int64_t>(),
+                          " was written by a newer rpg; this one reads versions <= ", RunDir::kFormatVersion,
+                          " (upgrade rpg, or set trainer.resume_mode=disable to start over)"));
+  return state;
 }
 
 }  // namespace rpg::train

@@ -5,9 +5,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 namespace rpg::train {
 
@@ -16,5 +23,50 @@ namespace rpg::train {
 void save_tensor_file(const std::filesystem::path& path, const std::map<std::string, at::Tensor>& tensors);
 // Reads a file written by save_tensor_file. Throws IoError / FormatError naming the file.
 std::map<std::string, at::Tensor> load_tensor_file(const std::filesystem::path& path);
+
+// The layout of a run directory (trainer.default_local_dir), in one place:
+//   global_step_<N>/actor/                      Hugging Face model (evaluation weights)
+//   global_step_<N>/train_state.safetensors     exact fp32 weights, optimizer, reference
+//   global_step_<N>/train_state.json            scalars + "format_version"; written last
+//   global_step_<N>/config.yaml                 the resolved config of the writing run
+//   latest_checkpointed_iteration.txt           verl's marker: the newest step saved
+// A checkpoint is written into a temporary sibling (global_step_<N>.tmp.*) and published by
+// one rename, so a checkpoint directory is complete or absent.
+class RunDir {
+ public:
+  // train_state.json's format: 1 added "format_version" (files without it are version 1).
+  static constexpr int64_t kFormatVersion = 1;
+
+  explicit RunDir(std::filesystem::path root) : root_(std::move(root)) {}
+  const std::filesystem::path& root() const { return root_; }
+
+  std::filesystem::path checkpoint(int64_t step) const;
+  // N for a directory name "global_step_<N>" (digits only), else nothing.
+  static std::optional<int64_t> step_of(std::string_view dir_name);
+  // Published checkpoint directories, newest first.
+  std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints() const;
+  // Whether checkpoint(step) is complete (its train_state.json exists).
+  bool has_complete(int64_t step) const { return is_complete(checkpoint(step)); }
+  static bool is_complete(const std::filesystem::path& checkpoint_dir);
+  // Removes the temporary directories of checkpoint writes that were killed.
+  void remove_partial() const;
+  // Publishes `step` in latest_checkpointed_iteration.txt (atomically).
+  void mark_latest(int64_t step) const;
+  // Keeps the newest `keep` checkpoints (all when null or <= 0).
+  void prune(std::optional<int64_t> keep) const;
+  // Where resume_mode=auto looks, best first: the one the latest marker names, then every
+  // other checkpoint, newest first (so a damaged newest one falls back to the previous).
+  std::vector<std::filesystem::path> resume_candidates() const;
+
+ private:
+  std::filesystem::path root_;
+};
+
+// Writes checkpoint_dir/train_state.json atomically, adding "format_version".
+void write_train_state(const std::filesystem::path& checkpoint_dir, nlohmann::json state);
+// Reads checkpoint_dir/train_state.json. FormatError when it is not a JSON object;
+// ConfigError when its format_version is newer than this rpg reads (not damage: a newer rpg
+// wrote it). A file without format_version is version 1.
+nlohmann::json read_train_state(const std::filesystem::path& checkpoint_dir);
 
 }  // namespace rpg::train

@@ -22,6 +22,44 @@ void require_one_of(const std::string& value, std::initializer_list<const char*>
   throw ConfigError(str(key, ": got '", value, "', expected one of ", list));
 }
 
+// Range checks: "<full.dotted.key>: must be <range>, got <value>".
+template <class T>
+void at_least(T value, T lo, const std::string& key) {
+  require(value >= lo, key, str("must be >= ", lo, ", got ", value));
+}
+template <class T>
+void above(T value, T lo, const std::string& key) {
+  require(value > lo, key, str("must be > ", lo, ", got ", value));
+}
+// [lo, hi] or [lo, hi) with hi_open.
+void in_range(double value, double lo, double hi, bool hi_open, const std::string& key) {
+  require(value >= lo && (hi_open ? value < hi : value <= hi), key,
+          str("must be in [", lo, ", ", hi, hi_open ? ")" : "]", ", got ", value));
+}
+void unit_interval_open_low(double value, const std::string& key) {  // (0, 1]
+  require(value > 0 && value <= 1, key, str("must be in (0, 1], got ", value));
+}
+template <class T>
+void at_least(const std::optional<T>& value, T lo, const std::string& key) {
+  if (value) at_least(*value, lo, key);
+}
+// -1 (off / all) or >= lo
+void minus_one_or_at_least(int64_t value, int64_t lo, const std::string& key, const char* minus_one_means) {
+  require(value == -1 || value >= lo, key, str("must be -1 (", minus_one_means, ") or >= ", lo, ", got ", value));
+}
+
+// The enum of `value` among `names` (in enum order); ConfigError naming the key otherwise.
+template <class E>
+E choice(const std::string& value, std::initializer_list<const char*> names, const std::string& key) {
+  int i = 0;
+  for (const char* n : names) {
+    if (value == n) return static_cast<E>(i);
+    ++i;
+  }
+  require_one_of(value, names, key);
+  return E{};  // unreachable: require_one_of threw
+}
+
 }  // namespace
 
 void DataConfig::validate() const {
@@ -29,20 +67,29 @@ void DataConfig::validate() const {
   require(prompt_key == "prompt", "data.prompt_key", str("only 'prompt' is supported, got '", prompt_key, "'"));
   require(reward_fn_key == "data_source", "data.reward_fn_key",
           str("only 'data_source' is supported, got '", reward_fn_key, "'"));
-  require(max_prompt_length > 0, "data.max_prompt_length", str("must be > 0, got ", max_prompt_length));
-  require(max_response_length > 0, "data.max_response_length", str("must be > 0, got ", max_response_length));
-  require(train_batch_size > 0, "data.train_batch_size", str("must be > 0, got ", train_batch_size));
-  require(!gen_batch_size || *gen_batch_size > 0, "data.gen_batch_size", "must be > 0");
+  above<int64_t>(max_prompt_length, 0, "data.max_prompt_length");
+  above<int64_t>(max_response_length, 0, "data.max_response_length");
+  at_least<int64_t>(train_batch_size, 1, "data.train_batch_size");
+  at_least<int64_t>(gen_batch_size, 1, "data.gen_batch_size");
+  at_least<int64_t>(val_batch_size, 1, "data.val_batch_size");
+  at_least<int64_t>(seed, 0, "data.seed");
+  minus_one_or_at_least(train_max_samples, 1, "data.train_max_samples", "all");
+  minus_one_or_at_least(val_max_samples, 1, "data.val_max_samples", "all");
   require_one_of(truncation, {"error", "left", "right", "middle"}, "data.truncation");
 }
 
 void ActorConfig::validate() const {
   const std::string p = "actor_rollout_ref.actor.";
-  require(ppo_mini_batch_size > 0, p + "ppo_mini_batch_size", str("must be > 0, got ", ppo_mini_batch_size));
-  require(ppo_epochs > 0, p + "ppo_epochs", str("must be > 0, got ", ppo_epochs));
-  require(clip_ratio >= 0, p + "clip_ratio", str("must be >= 0, got ", clip_ratio));
-  require(!clip_ratio_low || *clip_ratio_low >= 0, p + "clip_ratio_low", "must be >= 0");
-  require(!clip_ratio_high || *clip_ratio_high >= 0, p + "clip_ratio_high", "must be >= 0");
+  at_least<int64_t>(ppo_mini_batch_size, 1, p + "ppo_mini_batch_size");
+  at_least<int64_t>(ppo_micro_batch_size_per_gpu, 1, p + "ppo_micro_batch_size_per_gpu");
+  at_least<int64_t>(ppo_micro_batch_size, 1, p + "ppo_micro_batch_size");
+  at_least<int64_t>(ppo_max_token_len_per_gpu, 1, p + "ppo_max_token_len_per_gpu");
+  at_least<int64_t>(ppo_epochs, 1, p + "ppo_epochs");
+  // The lower bound 1 - eps_low of the ratio must stay positive.
+  in_range(clip_ratio, 0, 1, /*hi_open=*/true, p + "clip_ratio");
+  if (clip_ratio_low) in_range(*clip_ratio_low, 0, 1, /*hi_open=*/true, p + "clip_ratio_low");
+  at_least<double>(clip_ratio_high, 0, p + "clip_ratio_high");
+  at_least(kl_loss_coef, 0.0, p + "kl_loss_coef");
   require(clip_ratio_c > 1.0, p + "clip_ratio_c", str("the dual-clip constant must be > 1, got ", clip_ratio_c));
   require_one_of(loss_agg_mode, {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"},
                  p + "loss_agg_mode");
@@ -56,8 +103,16 @@ void ActorConfig::validate() const {
   require(ref_kl_ema > 0 && ref_kl_ema <= 1, p + "ref_kl_ema", str("must be in (0, 1], got ", ref_kl_ema));
   require_one_of(old_log_prob_source, {"recompute", "rollout"}, p + "old_log_prob_source");
   require_one_of(compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
-  require(optim.lr >= 0, p + "optim.lr", str("must be >= 0, got ", optim.lr));
+  above(optim.lr, 0.0, p + "optim.lr");
+  at_least(optim.weight_decay, 0.0, p + "optim.weight_decay");
   require(optim.betas.size() == 2, p + "optim.betas", "expected two values [beta1, beta2]");
+  for (size_t i = 0; i < optim.betas.size(); ++i)
+    in_range(optim.betas[i], 0, 1, /*hi_open=*/true, str(p, "optim.betas[", i, "]"));
+  minus_one_or_at_least(optim.lr_warmup_steps, 0, p + "optim.lr_warmup_steps", "use lr_warmup_steps_ratio");
+  in_range(optim.lr_warmup_steps_ratio, 0, 1, /*hi_open=*/false, p + "optim.lr_warmup_steps_ratio");
+  in_range(optim.min_lr_ratio, 0, 1, /*hi_open=*/false, p + "optim.min_lr_ratio");
+  above(optim.num_cycles, 0.0, p + "optim.num_cycles");
+  minus_one_or_at_least(optim.total_training_steps, 1, p + "optim.total_training_steps", "set by the trainer");
   require_one_of(optim.optim_type, {"adamw", "schedule_free_adamw"}, p + "optim.optim_type");
   require_one_of(optim.warmup_style.value_or(optim.lr_scheduler_type), {"constant", "cosine"},
                  p + (optim.warmup_style ? "optim.warmup_style" : "optim.lr_scheduler_type"));
@@ -81,18 +136,25 @@ void TrainConfig::validate() const {
   actor_rollout_ref.actor.validate();
   const auto& r = actor_rollout_ref.rollout;
   const std::string p = "actor_rollout_ref.rollout.";
-  require(r.n >= 1, p + "n", str("must be >= 1, got ", r.n));
-  require(r.temperature >= 0, p + "temperature", str("must be >= 0, got ", r.temperature));
-  require(r.top_p > 0 && r.top_p <= 1, p + "top_p", str("must be in (0, 1], got ", r.top_p));
-  require(r.top_k == -1 || r.top_k > 0, p + "top_k", str("must be -1 or > 0, got ", r.top_k));
-  require(r.val_kwargs.top_p > 0 && r.val_kwargs.top_p <= 1, p + "val_kwargs.top_p",
-          str("must be in (0, 1], got ", r.val_kwargs.top_p));
-  require(r.val_kwargs.n >= 1, p + "val_kwargs.n", str("must be >= 1, got ", r.val_kwargs.n));
+  at_least<int64_t>(r.n, 1, p + "n");
+  at_least(r.temperature, 0.0, p + "temperature");
+  unit_interval_open_low(r.top_p, p + "top_p");
+  minus_one_or_at_least(r.top_k, 1, p + "top_k", "all tokens");
+  at_least<int64_t>(r.max_num_seqs, 1, p + "max_num_seqs");
+  at_least(r.val_kwargs.temperature, 0.0, p + "val_kwargs.temperature");
+  unit_interval_open_low(r.val_kwargs.top_p, p + "val_kwargs.top_p");
+  minus_one_or_at_least(r.val_kwargs.top_k, 1, p + "val_kwargs.top_k", "all tokens");
+  at_least<int64_t>(r.val_kwargs.n, 1, p + "val_kwargs.n");
   const int64_t mini = actor_rollout_ref.actor.ppo_mini_batch_size;
   require(mini <= data.train_batch_size && data.train_batch_size % mini == 0,
           "actor_rollout_ref.actor.ppo_mini_batch_size",
           str("got ", mini, ", must divide data.train_batch_size (", data.train_batch_size, ")"));
+  in_range(algorithm.gamma, 0, 1, /*hi_open=*/false, "algorithm.gamma");
+  in_range(algorithm.lam, 0, 1, /*hi_open=*/false, "algorithm.lam");
   require_one_of(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
+  at_least(algorithm.kl_ctrl.kl_coef, 0.0, "algorithm.kl_ctrl.kl_coef");
+  above<int64_t>(algorithm.kl_ctrl.horizon, 0, "algorithm.kl_ctrl.horizon");
+  above(algorithm.kl_ctrl.target_kl, 0.0, "algorithm.kl_ctrl.target_kl");
   require(algorithm.kl_ctrl.type != "adaptive" || (algorithm.kl_ctrl.target_kl > 0 && algorithm.kl_ctrl.horizon > 0),
           "algorithm.kl_ctrl", "adaptive control needs target_kl > 0 and horizon > 0");
   require_one_of(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
@@ -114,11 +176,14 @@ void TrainConfig::validate() const {
     // A reference model is used only by grpo's KL loss and by KL in the reward; rpg and
     // rpg_reinforce regularise towards pi_old, which is the policy at the start of each step.
     const auto& a = actor_rollout_ref.actor;
-    const bool uses_reference = (a.use_kl_loss && a.policy_loss.rfind("grpo", 0) == 0) || algorithm.use_kl_in_reward;
-    require(a.ref_kl_target == 0 || uses_reference, "actor_rollout_ref.actor.ref_kl_target",
+    const bool loss_uses_reference = a.use_kl_loss && algo::policy_loss_registry().get(a.policy_loss).needs_reference;
+    require(a.ref_kl_target == 0 || loss_uses_reference || algorithm.use_kl_in_reward,
+            "actor_rollout_ref.actor.ref_kl_target",
             str("no reference policy is in use (policy_loss ", a.policy_loss, " regularises towards pi_old; a reference "
-                "is used by grpo's KL loss and algorithm.use_kl_in_reward)"));
+                "is used by a KL loss towards pi_ref (grpo*) and algorithm.use_kl_in_reward)"));
   }
+  at_least<int64_t>(reward_model.overlong_buffer.len, 0, "reward_model.overlong_buffer.len");
+  at_least(reward_model.overlong_buffer.penalty_factor, 0.0, "reward_model.overlong_buffer.penalty_factor");
   require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len > 0,
           "reward_model.overlong_buffer.len", "must be > 0 when the overlong buffer is enabled");
   require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len < data.max_response_length,
@@ -127,11 +192,15 @@ void TrainConfig::validate() const {
   require(trainer.resume_mode != "resume_path" || trainer.resume_path, "trainer.resume_path",
           "required when trainer.resume_mode=resume_path");
   require_one_of(trainer.device, {"auto", "cpu", "cuda"}, "trainer.device");
-  require(trainer.max_consecutive_skips >= 1, "trainer.max_consecutive_skips",
-          str("must be >= 1, got ", trainer.max_consecutive_skips));
-  require(trainer.total_epochs > 0, "trainer.total_epochs", str("must be > 0, got ", trainer.total_epochs));
-  require(!trainer.total_training_steps || *trainer.total_training_steps > 0, "trainer.total_training_steps",
-          "must be > 0");
+  at_least<int64_t>(trainer.max_consecutive_skips, 1, "trainer.max_consecutive_skips");
+  at_least<int64_t>(trainer.total_epochs, 1, "trainer.total_epochs");
+  at_least<int64_t>(trainer.total_training_steps, 1, "trainer.total_training_steps");
+  at_least<int64_t>(trainer.test_freq, -1, "trainer.test_freq");
+  at_least<int64_t>(trainer.save_freq, -1, "trainer.save_freq");
+  at_least<int64_t>(trainer.max_actor_ckpt_to_keep, 0, "trainer.max_actor_ckpt_to_keep");
+  at_least<int64_t>(trainer.seed, 0, "trainer.seed");
+  at_least<int64_t>(trainer.sample_log_freq, 0, "trainer.sample_log_freq");
+  at_least<int64_t>(trainer.sample_log_count, 0, "trainer.sample_log_count");
 }
 
 std::vector<std::string> TrainConfig::resolve() {
@@ -173,6 +242,18 @@ std::vector<std::string> TrainConfig::resolve() {
     a.old_log_prob_source = "rollout";
     notices.push_back("algorithm.rollout_correction.bypass_mode=true: actor_rollout_ref.actor.old_log_prob_source=rollout");
   }
+  const std::string p = "actor_rollout_ref.actor.";
+  choices.truncation = choice<Truncation>(data.truncation, {"error", "left", "right", "middle"}, "data.truncation");
+  choices.old_log_prob_source =
+      choice<OldLogProbSource>(a.old_log_prob_source, {"recompute", "rollout"}, p + "old_log_prob_source");
+  choices.compute_dtype = choice<ComputeDtype>(a.compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
+  choices.kl_ctrl = choice<KlControlType>(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
+  choices.filter_metric =
+      choice<FilterMetric>(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
+  choices.resume_mode =
+      choice<ResumeMode>(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
+  choices.kl_loss_uses_reference = a.use_kl_loss && algo::policy_loss_registry().contains(a.policy_loss) &&
+                                   algo::policy_loss_registry().get(a.policy_loss).needs_reference;
   return notices;
 }
 

@@ -11,6 +11,26 @@
 
 namespace rpg {
 
+// The string-valued keys as enums, converted once by TrainConfig::resolve(); code compares
+// these, never the strings.
+enum class Truncation { kError, kLeft, kRight, kMiddle };  // data.truncation, as verl
+enum class OldLogProbSource { kRecompute, kRollout };
+enum class ComputeDtype { kFloat32, kBFloat16 };
+enum class KlControlType { kFixed, kAdaptive };
+enum class FilterMetric { kAcc, kScore };
+enum class ResumeMode { kAuto, kDisable, kResumePath };
+
+struct ResolvedChoices {
+  Truncation truncation = Truncation::kError;
+  OldLogProbSource old_log_prob_source = OldLogProbSource::kRecompute;
+  ComputeDtype compute_dtype = ComputeDtype::kFloat32;
+  KlControlType kl_ctrl = KlControlType::kFixed;
+  FilterMetric filter_metric = FilterMetric::kAcc;
+  ResumeMode resume_mode = ResumeMode::kAuto;
+  // The policy loss's registry entry asks for pi_ref (and use_kl_loss is on).
+  bool kl_loss_uses_reference = false;
+};
+
 struct DataConfig {
   std::vector<std::string> train_files;  // Parquet files in the paper's schema
   std::vector<std::string> val_files;
@@ -21,7 +41,7 @@ struct DataConfig {
   int64_t train_batch_size = 1024;          // prompts per RL step
   std::optional<int64_t> gen_batch_size;    // prompts per generation batch (dynamic sampling)
   std::optional<int64_t> val_batch_size;
-  std::string truncation = "error";         // error | left | right
+  std::string truncation = "error";         // error | left | right | middle
   bool shuffle = true;
   std::optional<int64_t> seed;              // data shuffling seed; trainer.seed when null
   bool filter_overlong_prompts = false;
@@ -39,7 +59,7 @@ struct DataConfig {
     v("train_batch_size", train_batch_size, "prompts per RL step");
     v("gen_batch_size", gen_batch_size, "prompts per generation batch; train_batch_size when null");
     v("val_batch_size", val_batch_size, "prompts per validation batch; all when null");
-    v("truncation", truncation, "over-long prompts: error | left | right");
+    v("truncation", truncation, "over-long prompts: error | left | right | middle (keep both ends, as verl)");
     v("shuffle", shuffle, "shuffle the training data every epoch");
     v("seed", seed, "data shuffle seed; trainer.seed when null");
     v("filter_overlong_prompts", filter_overlong_prompts, "drop prompts longer than max_prompt_length");
@@ -239,7 +259,7 @@ struct ActorRolloutRefConfig {
     v.section("rollout", rollout);
     v.ignored("ref", "the reference policy shares the actor's settings");
     v.ignored("hybrid_engine", "rollout and training always share weights in rpg");
-    v.ignored("nccl_timeout", "set by rpg's process groups");
+    v.ignored("nccl_timeout", "rpg runs in one process, with no NCCL process groups");
   }
 };
 
@@ -400,6 +420,8 @@ struct TrainConfig {
   AlgorithmConfig algorithm;
   RewardModelConfig reward_model;
   TrainerConfig trainer;
+  // Not a config key: filled by resolve().
+  ResolvedChoices choices;
 
   template <class V>
   void visit(V& v) {
@@ -418,8 +440,8 @@ struct TrainConfig {
   // Rewrites aliases into the canonical keys, so the resolved config shows what runs: the RPG
   // fork's kl_loss_type spellings (rpg_ufkl, rpg_rf_ufkl_clip_ppo, ...) into policy_loss,
   // kl_form and rpg_style_clip; verl's rollout_correction.bypass_mode into
-  // old_log_prob_source. Idempotent; returns one notice per rewrite. ConfigError for a
-  // spelling we do not implement.
+  // old_log_prob_source. Converts the string keys to `choices`. Idempotent; returns one
+  // notice per rewrite. ConfigError for a spelling we do not implement.
   std::vector<std::string> resolve();
 };
 

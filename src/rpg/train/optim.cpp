@@ -138,12 +138,16 @@ class ScheduleFreeAdamW final : public Optimizer {
     }
   }
 
+  double lr_of_next_step(double /*scheduled*/) const override {
+    const double k = static_cast<double>(steps_);
+    return o_.lr * (steps_ < o_.warmup_steps ? (k + 1.0) / static_cast<double>(o_.warmup_steps) : 1.0);
+  }
+
   void step(double /*lr*/) override {
     if (!train_mode_) throw ValueError("schedule_free_adamw: step() called with evaluation weights loaded");
     c10::NoGradGuard no_grad;
     const double k = static_cast<double>(steps_);
-    const double sched = steps_ < o_.warmup_steps ? (k + 1.0) / static_cast<double>(o_.warmup_steps) : 1.0;
-    const double lr = o_.lr * sched;
+    const double lr = lr_of_next_step(0.0);
     lr_max_ = std::max(lr, lr_max_);
     const double weight = std::pow(k + 1.0, o_.r) * std::pow(lr_max_, o_.weight_lr_power);
     weight_sum_ += weight;

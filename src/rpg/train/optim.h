@@ -45,6 +45,9 @@ class Optimizer {
   // One update from the gradients in the parameters' .grad(). `lr` is the scheduled
   // learning rate (AdamW); schedule-free AdamW ignores it and uses its own warm-up.
   virtual void step(double lr) = 0;
+  // The learning rate the next step() uses given the scheduled one: `scheduled` for AdamW,
+  // its own warm-up for schedule-free AdamW (what the trainer logs as actor/lr).
+  virtual double lr_of_next_step(double scheduled) const { return scheduled; }
   void zero_grad();
   // Schedule-free AdamW trains at y but evaluates at x: the trainer switches the live
   // parameters before generation / evaluation / saving and back before training.

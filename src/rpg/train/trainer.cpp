@@ -31,6 +31,7 @@
 #include "rpg/rollout/policy.h"
 #include "rpg/train/checkpoint.h"
 #include "rpg/train/resume_check.h"
+#include "rpg/train/trainer_testing.h"
 #include "rpg/train/optim.h"
 
 #include <nlohmann/json.hpp>
@@ -89,10 +90,89 @@ void append_file(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
+std::vector<int64_t> truncate_prompt(std::vector<int64_t> ids, int64_t max_len, Truncation how) {
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n <= max_len) return ids;
+  switch (how) {
+    case Truncation::kLeft: return {ids.end() - max_len, ids.end()};
+    case Truncation::kRight: ids.resize(static_cast<size_t>(max_len)); return ids;
+    case Truncation::kMiddle: {
+      // verl (utils/torch_functional.py postprocess_data): the first max_len // 2 tokens and
+      // the last max_len - max_len // 2.
+      const int64_t left = max_len / 2, right = max_len - left;
+      std::vector<int64_t> out(ids.begin(), ids.begin() + left);
+      out.insert(out.end(), ids.end() - right, ids.end());
+      return out;
+    }
+    case Truncation::kError: break;
+  }
+  throw ValueError(str("prompt of ", n, " tokens > ", max_len, " and truncation=error"));
+}
+
 double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n) {
   const double error = std::clamp(current_kl / target_kl - 1.0, -0.2, 0.2);
   return coef * (1.0 + error * static_cast<double>(n) / static_cast<double>(horizon));
 }
+
+
+namespace {
+
+// ---- One training step, phase by phase ----------------------------------------------------
+
+// One prompt's n responses, their scores (after overlong shaping) and correctness.
+struct Group {
+  const Prompt* prompt = nullptr;
+  std::vector<rollout::Response> responses;
+  std::vector<double> scores;
+  std::vector<bool> acc;
+};
+
+// generate_groups: the groups kept for training and what it took to get them.
+struct Generation {
+  std::vector<Group> kept;
+  int64_t rounds = 0, generated_groups = 0, gen_tokens = 0;
+  double gen_seconds = 0, reward_seconds = 0;
+  std::vector<double> all_scores, all_acc;  // every generated response, kept or not
+  std::vector<nlohmann::json> samples;      // this step's lines of samples.jsonl
+};
+
+// One generation batch, decoded and scored.
+struct ScoredRound {
+  std::vector<const Prompt*> prompts;
+  std::vector<rollout::Response> responses;
+  std::vector<reward::ScoreResult> results;
+  std::vector<double> scores;  // results' scores after DAPO overlong shaping
+};
+
+// to_batch: the verl layout, outcome scores on each response's last token.
+struct StepBatch {
+  rollout::Batch batch;
+  at::Tensor token_level_scores, lengths;  // [B, T], [B]
+  std::vector<double> scores;              // per row
+  int64_t finished_by_length = 0;
+};
+
+// old_and_ref_log_probs
+struct PolicyLogProbs {
+  at::Tensor old_log_probs, ref_log_probs;  // ref undefined when no reference is used
+  double old_seconds = 0, ref_seconds = 0;
+};
+
+// advantages
+struct AdvantageResult {
+  at::Tensor token_level_rewards, advantages;
+  double seconds = 0;
+};
+
+// update_actor: every optimizer step's metrics.
+struct UpdateStats {
+  std::map<std::string, std::vector<double>> loss_metrics;
+  std::vector<double> grad_norms;
+  int64_t skipped = 0;
+  double lr = 0, seconds = 0;
+};
+
+}  // namespace
 
 struct Trainer::Impl {
   TrainConfig cfg;
@@ -113,11 +193,16 @@ struct Trainer::Impl {
   LrSchedule schedule;
   std::vector<Prompt> prompts;
   std::vector<data::Row> val_rows;
-  fs::path run_dir;
+  RunDir run_dir{""};
   std::unique_ptr<MetricsLogger> logger;
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
   double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
   bool needs_reference = false;
+  algo::PolicyLossConfig loss_cfg;
+  algo::KlEstimator kl_penalty = algo::KlEstimator::K1;  // algorithm.kl_penalty
+  bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
+  bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
+  bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
   int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
   // Data position: epoch and cursor in that epoch's order.
   int64_t epoch = 0, cursor = 0;
@@ -126,7 +211,11 @@ struct Trainer::Impl {
   Impl(TrainConfig c, reward::ScorerRegistry s)
       : cfg(std::move(c)),
         scorers(std::move(s)),
-        policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, "float32", cfg.trainer.device)) {}
+        policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, "float32", cfg.trainer.device)) {
+    recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
+    filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
+    adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
+  }
 
   void set_epoch(int64_t e) {
     epoch = e;
@@ -243,12 +332,10 @@ struct Trainer::Impl {
             {"optim_type", cfg.actor_rollout_ref.actor.optim.optim_type}};
   }
 
-  // global_step_<N>/ = actor/ (Hugging Face model, evaluation weights) + train_state.* (the
-  // exact training weights, optimizer, reference, data position), published by one rename;
-  // latest_checkpointed_iteration.txt (verl's marker) is updated after it.
+  // A checkpoint (layout: RunDir) written into a temporary directory and published by one
+  // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
   void save_checkpoint() {
-    const fs::path dir = run_dir / str("global_step_", step);
-    AtomicDir out(dir);
+    AtomicDir out(run_dir.checkpoint(step));
     optimizer->use_eval_weights();
     model::SaveOptions so;
     so.copy_files_from = cfg.actor_rollout_ref.model.path;
@@ -261,58 +348,27 @@ struct Trainer::Impl {
     if (reference)
       for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
     save_tensor_file(out.path() / "train_state.safetensors", tensors);
-    nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor}, {"kl_in_reward_coef", kl_in_reward_coef},
-                            {"optimizer", os.scalars}, {"config", fingerprint()}, {"ref_updates", ref_updates},
-                            {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
-    write_file_atomic(out.path() / "train_state.json", state.dump(2) + "\n");
+    write_train_state(out.path(), {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
+                                   {"kl_in_reward_coef", kl_in_reward_coef}, {"optimizer", os.scalars},
+                                   {"config", fingerprint()}, {"ref_updates", ref_updates},
+                                   {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}});
     save_checkpoint_config(out.path(), cfg);
     out.commit();
-    write_file_atomic(run_dir / "latest_checkpointed_iteration.txt", std::to_string(step) + "\n");
-    prune_checkpoints();
-    eval::write_report(run_dir);
+    run_dir.mark_latest(step);
+    run_dir.prune(cfg.trainer.max_actor_ckpt_to_keep);
+    eval::write_report(run_dir.root());
   }
 
-  // Complete-looking checkpoint directories global_step_<N> (no temporary suffix), newest first.
-  std::vector<std::pair<int64_t, fs::path>> checkpoint_dirs() const {
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    if (!fs::is_directory(run_dir)) return steps;
-    for (const auto& e : fs::directory_iterator(run_dir)) {
-      const std::string name = e.path().filename().string();
-      if (e.is_directory() && name.rfind("global_step_", 0) == 0 && name.size() > 12 &&
-          std::all_of(name.begin() + 12, name.end(), ::isdigit))
-        steps.emplace_back(std::stoll(name.substr(12)), e.path());
-    }
-    std::sort(steps.rbegin(), steps.rend());
-    return steps;
-  }
-
-  void prune_checkpoints() {
-    const auto keep = cfg.trainer.max_actor_ckpt_to_keep;
-    if (!keep || *keep <= 0) return;
-    const auto steps = checkpoint_dirs();
-    for (size_t i = static_cast<size_t>(*keep); i < steps.size(); ++i) fs::remove_all(steps[i].second);
-  }
-
-  // The checkpoints to resume from, best first (empty: start fresh). resume_mode auto takes
-  // the one the latest marker names, then every other global_step_N, newest first, so a
-  // damaged newest checkpoint falls back to the previous complete one.
+  // The checkpoints to resume from, best first (empty: start fresh).
   std::vector<fs::path> resume_candidates() const {
     const auto& t = cfg.trainer;
-    if (t.resume_mode == "disable") return {};
-    if (t.resume_mode == "resume_path") {
-      if (!fs::exists(fs::path(*t.resume_path) / "train_state.json"))
+    if (cfg.choices.resume_mode == ResumeMode::kDisable) return {};
+    if (cfg.choices.resume_mode == ResumeMode::kResumePath) {
+      if (!RunDir::is_complete(*t.resume_path))
         throw ConfigError(str("trainer.resume_path: ", *t.resume_path, " is not a complete rpg checkpoint"));
       return {*t.resume_path};
     }
-    std::vector<fs::path> out;
-    const fs::path marker = run_dir / "latest_checkpointed_iteration.txt";
-    if (fs::exists(marker)) {
-      std::string text = read_file(marker);
-      out.push_back(run_dir / str("global_step_", text.substr(0, text.find_first_of("\r\n"))));
-    }
-    for (const auto& [n, p] : checkpoint_dirs())
-      if (out.empty() || p != out.front()) out.push_back(p);
-    return out;
+    return run_dir.resume_candidates();
   }
 
   // Loads the first candidate that is complete and intact; a damaged one is reported and
@@ -321,25 +377,24 @@ struct Trainer::Impl {
     const auto candidates = resume_candidates();
     for (const auto& dir : candidates) {
       try {
-        if (!fs::exists(dir / "train_state.json")) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
+        if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
         load_checkpoint(dir);
         return true;
       } catch (const ConfigError&) {
         throw;  // an incompatible configuration is the user's decision, not damage
       } catch (const Error& e) {
-        if (cfg.trainer.resume_mode == "resume_path") throw;
+        if (cfg.choices.resume_mode == ResumeMode::kResumePath) throw;
         log_warn(str("skipping damaged checkpoint: ", e.what()));
       }
     }
     if (!candidates.empty())
-      throw FormatError(str("no intact checkpoint in ", run_dir.string(),
+      throw FormatError(str("no intact checkpoint in ", run_dir.root().string(),
                             " (set trainer.resume_mode=disable to start over)"));
     return false;
   }
 
   void load_checkpoint(const fs::path& dir) {
-    auto state = nlohmann::json::parse(read_file(dir / "train_state.json"), nullptr, false);
-    if (!state.is_object()) throw FormatError(str(dir.string(), "/train_state.json: malformed JSON"));
+    auto state = read_train_state(dir);
     const auto want = fingerprint();
     for (const auto& [key, value] : want.items())
       if (state["config"][key] != value)
@@ -387,6 +442,427 @@ struct Trainer::Impl {
     }
     return rollout::split_by_rows(b.rows(), a.ppo_micro_batch_size_per_gpu.value_or(b.rows()));
   }
+
+  // ---- construction -----------------------------------------------------------------------
+
+  // Training prompts rendered like verl's RLHFDataset (over-long ones filtered or truncated),
+  // validation rows, and the step count.
+  void load_data() {
+    auto rows = read_rows(cfg.data.train_files, cfg.data.train_max_samples, "data.train_files");
+    for (const auto& r : rows) (void)scorers.find(r.data_source);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      Prompt p;
+      p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]));
+      p.data_source = rows[i].data_source;
+      p.ground_truth = rows[i].reward_model.ground_truth;
+      const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
+      if (len > max_len) {
+        if (cfg.data.filter_overlong_prompts) continue;
+        if (cfg.choices.truncation == Truncation::kError)
+          throw ValueError(str("data.train_files: row ", i, " has a prompt of ", len,
+                               " tokens > data.max_prompt_length=", max_len,
+                               " (set data.truncation=left|right|middle or data.filter_overlong_prompts=true)"));
+        p.ids = truncate_prompt(std::move(p.ids), max_len, cfg.choices.truncation);
+      }
+      prompts.push_back(std::move(p));
+    }
+    const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
+    if (static_cast<int64_t>(prompts.size()) < std::max(cfg.data.train_batch_size, gen_batch))
+      throw ConfigError(str("data.train_batch_size / data.gen_batch_size (", std::max(cfg.data.train_batch_size, gen_batch),
+                            ") exceed the ", prompts.size(), " usable training prompts"));
+    if (!cfg.data.val_files.empty()) val_rows = read_rows(cfg.data.val_files, cfg.data.val_max_samples, "data.val_files");
+    steps_per_epoch = static_cast<int64_t>(prompts.size()) / cfg.data.train_batch_size;
+    total_steps = cfg.trainer.total_training_steps.value_or(steps_per_epoch * cfg.trainer.total_epochs);
+    set_epoch(0);
+  }
+
+  // Optimizer and LR schedule (verl's rules).
+  void build_optimizer() {
+    const auto& o = cfg.actor_rollout_ref.actor.optim;
+    OptimizerOptions oo;
+    oo.type = o.optim_type;
+    oo.lr = o.lr;
+    oo.beta1 = o.betas[0];
+    oo.beta2 = o.betas[1];
+    oo.weight_decay = o.weight_decay;
+    const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, total_steps);
+    oo.warmup_steps = warmup;
+    optimizer = make_optimizer(oo, policy.model.named_parameters());
+    schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
+                          o.num_cycles};
+  }
+
+  // The reference policy (for a KL-to-reference loss and for KL in the reward: the initial
+  // weights, or the policy of every ref_update_freq steps when iterative; with the iterative
+  // reference refreshed every step pi_ref = pi_old and no second model is resident) and the
+  // bf16 compute copy.
+  void build_models() {
+    const auto& actor = cfg.actor_rollout_ref.actor;
+    const auto& path = cfg.actor_rollout_ref.model.path;
+    kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
+    needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
+    if (needs_reference && !(actor.use_iterative_ref_model && actor.ref_update_freq == 1)) {
+      reference = std::make_unique<model::CausalLM>(
+          model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()}));
+      reference->set_requires_grad(false);
+    }
+    if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
+      compute = std::make_unique<model::CausalLM>(
+          model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
+      compute->set_requires_grad(true);
+      compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
+    }
+  }
+
+  // The run directory: a killed checkpoint write's temporary directory removed, the newest
+  // intact checkpoint loaded, the logs of steps after it (a crashed run's tail) dropped.
+  void open_run_dir() {
+    run_dir = RunDir(cfg.trainer.default_local_dir);
+    run_dir.remove_partial();
+    resume();
+    logger = std::make_unique<MetricsLogger>(run_dir.root(), /*tensorboard=*/true, step + 1);
+    jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
+  }
+
+  // ---- train_step's phases --------------------------------------------------------------
+
+  // Phase 1: generate and score until train_batch_size groups survive dynamic sampling.
+  Generation generate_groups() {
+    const auto& fg = cfg.algorithm.filter_groups;
+    const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
+    rollout::RolloutEngine engine(policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
+    Generation gen;
+    optimizer->use_train_weights();
+    while (static_cast<int64_t>(gen.kept.size()) < cfg.data.train_batch_size) {
+      if (gen.rounds > 0 && fg.max_num_gen_batches > 0 && gen.rounds >= fg.max_num_gen_batches)
+        throw ValueError(str("dynamic sampling: ", gen.rounds, " generation batches gave only ", gen.kept.size(),
+                             " of ", cfg.data.train_batch_size, " groups with varying ", fg.metric,
+                             "; raise algorithm.filter_groups.max_num_gen_batches or check the data"));
+      ++gen.rounds;
+      const ScoredRound round = generate_round(engine, next_prompts(gen_batch), gen);
+      keep_groups(round, gen);
+      if (!fg.enable) break;
+    }
+    gen.kept.resize(
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(gen.kept.size()), cfg.data.train_batch_size)));
+    return gen;
+  }
+
+  // One generation batch: sampled with the live weights, decoded, scored, overlong-shaped;
+  // the first responses of the step also go to `gen.samples`.
+  ScoredRound generate_round(rollout::RolloutEngine& engine, std::vector<const Prompt*> prompts, Generation& gen) {
+    ScoredRound r;
+    r.prompts = std::move(prompts);
+    std::vector<std::vector<int64_t>> ids;
+    for (const auto* p : r.prompts) ids.push_back(p->ids);
+    rollout::SamplingParams sp = sampling(false);
+    sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(step),
+                      static_cast<uint64_t>(gen.rounds));
+    const auto t_gen = Clock::now();
+    r.responses = engine.generate(ids, sp);
+    gen.gen_seconds += seconds_since(t_gen);
+    gen.gen_tokens += engine.last_stats().generated_tokens;
+
+    std::vector<std::string> texts;
+    std::vector<reward::ScoreRequest> requests;
+    texts.reserve(r.responses.size());
+    for (const auto& resp : r.responses) {
+      std::vector<TokenId> tid(resp.token_ids.begin(), resp.token_ids.end());
+      texts.push_back(policy.tokenizer.decode(tid, /*skip_special_tokens=*/true));
+    }
+    for (size_t i = 0; i < r.responses.size(); ++i) {
+      const Prompt* p = r.prompts[static_cast<size_t>(r.responses[i].prompt_index)];
+      requests.push_back({p->data_source, texts[i], p->ground_truth});
+    }
+    const auto t_reward = Clock::now();
+    r.results = reward::score_batch(scorers, requests);
+    gen.reward_seconds += seconds_since(t_reward);
+    for (size_t i = 0; i < r.responses.size() && static_cast<int64_t>(gen.samples.size()) < cfg.trainer.sample_log_count;
+         ++i) {
+      const auto& pids = r.prompts[static_cast<size_t>(r.responses[i].prompt_index)]->ids;
+      std::vector<TokenId> pid(pids.begin(), pids.end());
+      gen.samples.push_back({{"step", step + 1}, {"prompt", policy.tokenizer.decode(pid)}, {"response", texts[i]},
+                             {"score", r.results[i].score}, {"acc", r.results[i].acc},
+                             {"ground_truth", requests[i].ground_truth}});
+    }
+    std::vector<int64_t> lengths;
+    for (size_t i = 0; i < r.responses.size(); ++i) {
+      lengths.push_back(static_cast<int64_t>(r.responses[i].token_ids.size()));
+      r.scores.push_back(r.results[i].score);
+    }
+    const reward::OverlongConfig overlong{cfg.reward_model.overlong_buffer.enable, cfg.reward_model.overlong_buffer.len,
+                                          cfg.reward_model.overlong_buffer.penalty_factor, cfg.data.max_response_length};
+    reward::apply_overlong_penalty(overlong, lengths, r.scores);
+    return r;
+  }
+
+  // Splits a round into groups of n and keeps them; with dynamic sampling (DAPO) a group whose
+  // metric is the same for every response has zero advantage and is dropped.
+  void keep_groups(const ScoredRound& r, Generation& gen) const {
+    const auto& fg = cfg.algorithm.filter_groups;
+    const int64_t n = cfg.actor_rollout_ref.rollout.n;
+    for (size_t g = 0; g < r.prompts.size(); ++g) {
+      Group grp{r.prompts[g], {}, {}, {}};
+      for (int64_t j = 0; j < n; ++j) {
+        const size_t i = g * static_cast<size_t>(n) + static_cast<size_t>(j);
+        grp.responses.push_back(r.responses[i]);
+        grp.scores.push_back(r.scores[i]);
+        grp.acc.push_back(r.results[i].acc);
+        gen.all_scores.push_back(r.scores[i]);
+        gen.all_acc.push_back(r.results[i].acc ? 1.0 : 0.0);
+      }
+      ++gen.generated_groups;
+      if (fg.enable && n > 1) {
+        std::vector<double> metric;
+        for (int64_t j = 0; j < n; ++j)
+          metric.push_back(filter_by_acc ? (grp.acc[j] ? 1.0 : 0.0) : grp.scores[j]);
+        if (std::all_of(metric.begin(), metric.end(), [&](double x) { return x == metric[0]; })) continue;
+      }
+      gen.kept.push_back(std::move(grp));
+    }
+  }
+
+  // Phase 2: the kept groups in verl's layout, outcome scores on each response's last token.
+  StepBatch to_batch(const Generation& gen) const {
+    StepBatch sb;
+    std::vector<std::vector<int64_t>> group_prompts;
+    std::vector<rollout::Response> flat;
+    for (size_t g = 0; g < gen.kept.size(); ++g) {
+      group_prompts.push_back(gen.kept[g].prompt->ids);
+      for (size_t j = 0; j < gen.kept[g].responses.size(); ++j) {
+        rollout::Response r = gen.kept[g].responses[j];
+        r.prompt_index = static_cast<int64_t>(g);
+        if (r.finish_reason == rollout::FinishReason::kLength) ++sb.finished_by_length;
+        flat.push_back(std::move(r));
+        sb.scores.push_back(gen.kept[g].scores[j]);
+      }
+    }
+    sb.batch = rollout::make_rollout_batch(group_prompts, flat, policy.pad_token_id);
+    const at::Tensor& mask = sb.batch.get("response_mask");
+    sb.lengths = mask.sum(1);
+    sb.token_level_scores = at::zeros(mask.sizes(), at::kFloat);
+    for (int64_t b = 0; b < sb.batch.rows(); ++b) {
+      const int64_t last = sb.lengths[b].item<int64_t>() - 1;
+      if (last >= 0) sb.token_level_scores[b][last] = sb.scores[static_cast<size_t>(b)];
+    }
+    return sb;
+  }
+
+  // Phase 3: old (sampling-policy) log-probs recomputed by the trainer (in the compute dtype,
+  // so that the first update's ratio is 1 in the precision it is computed in) or taken from
+  // the rollout, and the reference's (pi_old itself when the reference is refreshed every step).
+  PolicyLogProbs old_and_ref_log_probs(const StepBatch& sb, Metrics& m) {
+    const auto& actor = cfg.actor_rollout_ref.actor;
+    const double temperature = cfg.actor_rollout_ref.rollout.temperature;
+    const at::Tensor& mask = sb.batch.get("response_mask");
+    PolicyLogProbs lp;
+    auto t_old = Clock::now();
+    sync_compute_weights();
+    lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
+                                     : sb.batch.get("rollout_log_probs");
+    lp.old_seconds = seconds_since(t_old);
+    auto t_ref = Clock::now();
+    if (reference) lp.ref_log_probs = log_probs_no_grad(*reference, sb.batch, temperature);
+    else if (needs_reference) lp.ref_log_probs = lp.old_log_probs;
+    lp.ref_seconds = seconds_since(t_ref);
+    if (reference && actor.ref_kl_target > 0) {
+      // Paper Section 5: the token-level KL(pi_old || pi_ref) (k3, exact in expectation over
+      // pi_old's samples), averaged over the step's response tokens, then over steps.
+      const double kl = masked_mean(algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, algo::KlEstimator::K3), mask);
+      ref_kl_running = ref_kl_running ? (1 - actor.ref_kl_ema) * *ref_kl_running + actor.ref_kl_ema * kl : kl;
+      m["actor/ref_kl_moving_avg"] = *ref_kl_running;
+    }
+    if (recompute_old) {
+      // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
+      const at::Tensor valid = mask.to(at::kBool);
+      const at::Tensor diff = (lp.old_log_probs - sb.batch.get("rollout_log_probs")).masked_select(valid);
+      if (diff.numel() > 0) {
+        m["training/rollout_log_prob_diff_mean"] = diff.abs().mean().item<double>();
+        m["training/rollout_log_prob_diff_max"] = diff.abs().max().item<double>();
+        m["training/rollout_is_weight_min"] = diff.exp().min().item<double>();
+        m["training/rollout_is_weight_max"] = diff.exp().max().item<double>();
+      }
+    }
+    return lp;
+  }
+
+  // Phase 4: rewards (KL-penalised with algorithm.use_kl_in_reward, REINFORCE++) and
+  // advantages on the whole batch.
+  AdvantageResult advantages(const StepBatch& sb, const PolicyLogProbs& lp, Metrics& m) {
+    const at::Tensor& mask = sb.batch.get("response_mask");
+    AdvantageResult out;
+    out.token_level_rewards = sb.token_level_scores;
+    if (cfg.algorithm.use_kl_in_reward) {
+      const auto estimator = kl_penalty;
+      out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs, mask,
+                                                       kl_in_reward_coef, estimator);
+      // The batch's KL (mean over rows of each row's token mean), as verl's controller sees it.
+      at::Tensor kl = algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, estimator) * mask;
+      const double current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
+      m["actor/reward_kl_penalty"] = current_kl;
+      m["actor/reward_kl_penalty_coeff"] = kl_in_reward_coef;
+      const auto& kc = cfg.algorithm.kl_ctrl;
+      if (adaptive_kl_ctrl)  // verl updates with n_steps = the batch's rows
+        kl_in_reward_coef = adaptive_kl_coef(kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, sb.batch.rows());
+    }
+    const auto t_adv = Clock::now();
+    algo::AdvantageInputs ai;
+    ai.token_level_rewards = out.token_level_rewards;
+    ai.response_mask = mask;
+    ai.group_index = sb.batch.get("group_index");
+    ai.gamma = cfg.algorithm.gamma;
+    ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
+    out.advantages = algo::compute_advantage(cfg.algorithm.adv_estimator, ai).advantages;
+    out.seconds = seconds_since(t_adv);
+    return out;
+  }
+
+  // Phase 5: ppo_epochs x mini-batches (whole groups) x micro-batches of the policy loss, one
+  // optimizer step per mini-batch. `batch` carries old_log_probs, ref_log_probs, advantages.
+  UpdateStats update_actor(const rollout::Batch& batch) {
+    const auto& actor = cfg.actor_rollout_ref.actor;
+    const algo::PolicyLossConfig& lc = loss_cfg;
+    UpdateStats stats;
+    // The LR the first update of the step uses (schedule-free AdamW: its own warm-up).
+    stats.lr = optimizer->lr_of_next_step(actor.optim.lr * schedule.factor(optimizer->step_count()));
+    const int64_t rows_per_mini =
+        std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
+    const auto t_update = Clock::now();
+    updates.clear();
+    for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
+      std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
+      std::iota(row_order.begin(), row_order.end(), 0);
+      if (actor.shuffle && e > 0)
+        row_order = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), step, e));
+      for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
+        std::vector<int64_t> mini_rows(row_order.begin() + start,
+                                       row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
+        update_mini_batch(batch, mini_rows, lc, stats);
+      }
+    }
+    stats.seconds = seconds_since(t_update);
+    return stats;
+  }
+
+  // One optimizer step: forward/backward of every micro-batch (gradients accumulate in fp32,
+  // each loss normalised by the whole mini-batch), clip, step. A non-finite gradient norm
+  // skips the step; too many skips in a row stop the run.
+  void update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows,
+                         const algo::PolicyLossConfig& lc, UpdateStats& stats) {
+    const auto& actor = cfg.actor_rollout_ref.actor;
+    rollout::Batch mini = batch.select(mini_rows);
+    const double normaliser = algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
+    UpdateRecord record;
+    if (recording) {
+      record.rows = mini_rows;
+      for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
+    }
+    sync_compute_weights();
+    for (const auto& rows : micro_batches(mini)) {
+      auto out = micro_batch_loss(mini.select(rows), lc, normaliser);
+      out.loss.backward();
+      move_compute_grads();
+      if (recording) record.loss += out.loss.item<double>();
+      for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
+    }
+    if (recording) {
+      for (const auto& p : policy.model.parameters())
+        record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+      updates.push_back(std::move(record));
+    }
+    const double norm = clip_grad_norm(optimizer->params(), actor.grad_clip);
+    stats.grad_norms.push_back(norm);
+    if (std::isfinite(norm)) {
+      optimizer->step(stats.lr);
+      consecutive_skips = 0;
+    } else {
+      // A non-finite loss or gradient: the update is skipped, the weights stay as they were.
+      ++stats.skipped;
+      ++consecutive_skips;
+      log_warn(str("step ", step + 1, ": non-finite gradient norm, optimizer step skipped"));
+    }
+    optimizer->zero_grad();
+    if (consecutive_skips >= cfg.trainer.max_consecutive_skips)
+      throw Error(str("stopping: ", consecutive_skips, " optimizer steps in a row had a non-finite loss or "
+                      "gradient (trainer.max_consecutive_skips); the last checkpoint in ",
+                      run_dir.root().string(), " is intact"));
+  }
+
+  // The policy loss of one micro-batch (differentiable), under the compute model.
+  algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc,
+                                          double normaliser) {
+    const auto& actor = cfg.actor_rollout_ref.actor;
+    model::LogProbOptions lo;
+    lo.temperature = cfg.actor_rollout_ref.rollout.temperature;
+    lo.with_entropy = true;
+    auto lp = compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
+                                        mb.get("responses"), lo);
+    algo::PolicyLossInputs in;
+    in.log_probs = lp.log_probs;
+    in.old_log_probs = mb.get("old_log_probs");
+    if (mb.has("ref_log_probs")) in.ref_log_probs = mb.get("ref_log_probs");
+    in.rollout_log_probs = mb.get("rollout_log_probs");
+    in.advantages = mb.get("advantages");
+    in.response_mask = mb.get("response_mask");
+    in.entropy = actor.entropy_coeff != 0.0 ? lp.entropy : lp.entropy.detach();
+    in.normaliser = normaliser;
+    return algo::compute_policy_loss(actor.policy_loss, in, lc);
+  }
+
+  // Phase 6: the iterative reference becomes the current policy every ref_update_freq steps,
+  // or (paper Section 5) when the moving-average token KL to it exceeds the target. Runs after
+  // the step counter has advanced.
+  void refresh_reference(Metrics& m) {
+    const auto& actor = cfg.actor_rollout_ref.actor;
+    if (!reference || !actor.use_iterative_ref_model) return;
+    const bool by_count = actor.ref_update_freq > 0 && step % actor.ref_update_freq == 0;
+    const bool by_kl = actor.ref_kl_target > 0 && ref_kl_running && *ref_kl_running > actor.ref_kl_target;
+    if (by_count || by_kl) {
+      reference->copy_parameters_from(policy.model);  // the weights that sample, as pi_old
+      ++ref_updates;
+      ref_kl_running.reset();  // the KL to the new reference starts at zero
+    }
+    m["actor/ref_updates"] = static_cast<double>(ref_updates);
+  }
+
+  // Phase 7: the step's metrics, with verl's names.
+  void step_metrics(const Generation& gen, const StepBatch& sb, const AdvantageResult& adv, const UpdateStats& up,
+                    Metrics& m) const {
+    const at::Tensor& mask = sb.batch.get("response_mask");
+    for (const auto& [k, v] : up.loss_metrics) m[k] = mean_of(v);
+    m["actor/grad_norm"] = mean_of(up.grad_norms);
+    m["actor/lr"] = up.lr;
+    m["actor/skipped_steps"] = static_cast<double>(up.skipped);
+    m["critic/score/mean"] = mean_of(sb.scores);
+    m["critic/rewards/mean"] = adv.token_level_rewards.sum(1).to(at::kDouble).mean().item<double>();
+    m["critic/advantages/mean"] = masked_mean(adv.advantages, mask);
+    m["critic/advantages/max"] = (adv.advantages * mask).max().item<double>();
+    m["critic/advantages/min"] = (adv.advantages * mask).min().item<double>();
+    m["acc/mean"] = mean_of(gen.all_acc);
+    m["acc/generated_score_mean"] = mean_of(gen.all_scores);
+    m["response_length/mean"] = sb.lengths.to(at::kDouble).mean().item<double>();
+    m["response_length/max"] = sb.lengths.max().item<double>();
+    m["response_length/clip_ratio"] = static_cast<double>(sb.finished_by_length) / static_cast<double>(sb.batch.rows());
+    m["prompt_length/mean"] = sb.batch.get("attention_mask").sum(1).sub(sb.lengths).to(at::kDouble).mean().item<double>();
+    m["train/num_gen_batches"] = static_cast<double>(gen.rounds);
+    m["train/kept_group_ratio"] =
+        static_cast<double>(gen.kept.size()) / static_cast<double>(std::max<int64_t>(1, gen.generated_groups));
+    m["train/epoch"] = static_cast<double>(epoch);
+    m["timing_s/gen"] = gen.gen_seconds;
+    m["timing_s/reward"] = gen.reward_seconds;
+    m["timing_s/update_actor"] = up.seconds;
+    m["perf/gen_tokens_per_s"] = gen.gen_seconds > 0 ? static_cast<double>(gen.gen_tokens) / gen.gen_seconds : 0.0;
+  }
+
+  // The step's metrics line and sample generations, written after the step.
+  void log_step(const Metrics& m, const std::vector<nlohmann::json>& samples) {
+    logger->log(step, m);
+    if (cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
+      std::string lines;
+      for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+      append_file(run_dir.root() / "samples.jsonl", lines);
+    }
+  }
 };
 
 Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
@@ -397,89 +873,19 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
   Impl& s = *impl_;
   const auto& cfg = s.cfg;
-  const auto& actor = cfg.actor_rollout_ref.actor;
   at::manual_seed(static_cast<uint64_t>(cfg.trainer.seed));
   s.policy.model.set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
   (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
-  (void)algo::policy_loss_registry().get(actor.policy_loss);
-  (void)s.loss_config();
-
-  // Training prompts, rendered like verl's RLHFDataset.
-  auto rows = read_rows(cfg.data.train_files, cfg.data.train_max_samples, "data.train_files");
-  for (const auto& r : rows) (void)s.scorers.find(r.data_source);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    Prompt p;
-    p.ids = rollout::render_prompt(s.policy.tokenizer, messages_of(rows[i]));
-    p.data_source = rows[i].data_source;
-    p.ground_truth = rows[i].reward_model.ground_truth;
-    const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
-    if (len > max_len) {
-      if (cfg.data.filter_overlong_prompts) continue;
-      if (cfg.data.truncation == "left") p.ids.erase(p.ids.begin(), p.ids.end() - max_len);
-      else if (cfg.data.truncation == "right") p.ids.resize(static_cast<size_t>(max_len));
-      else
-        throw ValueError(str("data.train_files: row ", i, " has a prompt of ", len, " tokens > data.max_prompt_length=",
-                             max_len, " (set data.truncation=left|right or data.filter_overlong_prompts=true)"));
-    }
-    s.prompts.push_back(std::move(p));
-  }
-  const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
-  if (static_cast<int64_t>(s.prompts.size()) < std::max(cfg.data.train_batch_size, gen_batch))
-    throw ConfigError(str("data.train_batch_size / data.gen_batch_size (", std::max(cfg.data.train_batch_size, gen_batch),
-                          ") exceed the ", s.prompts.size(), " usable training prompts"));
-  if (!cfg.data.val_files.empty()) s.val_rows = read_rows(cfg.data.val_files, cfg.data.val_max_samples, "data.val_files");
-
-  s.steps_per_epoch = static_cast<int64_t>(s.prompts.size()) / cfg.data.train_batch_size;
-  s.total_steps = cfg.trainer.total_training_steps.value_or(s.steps_per_epoch * cfg.trainer.total_epochs);
-  s.set_epoch(0);
-
-  // Optimizer and LR schedule (verl's rules).
-  const auto& o = actor.optim;
-  OptimizerOptions oo;
-  oo.type = o.optim_type;
-  oo.lr = o.lr;
-  oo.beta1 = o.betas[0];
-  oo.beta2 = o.betas[1];
-  oo.weight_decay = o.weight_decay;
-  const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, s.total_steps);
-  oo.warmup_steps = warmup;
-  s.optimizer = make_optimizer(oo, s.policy.model.named_parameters());
-  s.schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, s.total_steps, o.min_lr_ratio,
-                          o.num_cycles};
-
-  s.kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
-  // A reference policy is needed for GRPO's KL loss and for KL in the reward (REINFORCE++):
-  // the initial weights, or the policy of every ref_update_freq steps (iterative).
-  // With the iterative reference refreshed every step, pi_ref = pi_old: its log-probs are the
-  // old log-probs and no second model is resident.
-  const bool grpo_kl = actor.use_kl_loss && actor.policy_loss.rfind("grpo", 0) == 0;
-  s.needs_reference = grpo_kl || cfg.algorithm.use_kl_in_reward;
-  if (s.needs_reference && !(actor.use_iterative_ref_model && actor.ref_update_freq == 1)) {
-    s.reference = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
-        cfg.actor_rollout_ref.model.path, {at::kFloat, s.policy.model.device()}));
-    s.reference->set_requires_grad(false);
-  }
-  if (actor.compute_dtype == "bfloat16") {
-    s.compute = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
-        cfg.actor_rollout_ref.model.path, {at::kBFloat16, s.policy.model.device()}));
-    s.compute->set_requires_grad(true);
-    s.compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
-  }
-
-  s.run_dir = cfg.trainer.default_local_dir;
-  // A run killed while writing a checkpoint leaves its temporary directory behind.
-  if (fs::is_directory(s.run_dir))
-    for (const auto& e : fs::directory_iterator(s.run_dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("global_step_", 0) == 0 && name.find(".tmp.") != std::string::npos) fs::remove_all(e.path());
-    }
-  s.resume();
-  // Metrics of steps after the checkpoint (a crashed run's tail) are dropped.
-  s.logger = std::make_unique<MetricsLogger>(s.run_dir, /*tensorboard=*/true, s.step + 1);
-  jsonl::keep_steps(s.run_dir / "samples.jsonl", [&](int64_t st) { return st <= s.step; });
+  (void)algo::policy_loss_registry().get(cfg.actor_rollout_ref.actor.policy_loss);
+  s.loss_cfg = s.loss_config();  // the loss's string keys parsed once
+  s.kl_penalty = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
+  s.load_data();
+  s.build_optimizer();
+  s.build_models();
+  s.open_run_dir();
   log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
-               " steps; policy loss ", actor.policy_loss, ", advantages ", cfg.algorithm.adv_estimator, "; run dir ",
-               s.run_dir.string()));
+               " steps; policy loss ", cfg.actor_rollout_ref.actor.policy_loss, ", advantages ",
+               cfg.algorithm.adv_estimator, "; run dir ", s.run_dir.root().string()));
 }
 
 Trainer::~Trainer() = default;
@@ -489,8 +895,8 @@ bool Trainer::has_reference_model() const { return impl_->reference != nullptr; 
 int64_t Trainer::total_steps() const { return impl_->total_steps; }
 const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
-void Trainer::record_updates(bool on) { impl_->recording = on; }
-const std::vector<UpdateRecord>& Trainer::last_updates() const { return impl_->updates; }
+void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
+const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
 
 std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
   auto get = [&](const char* key) {
@@ -513,310 +919,25 @@ std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
 
 Metrics Trainer::train_step() {
   Impl& s = *impl_;
-  const auto& cfg = s.cfg;
-  const auto& actor = cfg.actor_rollout_ref.actor;
-  const int64_t n = cfg.actor_rollout_ref.rollout.n;
   const auto t_step = Clock::now();
   Metrics m;
-
-  // 1. Generate and score until train_batch_size groups survive dynamic sampling.
-  struct Group {
-    const Prompt* prompt;
-    std::vector<rollout::Response> responses;
-    std::vector<double> scores;
-    std::vector<bool> acc;
-  };
-  std::vector<Group> kept;
-  int64_t rounds = 0, generated_groups = 0;
-  double gen_seconds = 0, reward_seconds = 0;
-  std::vector<nlohmann::json> samples;
-  int64_t gen_tokens = 0;
-  const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
-  rollout::RolloutEngine engine(s.policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
-  reward::OverlongConfig overlong{cfg.reward_model.overlong_buffer.enable, cfg.reward_model.overlong_buffer.len,
-                                  cfg.reward_model.overlong_buffer.penalty_factor, cfg.data.max_response_length};
-  std::vector<double> all_scores, all_acc;
-  s.optimizer->use_train_weights();
-  while (static_cast<int64_t>(kept.size()) < cfg.data.train_batch_size) {
-    const auto& fg = cfg.algorithm.filter_groups;
-    if (rounds > 0 && fg.max_num_gen_batches > 0 && rounds >= fg.max_num_gen_batches)
-      throw ValueError(str("dynamic sampling: ", rounds, " generation batches gave only ", kept.size(), " of ",
-                           cfg.data.train_batch_size, " groups with varying ", fg.metric,
-                           "; raise algorithm.filter_groups.max_num_gen_batches or check the data"));
-    ++rounds;
-    auto batch_prompts = s.next_prompts(gen_batch);
-    std::vector<std::vector<int64_t>> ids;
-    for (const auto* p : batch_prompts) ids.push_back(p->ids);
-    rollout::SamplingParams sp = s.sampling(false);
-    sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(s.step),
-                      static_cast<uint64_t>(rounds));
-    auto t_gen = Clock::now();
-    auto responses = engine.generate(ids, sp);
-    gen_seconds += seconds_since(t_gen);
-    gen_tokens += engine.last_stats().generated_tokens;
-
-    std::vector<std::string> texts;
-    std::vector<reward::ScoreRequest> requests;
-    texts.reserve(responses.size());
-    for (const auto& r : responses) {
-      std::vector<TokenId> tid(r.token_ids.begin(), r.token_ids.end());
-      texts.push_back(s.policy.tokenizer.decode(tid, /*skip_special_tokens=*/true));
-    }
-    for (size_t i = 0; i < responses.size(); ++i) {
-      const Prompt* p = batch_prompts[static_cast<size_t>(responses[i].prompt_index)];
-      requests.push_back({p->data_source, texts[i], p->ground_truth});
-    }
-    auto t_reward = Clock::now();
-    auto results = reward::score_batch(s.scorers, requests);
-    reward_seconds += seconds_since(t_reward);
-    for (size_t i = 0; i < responses.size() && static_cast<int64_t>(samples.size()) < cfg.trainer.sample_log_count; ++i) {
-      const auto& ids = batch_prompts[static_cast<size_t>(responses[i].prompt_index)]->ids;
-      std::vector<TokenId> pid(ids.begin(), ids.end());
-      samples.push_back({{"step", s.step + 1}, {"prompt", s.policy.tokenizer.decode(pid)}, {"response", texts[i]},
-                         {"score", results[i].score}, {"acc", results[i].acc},
-                         {"ground_truth", requests[i].ground_truth}});
-    }
-    std::vector<int64_t> lengths;
-    std::vector<double> scores;
-    for (size_t i = 0; i < responses.size(); ++i) {
-      lengths.push_back(static_cast<int64_t>(responses[i].token_ids.size()));
-      scores.push_back(results[i].score);
-    }
-    reward::apply_overlong_penalty(overlong, lengths, scores);
-
-    for (size_t g = 0; g < batch_prompts.size(); ++g) {
-      Group grp{batch_prompts[g], {}, {}, {}};
-      for (int64_t j = 0; j < n; ++j) {
-        const size_t i = g * static_cast<size_t>(n) + static_cast<size_t>(j);
-        grp.responses.push_back(responses[i]);
-        grp.scores.push_back(scores[i]);
-        grp.acc.push_back(results[i].acc);
-        all_scores.push_back(scores[i]);
-        all_acc.push_back(results[i].acc ? 1.0 : 0.0);
-      }
-      ++generated_groups;
-      if (fg.enable) {
-        // DAPO: a group whose metric is the same for every response has zero advantage.
-        std::vector<double> metric;
-        for (int64_t j = 0; j < n; ++j) metric.push_back(fg.metric == "acc" ? (grp.acc[j] ? 1.0 : 0.0) : grp.scores[j]);
-        const bool constant = std::all_of(metric.begin(), metric.end(), [&](double x) { return x == metric[0]; });
-        if (constant && n > 1) continue;
-      }
-      kept.push_back(std::move(grp));
-    }
-    if (!fg.enable) break;
-  }
-  kept.resize(static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(kept.size()), cfg.data.train_batch_size)));
-
-  // 2. The verl layout, outcome scores on each response's last token.
-  std::vector<std::vector<int64_t>> group_prompts;
-  std::vector<rollout::Response> flat;
-  std::vector<double> flat_scores;
-  int64_t finished_by_length = 0;
-  for (size_t g = 0; g < kept.size(); ++g) {
-    group_prompts.push_back(kept[g].prompt->ids);
-    for (size_t j = 0; j < kept[g].responses.size(); ++j) {
-      rollout::Response r = kept[g].responses[j];
-      r.prompt_index = static_cast<int64_t>(g);
-      if (r.finish_reason == rollout::FinishReason::kLength) ++finished_by_length;
-      flat.push_back(std::move(r));
-      flat_scores.push_back(kept[g].scores[j]);
-    }
-  }
-  rollout::Batch batch = rollout::make_rollout_batch(group_prompts, flat, s.policy.pad_token_id);
-  const at::Tensor& mask = batch.get("response_mask");
-  at::Tensor lengths = mask.sum(1);
-  at::Tensor token_level_scores = at::zeros(mask.sizes(), at::kFloat);
-  for (int64_t b = 0; b < batch.rows(); ++b) {
-    const int64_t last = lengths[b].item<int64_t>() - 1;
-    if (last >= 0) token_level_scores[b][last] = flat_scores[static_cast<size_t>(b)];
-  }
-
-  // 3. Old (sampling-policy) log-probs recomputed by the trainer (in the compute dtype, so
-  // that the first update's ratio is 1 in the precision it is computed in) or taken from the
-  // rollout, and the reference's.
-  const double temperature = cfg.actor_rollout_ref.rollout.temperature;
-  const bool recompute_old = actor.old_log_prob_source == "recompute";
-  auto t_old = Clock::now();
-  s.sync_compute_weights();
-  at::Tensor old_log_probs = recompute_old ? s.log_probs_no_grad(s.compute_model(), batch, temperature)
-                                           : batch.get("rollout_log_probs");
-  const double old_seconds = seconds_since(t_old);
-  auto t_ref = Clock::now();
-  at::Tensor ref_log_probs;
-  if (s.reference) ref_log_probs = s.log_probs_no_grad(*s.reference, batch, temperature);
-  else if (s.needs_reference) ref_log_probs = old_log_probs;
-  const double ref_seconds = seconds_since(t_ref);
-  if (s.reference && actor.ref_kl_target > 0) {
-    // Paper Section 5: the token-level KL(pi_old || pi_ref) (k3, exact in expectation over
-    // pi_old's samples), averaged over the step's response tokens, then over steps.
-    const double kl = masked_mean(algo::kl_estimate(old_log_probs, ref_log_probs, algo::KlEstimator::K3), mask);
-    s.ref_kl_running = s.ref_kl_running ? (1 - actor.ref_kl_ema) * *s.ref_kl_running + actor.ref_kl_ema * kl : kl;
-    m["actor/ref_kl_moving_avg"] = *s.ref_kl_running;
-  }
-  if (recompute_old) {
-    // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
-    const at::Tensor valid = mask.to(at::kBool);
-    const at::Tensor diff = (old_log_probs - batch.get("rollout_log_probs")).masked_select(valid);
-    if (diff.numel() > 0) {
-      m["training/rollout_log_prob_diff_mean"] = diff.abs().mean().item<double>();
-      m["training/rollout_log_prob_diff_max"] = diff.abs().max().item<double>();
-      m["training/rollout_is_weight_min"] = diff.exp().min().item<double>();
-      m["training/rollout_is_weight_max"] = diff.exp().max().item<double>();
-    }
-  }
-
-  // 4. Rewards (optionally KL-penalised, REINFORCE++) and advantages on the whole batch.
-  at::Tensor token_level_rewards = token_level_scores;
-  if (cfg.algorithm.use_kl_in_reward) {
-    const auto estimator = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
-    token_level_rewards = algo::apply_kl_penalty(token_level_scores, old_log_probs, ref_log_probs, mask,
-                                                 s.kl_in_reward_coef, estimator);
-    // The batch's KL (mean over rows of each row's token mean), as verl's controller sees it.
-    at::Tensor kl = algo::kl_estimate(old_log_probs, ref_log_probs, estimator) * mask;
-    const double current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
-    m["actor/reward_kl_penalty"] = current_kl;
-    m["actor/reward_kl_penalty_coeff"] = s.kl_in_reward_coef;
-    const auto& kc = cfg.algorithm.kl_ctrl;
-    if (kc.type == "adaptive")  // verl updates with n_steps = the batch's rows
-      s.kl_in_reward_coef = adaptive_kl_coef(s.kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, batch.rows());
-  }
-  auto t_adv = Clock::now();
-  algo::AdvantageInputs ai;
-  ai.token_level_rewards = token_level_rewards;
-  ai.response_mask = mask;
-  ai.group_index = batch.get("group_index");
-  ai.gamma = cfg.algorithm.gamma;
-  ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
-  at::Tensor advantages = algo::compute_advantage(cfg.algorithm.adv_estimator, ai).advantages;
-  const double adv_seconds = seconds_since(t_adv);
-  batch.set("old_log_probs", old_log_probs);
-  if (ref_log_probs.defined()) batch.set("ref_log_probs", ref_log_probs);
-  batch.set("advantages", advantages);
-
-  // 5. Policy updates: ppo_epochs x mini-batches (whole groups) x micro-batches.
-  const algo::PolicyLossConfig lc = s.loss_config();
-  const double lr = actor.optim.lr * s.schedule.factor(s.optimizer->step_count());
-  const int64_t rows_per_mini = std::min<int64_t>(actor.ppo_mini_batch_size * n, batch.rows());
-  std::map<std::string, std::vector<double>> loss_metrics;
-  std::vector<double> grad_norms;
-  int64_t skipped = 0;
-  auto t_update = Clock::now();
-  const bool want_entropy = actor.entropy_coeff != 0.0;
-  s.updates.clear();
-  for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
-    std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
-    std::iota(row_order.begin(), row_order.end(), 0);
-    if (actor.shuffle && e > 0) {
-      auto perm = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), s.step, e));
-      row_order = perm;
-    }
-    for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
-      std::vector<int64_t> mini_rows(row_order.begin() + start,
-                                     row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
-      rollout::Batch mini = batch.select(mini_rows);
-      const double normaliser = algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
-      UpdateRecord record;
-      if (s.recording) {
-        record.rows = mini_rows;
-        for (const auto& p : s.policy.model.parameters()) record.weights.push_back(p.detach().clone());
-      }
-      s.sync_compute_weights();
-      for (const auto& rows : s.micro_batches(mini)) {
-        rollout::Batch mb = mini.select(rows);
-        model::LogProbOptions lo;
-        lo.temperature = temperature;
-        lo.with_entropy = true;
-        auto lp = s.compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
-                                              mb.get("responses"), lo);
-        algo::PolicyLossInputs in;
-        in.log_probs = lp.log_probs;
-        in.old_log_probs = mb.get("old_log_probs");
-        if (mb.has("ref_log_probs")) in.ref_log_probs = mb.get("ref_log_probs");
-        in.rollout_log_probs = mb.get("rollout_log_probs");
-        in.advantages = mb.get("advantages");
-        in.response_mask = mb.get("response_mask");
-        in.entropy = want_entropy ? lp.entropy : lp.entropy.detach();
-        in.normaliser = normaliser;
-        auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
-        out.loss.backward();
-        s.move_compute_grads();
-        if (s.recording) record.loss += out.loss.item<double>();
-        for (const auto& [k, v] : out.metrics) loss_metrics[k].push_back(v.item<double>());
-      }
-      if (s.recording) {
-        for (const auto& p : s.policy.model.parameters())
-          record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
-        s.updates.push_back(std::move(record));
-      }
-      const double norm = clip_grad_norm(s.optimizer->params(), actor.grad_clip);
-      grad_norms.push_back(norm);
-      if (std::isfinite(norm)) {
-        s.optimizer->step(lr);
-        s.consecutive_skips = 0;
-      } else {
-        // A non-finite loss or gradient: the update is skipped, the weights stay as they were.
-        ++skipped;
-        ++s.consecutive_skips;
-        log_warn(str("step ", s.step + 1, ": non-finite gradient norm, optimizer step skipped"));
-      }
-      s.optimizer->zero_grad();
-      if (s.consecutive_skips >= cfg.trainer.max_consecutive_skips)
-        throw Error(str("stopping: ", s.consecutive_skips, " optimizer steps in a row had a non-finite loss or "
-                        "gradient (trainer.max_consecutive_skips); the last checkpoint in ",
-                        s.run_dir.string(), " is intact"));
-    }
-  }
-  const double update_seconds = seconds_since(t_update);
-
-  // 6. Iterative reference: the reference becomes the current policy every ref_update_freq
-  // steps, or (paper Section 5) when the moving-average token KL to it exceeds the target.
+  const Generation gen = s.generate_groups();
+  StepBatch sb = s.to_batch(gen);
+  const PolicyLogProbs lp = s.old_and_ref_log_probs(sb, m);
+  const AdvantageResult adv = s.advantages(sb, lp, m);
+  sb.batch.set("old_log_probs", lp.old_log_probs);
+  if (lp.ref_log_probs.defined()) sb.batch.set("ref_log_probs", lp.ref_log_probs);
+  sb.batch.set("advantages", adv.advantages);
+  const UpdateStats up = s.update_actor(sb.batch);
   ++s.step;
-  if (s.reference && actor.use_iterative_ref_model) {
-    const bool by_count = actor.ref_update_freq > 0 && s.step % actor.ref_update_freq == 0;
-    const bool by_kl = actor.ref_kl_target > 0 && s.ref_kl_running && *s.ref_kl_running > actor.ref_kl_target;
-    if (by_count || by_kl) {
-      s.reference->copy_parameters_from(s.policy.model);  // the weights that sample, as pi_old
-      ++s.ref_updates;
-      s.ref_kl_running.reset();  // the KL to the new reference starts at zero
-    }
-  }
-  if (s.reference && actor.use_iterative_ref_model) m["actor/ref_updates"] = static_cast<double>(s.ref_updates);
-
-  // 7. Metrics, with verl's names.
-  for (const auto& [k, v] : loss_metrics) m[k] = mean_of(v);
-  m["actor/grad_norm"] = mean_of(grad_norms);
-  m["actor/lr"] = lr;
-  m["actor/skipped_steps"] = static_cast<double>(skipped);
-  m["critic/score/mean"] = mean_of(flat_scores);
-  m["critic/rewards/mean"] = token_level_rewards.sum(1).to(at::kDouble).mean().item<double>();
-  m["critic/advantages/mean"] = masked_mean(advantages, mask);
-  m["critic/advantages/max"] = (advantages * mask).max().item<double>();
-  m["critic/advantages/min"] = (advantages * mask).min().item<double>();
-  m["acc/mean"] = mean_of(all_acc);
-  m["acc/generated_score_mean"] = mean_of(all_scores);
-  m["response_length/mean"] = lengths.to(at::kDouble).mean().item<double>();
-  m["response_length/max"] = lengths.max().item<double>();
-  m["response_length/clip_ratio"] = static_cast<double>(finished_by_length) / static_cast<double>(batch.rows());
-  m["prompt_length/mean"] = batch.get("attention_mask").sum(1).sub(lengths).to(at::kDouble).mean().item<double>();
-  m["train/num_gen_batches"] = static_cast<double>(rounds);
-  m["train/kept_group_ratio"] = static_cast<double>(kept.size()) / static_cast<double>(std::max<int64_t>(1, generated_groups));
-  m["train/epoch"] = static_cast<double>(s.epoch);
-  m["timing_s/gen"] = gen_seconds;
-  m["timing_s/reward"] = reward_seconds;
-  m["timing_s/old_log_prob"] = old_seconds;
-  m["timing_s/ref"] = ref_seconds;
-  m["timing_s/adv"] = adv_seconds;
-  m["timing_s/update_actor"] = update_seconds;
+  s.refresh_reference(m);
+  s.step_metrics(gen, sb, adv, up, m);
+  m["timing_s/old_log_prob"] = lp.old_seconds;
+  m["timing_s/ref"] = lp.ref_seconds;
+  m["timing_s/adv"] = adv.seconds;
   m["timing_s/step"] = seconds_since(t_step);
-  m["perf/gen_tokens_per_s"] = gen_seconds > 0 ? static_cast<double>(gen_tokens) / gen_seconds : 0.0;
-  s.last_batch = std::move(batch);
-  s.logger->log(s.step, m);
-  if (cfg.trainer.sample_log_freq > 0 && s.step % cfg.trainer.sample_log_freq == 0) {
-    std::string lines;
-    for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    append_file(s.run_dir / "samples.jsonl", lines);
-  }
+  s.last_batch = std::move(sb.batch);
+  s.log_step(m, gen.samples);
   return m;
 }
 
@@ -865,7 +986,7 @@ void Trainer::fit() {
   }
   bar.finish();
   s.logger->flush(/*durable=*/true);
-  if (!fs::exists(s.run_dir / str("global_step_", s.step) / "train_state.json")) s.save_checkpoint();
+  if (!s.run_dir.has_complete(s.step)) s.save_checkpoint();
 }
 
 }  // namespace rpg::train

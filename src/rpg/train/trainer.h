@@ -32,6 +32,11 @@ namespace rpg::train {
 
 using Metrics = std::map<std::string, double>;
 
+// A prompt longer than max_len cut as verl's data.truncation does: left keeps the end, right
+// the start, middle the first max_len / 2 and the last max_len - max_len / 2 tokens.
+// ValueError for kError. Shorter prompts are returned unchanged.
+std::vector<int64_t> truncate_prompt(std::vector<int64_t> ids, int64_t max_len, Truncation how);
+
 // The adaptive KL controller of Ziegler et al. (2019) as verl applies it to the KL-in-reward
 // coefficient: coef * (1 + clip(kl / target - 1, -0.2, 0.2) * n / horizon).
 double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_t horizon, int64_t n);
@@ -40,17 +45,6 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
 // kl 1.2e-05 | grad_norm 0.53 | response_length 11.2 | 4.1 s"; kl is the step's KL term
 // (actor/kl_loss, else actor/rpg_kl, else actor/reward_kl_penalty, else actor/ppo_kl).
 std::string step_summary(int64_t step, int64_t total, const Metrics& m);
-
-// One optimizer step as the trainer took it (recorded on request, for tests that rebuild the
-// update by hand): the rows of Trainer::last_batch() in the mini-batch, the fp32 master
-// weights before the step, the summed micro-batch losses and the accumulated fp32 gradients
-// before clipping, in named_parameters() order.
-struct UpdateRecord {
-  std::vector<int64_t> rows;
-  std::vector<at::Tensor> weights;
-  double loss = 0.0;
-  std::vector<at::Tensor> grads;
-};
 
 class Trainer {
  public:
@@ -85,12 +79,8 @@ class Trainer {
   // response_mask, rollout_log_probs, group_index, old_log_probs, ref_log_probs (when a
   // reference is used), advantages.
   const rollout::Batch& last_batch() const;
-  // With on = true every later train_step keeps an UpdateRecord per optimizer step (costs a
-  // copy of the weights and gradients each time).
-  void record_updates(bool on);
-  const std::vector<UpdateRecord>& last_updates() const;
-
  private:
+  friend struct TrainerTesting;  // trainer_testing.h: hooks for tests that rebuild an update
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

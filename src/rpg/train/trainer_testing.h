@@ -1,0 +1,31 @@
+// Test-only hooks into the Trainer, kept out of its public header: tests that rebuild an
+// optimizer step by hand read what the trainer did.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "rpg/train/trainer.h"
+
+namespace rpg::train {
+
+// One optimizer step as the trainer took it: the rows of Trainer::last_batch() in the
+// mini-batch, the fp32 master weights before the step, the summed micro-batch losses and the
+// accumulated fp32 gradients before clipping, in named_parameters() order.
+struct UpdateRecord {
+  std::vector<int64_t> rows;
+  std::vector<at::Tensor> weights;
+  double loss = 0.0;
+  std::vector<at::Tensor> grads;
+};
+
+struct TrainerTesting {
+  // With on = true every later train_step keeps an UpdateRecord per optimizer step (costs a
+  // copy of the weights and gradients each time).
+  static void record_updates(Trainer& t, bool on);
+  static const std::vector<UpdateRecord>& last_updates(const Trainer& t);
+};
+
+}  // namespace rpg::train
