@@ -9,7 +9,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
-#include "rpg/tokenizer/jinja.h"
+#include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/pretokenize.h"
 #include "rpg/tokenizer/unicode.h"
 

@@ -1,4 +1,4 @@
-#include "rpg/tokenizer/jinja_value.h"
+#include "rpg/jinja/value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,7 +6,8 @@
 #include <cstdio>
 
 #include "rpg/core/error.h"
-#include "rpg/tokenizer/unicode.h"
+#include "rpg/core/text.h"
+#include "rpg/core/unicode.h"
 
 namespace rpg::jinja {
 
@@ -151,7 +152,7 @@ bool py_printable(char32_t c) {
   if (c < 0x7f) return true;
   if (c >= 0x80 && c < 0xa0) return false;
   if (c == 0xad) return false;
-  if (tok::is_space(c) && c != ' ') return false;
+  if (unicode::is_space(c) && c != ' ') return false;
   if (c >= 0xd800 && c <= 0xdfff) return false;
   if ((c >= 0x200b && c <= 0x200f) || (c >= 0x2028 && c <= 0x202e) || (c >= 0x2060 && c <= 0x206f) ||
       c == 0xfeff || (c >= 0xfff9 && c <= 0xfffb))
@@ -167,9 +168,9 @@ std::string str_repr(const std::string& s) {
   while (i < s.size()) {
     char32_t c;
     size_t bad;
-    size_t len = tok::decode_utf8(s, i, c, bad);
+    size_t len = decode_utf8(s, i, c, bad);
     if (len == 0) {
-      c = tok::kReplacement;
+      c = kReplacementChar;
       len = bad;
     }
     if (c == static_cast<char32_t>(q) || c == '\\') {
@@ -202,9 +203,9 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   while (i < s.size()) {
     char32_t c;
     size_t bad;
-    size_t len = tok::decode_utf8(s, i, c, bad);
+    size_t len = decode_utf8(s, i, c, bad);
     if (len == 0) {
-      c = tok::kReplacement;
+      c = kReplacementChar;
       len = bad;
     }
     switch (c) {
@@ -344,6 +345,22 @@ std::string to_json(const Value& v, bool ensure_ascii, int indent, const std::st
   std::string out;
   json_dump(out, v, ensure_ascii, indent, 0, item_sep, key_sep, sort_keys);
   return out;
+}
+
+bool py_space(char32_t c) { return (c >= 0x1c && c <= 0x1f) || unicode::is_space(c); }
+
+size_t cp_count(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += !is_utf8_continuation(c);
+  return n;
+}
+
+std::vector<size_t> cp_offsets(const std::string& s) {
+  std::vector<size_t> off;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (!is_utf8_continuation(static_cast<unsigned char>(s[i]))) off.push_back(i);
+  off.push_back(s.size());
+  return off;
 }
 
 }  // namespace rpg::jinja
