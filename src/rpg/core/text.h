@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 #include <string>
 #include <string_view>
 
@@ -21,6 +22,51 @@ size_t decode_utf8(std::string_view s, size_t i, char32_t& cp, size_t& bad_len);
 // Appends the UTF-8 form of cp (surrogates are written as their 3-byte form, as
 // Python's "surrogatepass" would; callers that must not produce them do not pass them).
 void append_utf8(std::string& out, char32_t cp);
+
+// What for_each_codepoint makes of bytes that are not well-formed UTF-8.
+enum class InvalidUtf8 {
+  kReplace,  // one U+FFFD per maximal ill-formed subpart (Python's errors="replace")
+  kEscape,   // one U+DC80..U+DCFF per byte (Python's errors="surrogateescape"): lossless
+  kStop,     // stop the walk before it
+};
+
+struct CodePoint {
+  char32_t cp;  // for ill-formed bytes their stand-in (see InvalidUtf8)
+  size_t pos;   // byte offset in the string
+  size_t len;   // bytes it spans
+  bool valid;   // false: ill-formed bytes (a caller may pass s.substr(pos, len) through)
+};
+
+// The one code-point loop: calls f(const CodePoint&) for each code point of s in order;
+// when f returns bool, false stops the walk. Returns the byte offset where the walk stopped
+// (s.size() when it ran to the end).
+template <class F>
+size_t for_each_codepoint(std::string_view s, F&& f, InvalidUtf8 invalid = InvalidUtf8::kReplace) {
+  size_t i = 0;
+  while (i < s.size()) {
+    CodePoint c{0, i, 0, true};
+    size_t bad = 0;
+    c.len = decode_utf8(s, i, c.cp, bad);
+    if (c.len == 0) {
+      if (invalid == InvalidUtf8::kStop) return i;
+      c.valid = false;
+      if (invalid == InvalidUtf8::kEscape) {
+        c.cp = 0xDC00 + static_cast<unsigned char>(s[i]);
+        c.len = 1;
+      } else {
+        c.cp = kReplacementChar;
+        c.len = bad;
+      }
+    }
+    if constexpr (std::is_same_v<std::invoke_result_t<F&, const CodePoint&>, bool>) {
+      if (!f(c)) return i;
+    } else {
+      f(c);
+    }
+    i += c.len;
+  }
+  return i;
+}
 
 // Replaces every ill-formed subpart by U+FFFD. Returns true when s was already valid
 // (then `out` is left untouched so the caller can keep using s).

@@ -105,19 +105,10 @@ namespace {
 
 std::string py_case(const std::string& s, int mode) {  // 0 lower, 1 upper
   std::string out;
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = decode_utf8(s, i, c, bad);
-    if (len == 0) {
-      out.append(s, i, bad);
-      i += bad;
-      continue;
-    }
-    append_utf8(out, mode ? unicode::to_upper(c) : unicode::to_lower(c));
-    i += len;
-  }
+  for_each_codepoint(s, [&](const CodePoint& c) {
+    if (!c.valid) out.append(s, c.pos, c.len);  // ill-formed bytes pass through
+    else append_utf8(out, mode ? unicode::to_upper(c.cp) : unicode::to_lower(c.cp));
+  });
   return out;
 }
 

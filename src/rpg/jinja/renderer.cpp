@@ -113,15 +113,7 @@ List Renderer::iterate(const Value& v, Pos at) {
     }
     case Value::T::kStr: {
       List chars;
-      size_t i = 0;
-      while (i < v.s.size()) {
-        char32_t c;
-        size_t bad;
-        size_t len = decode_utf8(v.s, i, c, bad);
-        if (len == 0) len = bad;
-        chars.push_back(Value::str(v.s.substr(i, len)));
-        i += len;
-      }
+      for_each_codepoint(v.s, [&](const CodePoint& c) { chars.push_back(Value::str(v.s.substr(c.pos, c.len))); });
       return chars;
     }
     default: fail(at, str("'", type_name(v), "' object is not iterable"));

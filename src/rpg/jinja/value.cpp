@@ -164,15 +164,8 @@ std::string str_repr(const std::string& s) {
   bool has_sq = s.find('\'') != std::string::npos, has_dq = s.find('"') != std::string::npos;
   char q = has_sq && !has_dq ? '"' : '\'';
   std::string out(1, q);
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = decode_utf8(s, i, c, bad);
-    if (len == 0) {
-      c = kReplacementChar;
-      len = bad;
-    }
+  for_each_codepoint(s, [&](const CodePoint& cp) {
+    char32_t c = cp.cp;
     if (c == static_cast<char32_t>(q) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
@@ -189,25 +182,17 @@ std::string str_repr(const std::string& s) {
       else std::snprintf(buf, sizeof buf, "\\U%08x", static_cast<unsigned>(c));
       out += buf;
     } else {
-      out.append(s, i, len);
+      out.append(s, cp.pos, cp.len);  // ill-formed bytes stay as they are
     }
-    i += len;
-  }
+  });
   out += q;
   return out;
 }
 
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = decode_utf8(s, i, c, bad);
-    if (len == 0) {
-      c = kReplacementChar;
-      len = bad;
-    }
+  for_each_codepoint(s, [&](const CodePoint& cp) {
+    char32_t c = cp.cp;
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -229,12 +214,11 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
             out += buf;
           }
         } else {
-          out.append(s, i, len);
+          out.append(s, cp.pos, cp.len);
         }
       }
     }
-    i += len;
-  }
+  });
   out += '"';
 }
 
