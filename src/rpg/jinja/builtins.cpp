@@ -99,21 +99,11 @@ Value f_title(const std::string& name, const Value& v, Args& a, Renderer& r, Pos
     if (!word.empty()) out += py_capitalize(word);
     word.clear();
   };
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = decode_utf8(s, i, c, bad);
-    if (len == 0) len = bad, c = kReplacementChar;
-    bool sep = py_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
-    if (sep) {
-      flush();
-      out.append(s, i, len);
-    } else {
-      word.append(s, i, len);
-    }
-    i += len;
-  }
+  for_each_codepoint(s, [&](const CodePoint& c) {
+    bool sep = py_space(c.cp) || c.cp == '-' || c.cp == '(' || c.cp == '{' || c.cp == '[' || c.cp == '<';
+    if (sep) flush();
+    (sep ? out : word).append(s, c.pos, c.len);
+  });
   flush();
   return Value::str(out);
 }
@@ -381,17 +371,11 @@ Value f_wordcount(const std::string& name, const Value& v, Args& a, Renderer& r,
   std::string s = to_str(v);
   int64_t n = 0;
   bool in_word = false;
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = decode_utf8(s, i, c, bad);
-    if (len == 0) len = bad, c = ' ';
-    bool w = c == '_' || unicode::is_letter(c) || unicode::is_number(c);
+  for_each_codepoint(s, [&](const CodePoint& c) {
+    bool w = c.valid && (c.cp == '_' || unicode::is_letter(c.cp) || unicode::is_number(c.cp));
     if (w && !in_word) ++n;
     in_word = w;
-    i += len;
-  }
+  });
   return Value::integer(n);
 }
 

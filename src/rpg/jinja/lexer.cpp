@@ -107,14 +107,8 @@ class Lexer {
     return end;
   }
   size_t lstrip_pos(size_t from) const {
-    while (from < src_.size()) {
-      char32_t c;
-      size_t bad;
-      size_t len = decode_utf8(src_, from, c, bad);
-      if (len == 0 || !py_space(c)) break;
-      from += len;
-    }
-    return from;
+    std::string_view rest = std::string_view(src_).substr(std::min(from, src_.size()));
+    return from + for_each_codepoint(rest, [](const CodePoint& c) { return py_space(c.cp); }, InvalidUtf8::kStop);
   }
   bool only_py_space(size_t from, size_t end) const {
     if (from >= end) return false;  // jinja's \s+ needs one character; nothing to strip anyway

@@ -15,28 +15,11 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   std::vector<char32_t> set;
   bool ws = !chars || chars->is_none() || chars->is_undefined();
   if (!ws) {
-    size_t i = 0;
-    const std::string& c = chars->s;
-    while (i < c.size()) {
-      char32_t cp;
-      size_t bad;
-      size_t len = decode_utf8(c, i, cp, bad);
-      if (len == 0) len = bad, cp = kReplacementChar;
-      set.push_back(cp);
-      i += len;
-    }
+    for_each_codepoint(chars->s, [&](const CodePoint& c) { set.push_back(c.cp); });
   }
   auto strip_me = [&](char32_t c) { return ws ? py_space(c) : std::find(set.begin(), set.end(), c) != set.end(); };
   size_t b = 0, e = s.size();
-  if (left) {
-    while (b < e) {
-      char32_t c;
-      size_t bad;
-      size_t len = decode_utf8(s, b, c, bad);
-      if (len == 0 || !strip_me(c)) break;
-      b += len;
-    }
-  }
+  if (left) b = for_each_codepoint(s, [&](const CodePoint& c) { return strip_me(c.cp); }, InvalidUtf8::kStop);
   if (right) {
     while (e > b) {
       size_t k = e - 1;
