@@ -75,6 +75,8 @@ add_library(rpg::arrow ALIAS rpg_arrow)
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Threads REQUIRED)
+# ICU: Unicode character properties (core) and normalization (tokenizer).
+find_package(ICU REQUIRED COMPONENTS uc)
 if(RPG_BUILD_TESTS)
   find_package(GTest REQUIRED)
   include(GoogleTest)

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
-#include "rpg/tokenizer/jinja.h"
+#include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/tokenizer.h"
 #include "test_util.h"
 

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
-#include "rpg/tokenizer/jinja.h"
+#include "rpg/jinja/jinja.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view src(reinterpret_cast<const char*>(data), size);

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
-#include "rpg/tokenizer/jinja.h"
+#include "rpg/jinja/jinja.h"
 #include "test_util.h"
 
 namespace {

@@ -3,53 +3,13 @@
 #include <algorithm>
 #include <iterator>
 
+#include "rpg/core/text.h"
+
 namespace rpg::reward::text {
 namespace {
 
-bool is_cont(unsigned char b) { return (b & 0xC0) == 0x80; }
-
-// Length of the well-formed UTF-8 sequence at s[i] (Unicode Table 3-7), 0 if none.
-size_t sequence_length(std::string_view s, size_t i, char32_t* cp) {
-  auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  unsigned char b0 = b(0);
-  size_t avail = s.size() - i;
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) len = 2;
-  else if (b0 == 0xE0) len = 3, lo = 0xA0;
-  else if (b0 >= 0xE1 && b0 <= 0xEC) len = 3;
-  else if (b0 == 0xED) len = 3, hi = 0x9F;
-  else if (b0 >= 0xEE && b0 <= 0xEF) len = 3;
-  else if (b0 == 0xF0) len = 4, lo = 0x90;
-  else if (b0 >= 0xF1 && b0 <= 0xF3) len = 4;
-  else if (b0 == 0xF4) len = 4, hi = 0x8F;
-  else return 0;
-  if (avail < len) return 0;
-  if (b(1) < lo || b(1) > hi) return 0;
-  for (size_t k = 2; k < len; ++k)
-    if (!is_cont(b(k))) return 0;
-  char32_t c = b0 & (len == 2 ? 0x1F : len == 3 ? 0x0F : 0x07);
-  for (size_t k = 1; k < len; ++k) c = (c << 6) | (b(k) & 0x3F);
-  *cp = c;
-  return len;
-}
-
 void decode_into(std::string_view s, size_t from, std::u32string& out) {
-  for (size_t i = from; i < s.size();) {
-    char32_t c;
-    size_t n = sequence_length(s, i, &c);
-    if (n == 0) {
-      out.push_back(0xDC00 + static_cast<unsigned char>(s[i]));
-      ++i;
-    } else {
-      out.push_back(c);
-      i += n;
-    }
-  }
+  for_each_codepoint(s.substr(from), [&](const CodePoint& c) { out.push_back(c.cp); }, InvalidUtf8::kEscape);
 }
 
 // Python 3.11 (Unicode 14.0) code points for which str.isdigit() is true.
@@ -88,7 +48,7 @@ std::u32string decode_last(std::string_view bytes, size_t n) {
   size_t budget = 4 * n + 4;
   if (bytes.size() > budget) {
     size_t p = bytes.size() - budget;
-    while (p < bytes.size() && is_cont(static_cast<unsigned char>(bytes[p]))) ++p;
+    while (p < bytes.size() && is_utf8_continuation(static_cast<unsigned char>(bytes[p]))) ++p;
     std::u32string tail;
     decode_into(bytes, p, tail);
     if (tail.size() >= n) return tail.substr(tail.size() - n);
@@ -101,23 +61,8 @@ std::string encode(std::u32string_view s) {
   std::string out;
   out.reserve(s.size());
   for (char32_t c : s) {
-    if (c < 0x80) {
-      out.push_back(static_cast<char>(c));
-    } else if (c >= 0xDC80 && c <= 0xDCFF) {
-      out.push_back(static_cast<char>(c - 0xDC00));
-    } else if (c < 0x800) {
-      out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-      out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-      out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
+    if (c >= 0xDC80 && c <= 0xDCFF) out.push_back(static_cast<char>(c - 0xDC00));
+    else append_utf8(out, c);
   }
   return out;
 }

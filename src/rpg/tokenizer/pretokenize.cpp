@@ -25,20 +25,12 @@ void decode_all(std::string_view text, Decoded& d) {
   d.cp.clear();
   d.cls.clear();
   d.off.clear();
-  size_t i = 0;
-  while (i < text.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = decode_utf8(text, i, c, bad);
-    if (len == 0) {  // callers sanitize first; stay safe regardless
-      c = kReplacement;
-      len = bad;
-    }
-    d.cp.push_back(c);
-    d.cls.push_back(c < 0x80 ? char_class(c) : char_class(c));
-    d.off.push_back(static_cast<uint32_t>(i));
-    i += len;
-  }
+  // Callers sanitize first; ill-formed bytes would still decode safely, as U+FFFD.
+  for_each_codepoint(text, [&](const CodePoint& c) {
+    d.cp.push_back(c.cp);
+    d.cls.push_back(char_class(c.cp));
+    d.off.push_back(static_cast<uint32_t>(c.pos));
+  });
   d.off.push_back(static_cast<uint32_t>(text.size()));
 }
 

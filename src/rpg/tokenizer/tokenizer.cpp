@@ -9,7 +9,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
-#include "rpg/tokenizer/jinja.h"
+#include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/pretokenize.h"
 #include "rpg/tokenizer/unicode.h"
 
@@ -46,21 +46,11 @@ const ByteMap& byte_map() {
 std::string token_to_bytes(std::string_view token) {
   const auto& m = byte_map();
   std::string out;
-  size_t i = 0;
-  while (i < token.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = tok::decode_utf8(token, i, c, bad);
-    if (len == 0) {
-      out.append(token.substr(i, bad));
-      i += bad;
-      continue;
-    }
-    auto it = m.to_byte.find(c);
+  for_each_codepoint(token, [&](const CodePoint& c) {
+    auto it = c.valid ? m.to_byte.find(c.cp) : m.to_byte.end();
     if (it != m.to_byte.end()) out.push_back(static_cast<char>(it->second));
-    else out.append(token.substr(i, len));
-    i += len;
-  }
+    else out.append(token.substr(c.pos, c.len));  // ill-formed bytes pass through
+  });
   return out;
 }
 

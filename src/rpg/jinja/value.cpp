@@ -1,4 +1,4 @@
-#include "rpg/tokenizer/jinja_value.h"
+#include "rpg/jinja/value.h"
 
 #include <algorithm>
 #include <charconv>
@@ -6,7 +6,8 @@
 #include <cstdio>
 
 #include "rpg/core/error.h"
-#include "rpg/tokenizer/unicode.h"
+#include "rpg/core/text.h"
+#include "rpg/core/unicode.h"
 
 namespace rpg::jinja {
 
@@ -151,7 +152,7 @@ bool py_printable(char32_t c) {
   if (c < 0x7f) return true;
   if (c >= 0x80 && c < 0xa0) return false;
   if (c == 0xad) return false;
-  if (tok::is_space(c) && c != ' ') return false;
+  if (unicode::is_space(c) && c != ' ') return false;
   if (c >= 0xd800 && c <= 0xdfff) return false;
   if ((c >= 0x200b && c <= 0x200f) || (c >= 0x2028 && c <= 0x202e) || (c >= 0x2060 && c <= 0x206f) ||
       c == 0xfeff || (c >= 0xfff9 && c <= 0xfffb))
@@ -163,15 +164,8 @@ std::string str_repr(const std::string& s) {
   bool has_sq = s.find('\'') != std::string::npos, has_dq = s.find('"') != std::string::npos;
   char q = has_sq && !has_dq ? '"' : '\'';
   std::string out(1, q);
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = tok::decode_utf8(s, i, c, bad);
-    if (len == 0) {
-      c = tok::kReplacement;
-      len = bad;
-    }
+  for_each_codepoint(s, [&](const CodePoint& cp) {
+    char32_t c = cp.cp;
     if (c == static_cast<char32_t>(q) || c == '\\') {
       out += '\\';
       out += static_cast<char>(c);
@@ -188,25 +182,17 @@ std::string str_repr(const std::string& s) {
       else std::snprintf(buf, sizeof buf, "\\U%08x", static_cast<unsigned>(c));
       out += buf;
     } else {
-      out.append(s, i, len);
+      out.append(s, cp.pos, cp.len);  // ill-formed bytes stay as they are
     }
-    i += len;
-  }
+  });
   out += q;
   return out;
 }
 
 void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
   out += '"';
-  size_t i = 0;
-  while (i < s.size()) {
-    char32_t c;
-    size_t bad;
-    size_t len = tok::decode_utf8(s, i, c, bad);
-    if (len == 0) {
-      c = tok::kReplacement;
-      len = bad;
-    }
+  for_each_codepoint(s, [&](const CodePoint& cp) {
+    char32_t c = cp.cp;
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -228,12 +214,11 @@ void json_string(std::string& out, const std::string& s, bool ensure_ascii) {
             out += buf;
           }
         } else {
-          out.append(s, i, len);
+          out.append(s, cp.pos, cp.len);
         }
       }
     }
-    i += len;
-  }
+  });
   out += '"';
 }
 
@@ -344,6 +329,22 @@ std::string to_json(const Value& v, bool ensure_ascii, int indent, const std::st
   std::string out;
   json_dump(out, v, ensure_ascii, indent, 0, item_sep, key_sep, sort_keys);
   return out;
+}
+
+bool py_space(char32_t c) { return (c >= 0x1c && c <= 0x1f) || unicode::is_space(c); }
+
+size_t cp_count(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += !is_utf8_continuation(c);
+  return n;
+}
+
+std::vector<size_t> cp_offsets(const std::string& s) {
+  std::vector<size_t> off;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (!is_utf8_continuation(static_cast<unsigned char>(s[i]))) off.push_back(i);
+  off.push_back(s.size());
+  return off;
 }
 
 }  // namespace rpg::jinja

@@ -133,4 +133,12 @@ std::string to_json(const Value& v, bool ensure_ascii, int indent, const std::st
                     const std::string& key_sep, bool sort_keys);
 const char* type_name(const Value& v);
 
+// Python's str.isspace() for one code point: the White_Space property plus the ASCII
+// separators 0x1c-0x1f.
+bool py_space(char32_t c);
+// Python's len() of a str, and the byte offset of each code point plus the end (for
+// Python-style indexing and slicing).
+size_t cp_count(const std::string& s);
+std::vector<size_t> cp_offsets(const std::string& s);
+
 }  // namespace rpg::jinja
