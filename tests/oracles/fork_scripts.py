@@ -12,7 +12,7 @@ import os
 import re
 
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_OVERRIDE = re.compile(r"^\s*\+?([A-Za-z_][\w.]*)=(\S*)\s*\\?\s*$")
+_OVERRIDE = re.compile(r"^\s*(\+?[A-Za-z_][\w.]*)=(\S*)\s*\\?\s*$")
 
 
 def _strip_comment(v):
@@ -29,36 +29,65 @@ def _strip_comment(v):
     return "".join(out).strip()
 
 
-def _unquote(v):
-    if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
-        return v[1:-1]
-    return v
+def _matching(s, i, open_, close):
+    """Index of the `close` that balances the `open_` at s[i]."""
+    depth = 0
+    for k in range(i, len(s)):
+        if s.startswith(open_, k):
+            depth += 1
+        elif s.startswith(close, k):
+            depth -= 1
+            if depth == 0:
+                return k
+    raise ValueError(f"unbalanced {open_} in {s!r}")
 
 
 def _expand(v, env):
-    def arith(m):
-        expr = re.sub(r"\$?\b([A-Za-z_]\w*)\b", lambda n: str(env[n.group(1)]), m.group(1))
-        if not re.fullmatch(r"[\d\s+\-*/()]+", expr):
-            raise ValueError(f"cannot evaluate $(({m.group(1)}))")
-        return str(int(eval(expr.replace("/", "//"))))  # shell integer arithmetic
-
-    v = re.sub(r"\$\(\((.*?)\)\)", arith, v)
-
-    def var(m):
-        name, default = m.group(1), m.group(3)
-        if name in env:
-            return env[name]
-        if default is not None:
-            return _expand(_unquote(default), env)
-        raise ValueError(f"unresolved ${{{name}}}")
-
-    v = re.sub(r"\$\{([A-Za-z_]\w*)(:-([^}]*))?\}", var, v)
-    v = re.sub(r"\$([A-Za-z_]\w*)", lambda m: env[m.group(1)] if m.group(1) in env else m.group(0), v)
-    return v
+    """Shell word expansion of the forms the scripts use, with quote removal."""
+    out, i, quoted = [], 0, False
+    while i < len(v):
+        ch = v[i]
+        if ch == "'" and not quoted:
+            end = v.index("'", i + 1)
+            out.append(v[i + 1:end])
+            i = end + 1
+        elif ch == '"':
+            quoted = not quoted
+            i += 1
+        elif v.startswith("$((", i):
+            end = _matching(v, i + 1, "(", ")")
+            expr = _expand(v[i + 3:end - 1], env)
+            expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda n: str(env[n.group(1)]), expr)
+            if not re.fullmatch(r"[\d\s+\-*/()]+", expr):
+                raise ValueError(f"cannot evaluate $(({expr}))")
+            out.append(str(int(eval(expr.replace("/", "//")))))  # shell integer arithmetic
+            i = end + 1
+        elif v.startswith("${", i):
+            end = _matching(v, i + 1, "{", "}")
+            body = v[i + 2:end]
+            name, sep, default = body.partition(":-")
+            if name in env:
+                out.append(env[name])
+            elif sep:
+                out.append(_expand(default, env))
+            else:
+                raise ValueError(f"unresolved ${{{name}}}")
+            i = end + 1
+        elif ch == "$" and i + 1 < len(v) and (v[i + 1].isalpha() or v[i + 1] == "_"):
+            m = re.match(r"[A-Za-z_]\w*", v[i + 1:])
+            if m.group(0) not in env:
+                raise ValueError(f"unresolved ${m.group(0)}")
+            out.append(env[m.group(0)])
+            i += 1 + len(m.group(0))
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
 
 
 def overrides(path):
-    env, out, in_cmd = {}, {}, False
+    # The scripts run from the fork's checkout with nothing exported: $PWD is that directory.
+    env, out, in_cmd = {"PWD": "."}, {}, False
     for raw in open(path).read().splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -69,15 +98,12 @@ def overrides(path):
         if in_cmd:
             m = _OVERRIDE.match(line)
             if m:
-                out[m.group(1)] = _unquote(_expand(_unquote(m.group(2)), env))
+                out[m.group(1)] = _expand(m.group(2), env)
             continue
         m = _ASSIGN.match(line)
         if m:
             val = _strip_comment(m.group(2))
-            try:
-                env[m.group(1)] = _expand(_unquote(val), env)
-            except (ValueError, KeyError):
-                env[m.group(1)] = val  # paths built from unset variables: not used by the loss
+            env[m.group(1)] = _expand(val, env)
     if not out:
         raise ValueError(f"{path}: no main_rpg overrides found")
     return out
