@@ -79,3 +79,42 @@ if [[ "$(readlink "$repo/.venv" 2>/dev/null)" != "$venv" ]]; then
   ln -sfn "$venv" "$repo/.venv"
 fi
 say "ready (.venv -> $venv)"
+
+# --- 3. The authors' verl fork (oracle of the fork-exact tests) -----------------------
+# complex-reasoning/RPG at a fixed commit, next to the venv: $cache/rpg-fork-<commit:8>.
+# Taken from $RPG_FORK_SOURCE or ../shared/reference/rpg-fork (beside this checkout or, for a
+# git worktree, beside the main one) when present (no network), else cloned. Tests find it through the CMake cache variable RPG_FORK_DIR (same default).
+fork_commit=ec8e30bdc6f81ffe2590ab7b3d99789b73e07367
+fork_dir="$cache/rpg-fork-${fork_commit:0:8}"
+if [[ ! -f "$fork_dir/.rpg-complete" ]]; then
+  exec 8>"$cache/rpg-fork.lock"
+  flock 8
+  if [[ ! -f "$fork_dir/.rpg-complete" ]]; then
+    rm -rf "$fork_dir" "$fork_dir.tmp"
+    # A git worktree's sibling is not the main checkout's: look beside both.
+    main_checkout=$(cd "$repo" && cd "$(git rev-parse --git-common-dir 2>/dev/null || echo .git)/.." 2>/dev/null && pwd || echo "$repo")
+    fork_src=""
+    for c in "${RPG_FORK_SOURCE:-/nonexistent}" "$repo/../shared/reference/rpg-fork" "$main_checkout/../shared/reference/rpg-fork"; do
+      if [[ -d "$c/verl" ]]; then fork_src=$c; break; fi
+    done
+    if [[ -n "$fork_src" ]]; then
+      say "copying the authors' fork from $fork_src"
+      cp -a "$fork_src" "$fork_dir.tmp"
+    else
+      say "cloning the authors' fork (github.com/complex-reasoning/RPG @ ${fork_commit:0:8})"
+      command -v git >/dev/null || die "git is needed to fetch the authors' fork"
+      git clone --quiet https://github.com/complex-reasoning/RPG.git "$fork_dir.tmp" \
+        || die "cannot clone github.com/complex-reasoning/RPG"
+      git -C "$fork_dir.tmp" -c advice.detachedHead=false checkout --quiet "$fork_commit" \
+        || die "commit $fork_commit not found in github.com/complex-reasoning/RPG"
+    fi
+    for f in verl/trainer/ppo/core_algos.py verl/workers/actor/dp_actor.py \
+             verl/utils/reward_score/math_dapo.py recipe/rpg/7b; do
+      [[ -e "$fork_dir.tmp/$f" ]] || die "the authors' fork lacks $f"
+    done
+    touch "$fork_dir.tmp/.rpg-complete"
+    mv "$fork_dir.tmp" "$fork_dir"
+  fi
+  flock -u 8
+fi
+say "authors' fork: $fork_dir"

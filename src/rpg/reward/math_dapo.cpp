@@ -235,7 +235,10 @@ std::optional<std::string> last_boxed_only_string(std::string_view s) {
   return text::encode(*b);
 }
 
-ScoreResult dapo_score(std::string_view response, std::string_view ground_truth, bool strict_box) {
+namespace {
+
+ScoreResult dapo_score_impl(std::string_view response, std::string_view ground_truth, bool strict_box,
+                            bool boxed_fallback) {
   const U solution = text::decode_last(response, 300);
   const U gt = text::decode(ground_truth);
   bool correct;
@@ -250,7 +253,7 @@ ScoreResult dapo_score(std::string_view response, std::string_view ground_truth,
     if (minerva != U"[INVALID]") {
       correct = minerva_correct;
       pred = std::move(minerva);
-    } else if (auto box = strict_box_pred(solution)) {
+    } else if (auto box = boxed_fallback ? strict_box_pred(solution) : std::nullopt) {
       correct = *box == gt;
       pred = std::move(box);
     } else {
@@ -263,6 +266,16 @@ ScoreResult dapo_score(std::string_view response, std::string_view ground_truth,
   r.acc = correct;
   if (pred) r.pred = text::encode(*pred);
   return r;
+}
+
+}  // namespace
+
+ScoreResult dapo_score(std::string_view response, std::string_view ground_truth, bool strict_box) {
+  return dapo_score_impl(response, ground_truth, strict_box, /*boxed_fallback=*/true);
+}
+
+ScoreResult dapo_score_fork(std::string_view response, std::string_view ground_truth, bool strict_box) {
+  return dapo_score_impl(response, ground_truth, strict_box, /*boxed_fallback=*/false);
 }
 
 }  // namespace rpg::reward

@@ -2,7 +2,8 @@
 // the last "Answer:" line, normalised (Minerva / lm-eval-harness rules: units, \text{},
 // \boxed{}, dollars, spaces, thousands separators, \frac / \sqrt shorthand...), compared
 // with the normalised ground truth; falls back to the last \boxed{} of the final 100
-// characters when there is no "Answer:". Score +1 / -1, acc 0/1.
+// characters when there is no "Answer:" (verl 0.9.1; the authors' fork has no fallback:
+// dapo_score_fork). Score +1 / -1, acc 0/1.
 //
 // Behaviour is that of verl.utils.reward_score.math_dapo.compute_score (verl 0.9.1),
 // character for character: strings are handled as Python `str` (code points), and a
@@ -32,5 +33,11 @@ std::optional<std::string> last_boxed_only_string(std::string_view text);
 // prediction is the raw content of the last \boxed{} in the final 100 characters, compared
 // with the raw ground truth; pred is nullopt when there is no box.
 ScoreResult dapo_score(std::string_view response, std::string_view ground_truth, bool strict_box = false);
+
+// The authors' fork's math_dapo.compute_score (complex-reasoning/RPG @ ec8e30bd): the same
+// rule WITHOUT the \boxed{} fallback. A response that only boxes its answer (what Qwen-Math
+// models do by default) has pred "[INVALID]" and scores -1 here, +1 with dapo_score when the
+// box is right. Strict-box mode is identical to dapo_score's.
+ScoreResult dapo_score_fork(std::string_view response, std::string_view ground_truth, bool strict_box = false);
 
 }  // namespace rpg::reward

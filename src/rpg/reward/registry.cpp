@@ -53,12 +53,33 @@ std::vector<std::pair<std::string, std::string>> ScorerRegistry::entries() const
   return out;
 }
 
+std::vector<std::string> dapo_variant_names() { return {"math_dapo", "math_dapo_fork"}; }
+
 void register_builtin_scorers(ScorerRegistry& registry, const ScorerOptions& options) {
   const bool strict = options.strict_box_verify;
-  auto dapo = [strict](std::string_view response, std::string_view gt) { return dapo_score(response, gt, strict); };
-  const std::string dapo_doc = strict ? "DAPO rule, strict box (verl math_dapo)" : "DAPO rule: last 'Answer:' (verl math_dapo)";
-  for (const char* key : {"math-dapo", "math_dapo", "math", "math_dapo_reasoning", "aime*", "amc*"})
-    registry.add(key, dapo_doc, dapo);
+  auto verl_rule = [strict](std::string_view response, std::string_view gt) { return dapo_score(response, gt, strict); };
+  auto fork_rule = [strict](std::string_view response, std::string_view gt) {
+    return dapo_score_fork(response, gt, strict);
+  };
+  const std::string verl_doc = strict ? "DAPO rule, strict box (verl math_dapo)"
+                                      : "DAPO rule: last 'Answer:', else last \\boxed{} (verl 0.9.1 math_dapo)";
+  const std::string fork_doc = strict ? "DAPO rule, strict box (the authors' fork's math_dapo)"
+                                      : "DAPO rule: last 'Answer:' only, no \\boxed{} fallback (the authors' fork's math_dapo)";
+  bool fork;
+  if (options.dapo_variant == "math_dapo")
+    fork = false;
+  else if (options.dapo_variant == "math_dapo_fork")
+    fork = true;
+  else
+    throw ValueError(str("dapo_variant: unknown '", options.dapo_variant, "'; valid: math_dapo, math_dapo_fork"));
+  for (const char* key : {"math-dapo", "math_dapo", "math", "math_dapo_reasoning", "aime*", "amc*"}) {
+    if (fork)
+      registry.add(key, fork_doc, fork_rule);
+    else
+      registry.add(key, verl_doc, verl_rule);
+  }
+  registry.add("math_dapo_verl", verl_doc, verl_rule);
+  registry.add("math_dapo_fork", fork_doc, fork_rule);
   for (const char* key : {"lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"})
     registry.add(key, "lighteval/MATH boxed-answer equivalence (verl math_reward)", lighteval_score);
 }

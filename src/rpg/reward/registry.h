@@ -21,7 +21,14 @@ using ScoreFn = std::function<ScoreResult(std::string_view response, std::string
 // Options of the built-in scorers.
 struct ScorerOptions {
   bool strict_box_verify = false;  // DAPO: judge only the last \boxed{} of the final 100 characters
+  // Which DAPO rule the math-dapo / aime* / amc* data sources use (dapo_variant_names()):
+  //   "math_dapo"       verl 0.9.1: last "Answer:" line, else the last \boxed{} (the default)
+  //   "math_dapo_fork"  the authors' fork (ec8e30bd): "Answer:" only, no \boxed{} fallback
+  std::string dapo_variant = "math_dapo";
 };
+
+// The valid ScorerOptions::dapo_variant values.
+std::vector<std::string> dapo_variant_names();
 
 class ScorerRegistry {
  public:
@@ -43,7 +50,8 @@ class ScorerRegistry {
 };
 
 // The one registration function: math-dapo / math_dapo / math / math_dapo_reasoning /
-// aime* / amc* -> the DAPO rule; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval,
+// aime* / amc* -> the DAPO rule of options.dapo_variant (ValueError naming dapo_variant when
+// unknown); math_dapo_fork / math_dapo_verl -> that variant whatever the option; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval,
 // HuggingFaceH4/MATH-500 -> the lighteval boxed rule.
 void register_builtin_scorers(ScorerRegistry& registry, const ScorerOptions& options = {});
 ScorerRegistry builtin_scorers(const ScorerOptions& options = {});
