@@ -248,7 +248,9 @@ TEST(ReportRender, HeadlessChromiumShowsEveryChart) {
     EXPECT_EQ(c["points"][0].get<size_t>(), points.at(metric)) << metric;
     EXPECT_GT(c["length"].get<double>(), 400.0) << metric << ": the line is not drawn across the chart";
     EXPECT_EQ(c["stroke"].get<std::string>(), "rgb(31, 119, 180)") << metric;
-    if (points.at(metric) >= 10) EXPECT_GT(c["smooth_length"].get<double>(), 400.0) << metric << ": no smoothed line";
+    if (points.at(metric) >= 10) {
+      EXPECT_GT(c["smooth_length"].get<double>(), 400.0) << metric << ": no smoothed line";
+    }
     expect_ticks_inside(c);
     // The x axis is in steps: integer labels within 1..30.
     for (const auto& t : c["xticks"]) {
@@ -305,7 +307,9 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
       if (step % 5 == 0) {
         // Accuracy rises then (run 0) falls back: last != best.
         j["val-core/aime24/acc/mean@32"] = 0.1 + 0.01 * step * (i + 1) - (i == 0 && step > 10 ? 0.012 * (step - 10) : 0.0);
-        j["val-core/amc23/acc/mean@32"] = 0.3 + 0.004 * step + 0.03 * std::sin(step * (i + 1.0));
+        // Run 2 starts higher than it ever gets again: its best is still after step 0.
+        j["val-core/amc23/acc/mean@32"] =
+            i == 2 && step == 0 ? 0.95 : 0.3 + 0.004 * step + 0.03 * std::sin(step * (i + 1.0));
         j["val-core/amc23/acc/std@32"] = 0.2;
       }
       metrics += j.dump() + "\n";
@@ -362,6 +366,11 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
   const auto& grpo = oracle.at((dir / "runs/grpo").string()).at("val-core/aime24/acc/mean@32");
   EXPECT_LT(grpo["last"].get<double>(), grpo["best"].get<double>());
   EXPECT_EQ(grpo["best_step"].get<int>(), 10);
+  const auto& third = oracle.at((dir / "runs/rpg_reinforce_ufkl").string()).at("val-core/amc23/acc/mean@32");
+  EXPECT_GT(third["best_step"].get<int>(), 0);
+  EXPECT_EQ(third["start"].get<double>(), 0.95);
+  const auto& resumed = oracle.at((dir / "runs/dapo").string()).at("val-core/aime24/acc/mean@32");
+  EXPECT_EQ(resumed["best"].get<double>(), 0.9);  // the value logged again after the resume
   for (const auto& n : names) EXPECT_NE(markdown.find("| " + n + " |"), std::string::npos) << markdown;
   EXPECT_NE(markdown.find("| aime24/acc/mean@32 start | aime24/acc/mean@32 last | aime24/acc/mean@32 best (step) |"),
             std::string::npos)
