@@ -98,6 +98,21 @@ constexpr const char* kProbe = R"JS(<script>
     out.charts.push(c);
   }
   for (const li of document.querySelectorAll('ul.legend li')) out.legend.push(li.textContent);
+  // Hover: a mouse move over the middle of the first chart's plot area fills its readout with
+  // the nearest step's values. Smoothing: the slider at 0 hides the smoothed lines.
+  const first = document.querySelector('svg.chart');
+  if (first) {
+    const p = first.dataset.plot.split(' ').map(Number), r = first.getBoundingClientRect();
+    first.dispatchEvent(new MouseEvent('mousemove', {clientX: r.left + p[0] + p[2] / 2, clientY: r.top + p[1] + p[3] / 2, bubbles: true}));
+    out.hover = first.closest('figure').querySelector('.readout').textContent;
+  }
+  const slider = document.getElementById('smoothing');
+  out.smooth_visible_default = document.querySelectorAll('polyline.smooth[visibility="visible"], polyline.smooth:not([visibility])').length;
+  slider.value = '0';
+  slider.dispatchEvent(new Event('input'));
+  out.smooth_visible_at_0 = document.querySelectorAll('polyline.smooth[visibility="visible"]').length;
+  slider.value = '0.6';
+  slider.dispatchEvent(new Event('input'));
   for (const td of document.querySelectorAll('table.table3 td[data-col]'))
     out.cells.push({run: td.dataset.run, metric: td.dataset.metric, col: td.dataset.col, text: td.textContent});
   const pre = document.createElement('pre');
@@ -238,6 +253,11 @@ TEST(ReportRender, HeadlessChromiumShowsEveryChart) {
   const auto layout = probe(dir.path(), html, "1280,3000");
   EXPECT_EQ(layout["resources"].get<int>(), 0) << "the report fetched something";
   ASSERT_EQ(layout["charts"].size(), points.size());
+  // The first chart is validation accuracy (aime25, then math_dapo): the middle of steps
+  // 10..30 is step 20, value 0.02 * 20 / 10.
+  EXPECT_EQ(layout["hover"].get<std::string>(), "step 20:  0.04") << layout["hover"];
+  EXPECT_GT(layout["smooth_visible_default"].get<int>(), 0);
+  EXPECT_EQ(layout["smooth_visible_at_0"].get<int>(), 0) << "the slider at 0 leaves smoothed lines";
   nlohmann::json boxes = nlohmann::json::array();
   for (const auto& c : layout["charts"]) {
     const std::string metric = c["metric"].get<std::string>();
@@ -339,6 +359,10 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
   const auto layout = probe(dir.path(), html, "1280,2400");
   EXPECT_EQ(layout["resources"].get<int>(), 0);
   ASSERT_EQ(layout["legend"].size(), 3u) << layout["legend"].dump();
+  // Hover over the first chart (aime24, steps 0..30 across the runs): step 15, every run's value.
+  EXPECT_EQ(layout["hover"].get<std::string>().rfind("step 15:  grpo ", 0), 0u) << layout["hover"];
+  EXPECT_NE(layout["hover"].get<std::string>().find("  dapo "), std::string::npos) << layout["hover"];
+  EXPECT_NE(layout["hover"].get<std::string>().find("  rpg_reinforce_ufkl "), std::string::npos) << layout["hover"];
   for (size_t i = 0; i < names.size(); ++i) EXPECT_EQ(layout["legend"][i].get<std::string>(), names[i]);
   // Charts: the three overlaid per metric, ticks inside each box.
   ASSERT_GE(layout["charts"].size(), 5u);
