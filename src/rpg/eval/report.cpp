@@ -155,7 +155,9 @@ std::string policy_description(const Run& r) {
 
 std::string kl_description(const Run& r) {
   std::vector<std::string> parts;
-  const std::string form = cfg(r, "actor_rollout_ref.actor.kl_form");
+  // kl_form is the RPG losses' setting; other losses (GRPO, DAPO, REINFORCE++) ignore it.
+  const bool rpg = cfg(r, "actor_rollout_ref.actor.policy_loss").rfind("rpg", 0) == 0;
+  const std::string form = rpg ? cfg(r, "actor_rollout_ref.actor.kl_form") : "";
   if (cfg(r, "actor_rollout_ref.actor.use_kl_loss") == "true")
     parts.push_back(str(form.empty() ? "" : form + " ", "loss ", cfg(r, "actor_rollout_ref.actor.kl_loss_type"), " x ",
                         cfg(r, "actor_rollout_ref.actor.kl_loss_coef")));
