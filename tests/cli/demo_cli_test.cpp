@@ -88,6 +88,14 @@ TEST(DemoCli, QuickCompareRunsEveryMethodAndWritesTheTable) {
     }
   }
   EXPECT_NE(md.find("rpg demo --compare --seeds 4,5"), std::string::npos) << md;
+  // Per seed, the report's comparison page of the seven runs: legend and Table 3 rows.
+  for (const char* seed : {"seed_4", "seed_5"}) {
+    const std::string page = read_file(out / "compare" / seed / "compare.html");
+    for (const auto& [name, recipe] : methods) {
+      EXPECT_NE(page.find("<li data-run=\"" + name + "\">"), std::string::npos) << seed << " " << name;
+      EXPECT_NE(page.find("<tr><td>" + name + "</td><td data-run="), std::string::npos) << seed << " " << name;
+    }
+  }
 }
 
 TEST(DemoCli, CompareRejectsBadSeedList) {

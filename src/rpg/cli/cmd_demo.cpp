@@ -1,4 +1,4 @@
-// `rpg demo`: argument parsing only; the work is in rpg/train/demo.
+// `rpg demo`: argument parsing only; the work is in rpg/app/demo.
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -6,12 +6,12 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
-#include "rpg/train/demo.h"
+#include "rpg/app/demo.h"
 
 namespace rpg::cli {
 
 int run_demo(const std::string& full_name, const std::vector<std::string>& args) {
-  train::DemoOptions o;
+  app::DemoOptions o;
   std::string out = o.out_dir.string();
   int64_t seed = 0;
   bool no_progress = false;
@@ -55,13 +55,13 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
     }
   }
   if (o.compare) {
-    const auto runs = train::run_demo_compare(o);
+    const auto runs = app::run_demo_compare(o);
     std::cout << "compared " << o.compare_methods.size() << " methods over " << o.compare_seeds.size()
               << " seeds (" << runs.size() << " runs)\n"
               << "table: " << (results.empty() ? (o.out_dir / "compare" / "demo-results.md").string() : results) << "\n";
     return 0;
   }
-  auto r = train::run_demo(o);
+  auto r = app::run_demo(o);
   std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): SFT " << r.before << " -> RL " << r.after
             << " (" << (r.after - r.before) * 100.0 << " points)\n"
             << "run directory: " << out << "\nreport: " << r.report.string() << "\n";

@@ -9,7 +9,6 @@
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/eval/evaluate.h"
-#include "rpg/eval/report.h"
 #include "rpg/train/trainer.h"
 
 namespace rpg::cli {
@@ -90,17 +89,6 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   write_output(result.metrics);
   log_info(str("evaluated ", rows.size(), " rows x ", sampling.n, " responses: ", result.stats.generated_tokens,
                " tokens in ", result.stats.seconds, " s"));
-  return 0;
-}
-
-int run_report(const std::string& full_name, const std::vector<std::string>& args) {
-  std::string dir;
-  ArgParser parser(full_name,
-                   "Writes RUN_DIR/report.html: a chart per metric of metrics.jsonl, the latest sample\n"
-                   "generations and the resolved configuration, in one self-contained file.");
-  parser.positional("RUN_DIR", &dir, "a run directory of rpg train / rpg sft");
-  if (!parser.parse(args)) return 0;
-  log_info(str("wrote ", eval::write_report(dir).string()));
   return 0;
 }
 

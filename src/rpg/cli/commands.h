@@ -26,7 +26,7 @@ int run_config_show(const std::string& full_name, const std::vector<std::string>
 int run_demo(const std::string& full_name, const std::vector<std::string>& args);   // cmd_demo.cpp
 int run_train(const std::string& full_name, const std::vector<std::string>& args);  // cmd_train.cpp
 int run_eval(const std::string& full_name, const std::vector<std::string>& args);   // cmd_train.cpp
-int run_report(const std::string& full_name, const std::vector<std::string>& args);  // cmd_train.cpp
+int run_report(const std::string& full_name, const std::vector<std::string>& args);  // cmd_report.cpp
 int run_sft(const std::string& full_name, const std::vector<std::string>& args);    // cmd_sft.cpp
 int run_model_info(const std::string& full_name, const std::vector<std::string>& args);  // cmd_model.cpp
 int run_tokenize(const std::string& full_name, const std::vector<std::string>& args);    // cmd_model.cpp

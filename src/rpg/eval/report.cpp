@@ -2,59 +2,487 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <set>
 #include <sstream>
-#include <vector>
 
+#include "rpg/core/config.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/core/jsonl.h"
 #include "rpg/core/text.h"
+#include "rpg/eval/chart.h"
 
 namespace fs = std::filesystem;
 
 namespace rpg::eval {
 namespace {
 
-std::string number(double v) {
-  std::ostringstream o;
-  o.precision(4);
-  o << v;
-  return o.str();
+constexpr double kDefaultSmoothing = 0.6;  // TensorBoard's default slider position
+
+// One run as read from its directory.
+struct Run {
+  std::string name;
+  fs::path dir;
+  size_t records = 0;
+  // metric -> step -> value; a step logged twice (a resumed run) keeps its later value.
+  std::map<std::string, std::map<double, double>> values;
+  std::map<std::string, std::set<double>> nonfinite;  // steps where the metric was NaN / inf (null)
+  std::optional<ConfigNode> config;
+  std::string config_text, config_error;
+  std::vector<nlohmann::json> samples;
+  double last_step() const {
+    double s = -INFINITY;
+    for (const auto& [k, v] : values)
+      if (!v.empty()) s = std::max(s, v.rbegin()->first);
+    return s;
+  }
+};
+
+Run load_run(const RunInput& in) {
+  Run run;
+  run.name = in.name;
+  run.dir = in.dir;
+  const auto rows = read_jsonl(in.dir / "metrics.jsonl", /*required=*/true);
+  run.records = rows.size();
+  for (const auto& r : rows) {
+    if (!r.contains("step") || !r["step"].is_number()) continue;
+    const double step = r["step"].get<double>();
+    for (const auto& [k, v] : r.items()) {
+      if (k == "step") continue;
+      if (v.is_number() && std::isfinite(v.get<double>())) {
+        run.values[k][step] = v.get<double>();
+        if (auto it = run.nonfinite.find(k); it != run.nonfinite.end()) it->second.erase(step);
+      } else if (v.is_null() || v.is_number()) {  // the metrics logger writes NaN / inf as null
+        run.nonfinite[k].insert(step);
+        if (auto it = run.values.find(k); it != run.values.end()) it->second.erase(step);
+      }
+    }
+  }
+  if (fs::exists(in.dir / "config.yaml")) {
+    run.config_text = read_file(in.dir / "config.yaml");
+    try {
+      run.config = parse_yaml(run.config_text, (in.dir / "config.yaml").string());
+    } catch (const Error& e) {
+      run.config_error = e.what();  // the charts are still worth showing
+    }
+  }
+  run.samples = read_jsonl(in.dir / "samples.jsonl", /*required=*/false);
+  return run;
 }
 
-using Series = std::vector<std::pair<double, double>>;  // (step, value)
+std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return format_number(v);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
 
-// One metric as an SVG line chart with its min / max / last value.
-std::string chart(const std::string& name, const Series& points) {
-  const double w = 320, h = 140, pad = 8;
-  double x0 = points.front().first, x1 = points.front().first, y0 = points.front().second, y1 = y0;
-  for (const auto& [x, y] : points) {
-    x0 = std::min(x0, x), x1 = std::max(x1, x);
-    y0 = std::min(y0, y), y1 = std::max(y1, y);
+std::string esc(const std::string& s) { return html_escape(s); }
+
+// A dotted key of the run's config.yaml as written, or "" when absent.
+std::string cfg(const Run& run, const std::string& dotted) {
+  if (!run.config) return "";
+  const ConfigNode* n = &*run.config;
+  std::stringstream path(dotted);
+  for (std::string part; std::getline(path, part, '.');) {
+    n = n->find(part);
+    if (!n) return "";
   }
-  const double xs = x1 > x0 ? (w - 2 * pad) / (x1 - x0) : 0, ys = y1 > y0 ? (h - 2 * pad) / (y1 - y0) : 0;
-  std::ostringstream svg;
-  // data-metric and <title> name the chart for tools and tests (the render test finds the
-  // charts by them) and for a hover tooltip in the browser.
-  svg << "<figure><figcaption>" << html_escape(name) << " <small>last " << number(points.back().second) << " (min "
-      << number(y0) << ", max " << number(y1) << "; steps " << number(x0) << "-" << number(x1)
-      << ")</small></figcaption><svg class=\"chart\" data-metric=\"" << html_escape(name) << "\" viewBox=\"0 0 " << w
-      << " " << h << "\" width=\"" << w << "\" height=\"" << h << "\"><title>" << html_escape(name) << "</title><rect width=\""
-      << w << "\" height=\"" << h << "\" fill=\"#fafafa\" stroke=\"#ddd\"/>";
-  if (points.size() == 1) {
-    svg << "<circle cx=\"" << w / 2 << "\" cy=\"" << h / 2 << "\" r=\"3\" fill=\"#1f77b4\"/>";
+  if (n->kind == ConfigNode::Kind::Scalar) return n->scalar;
+  if (n->kind == ConfigNode::Kind::List) {
+    std::string s;
+    for (const auto& item : n->list) s += (s.empty() ? "" : ", ") + item.scalar;
+    return s;
+  }
+  return "";
+}
+
+// ---- what the summary shows ------------------------------------------------------------
+
+// Headline validation metrics: per data source, the mean over samples (mean@n), as the
+// paper's Table 3 reports; the other validation statistics (std, best@k, maj@k, pass@k) are
+// charted.
+bool is_headline(const std::string& metric) {
+  static const std::regex re("^val-core/.+/mean@[0-9]+$");
+  return std::regex_match(metric, re);
+}
+
+struct Held {
+  bool any = false;
+  double start = NAN, start_step = NAN, last = NAN, last_step = NAN, best = NAN, best_step = NAN;
+};
+
+// Start = the first value, Last = the newest, Best = the highest after step 0 (step 0 is the
+// model before any update); when every value is at step 0, Best is over all of them.
+Held held_out(const Run& run, const std::string& metric) {
+  Held h;
+  const auto it = run.values.find(metric);
+  if (it == run.values.end() || it->second.empty()) return h;
+  const auto& v = it->second;
+  h.any = true;
+  h.start_step = v.begin()->first, h.start = v.begin()->second;
+  h.last_step = v.rbegin()->first, h.last = v.rbegin()->second;
+  const bool after_zero = v.rbegin()->first > 0;
+  for (const auto& [step, value] : v)
+    if ((!after_zero || step > 0) && (std::isnan(h.best) || value > h.best)) h.best = value, h.best_step = step;
+  return h;
+}
+
+std::vector<std::string> headline_metrics(const std::vector<Run>& runs) {
+  std::set<std::string> names;
+  for (const auto& r : runs)
+    for (const auto& [k, v] : r.values)
+      if (is_headline(k)) names.insert(k);
+  for (const auto& r : runs)  // a metric that was logged but only as NaN still gets its column
+    for (const auto& [k, v] : r.nonfinite)
+      if (is_headline(k)) names.insert(k);
+  return {names.begin(), names.end()};
+}
+
+std::string short_metric(const std::string& m) { return m.rfind("val-core/", 0) == 0 ? m.substr(9) : m; }
+
+std::string policy_description(const Run& r) {
+  std::string loss = cfg(r, "actor_rollout_ref.actor.policy_loss"), adv = cfg(r, "algorithm.adv_estimator");
+  std::string s = loss.empty() ? "" : loss;
+  if (!adv.empty()) s += (s.empty() ? "" : ", ") + str("advantage ", adv);
+  return s;
+}
+
+std::string kl_description(const Run& r) {
+  std::vector<std::string> parts;
+  // kl_form is the RPG losses' setting; other losses (GRPO, DAPO, REINFORCE++) ignore it.
+  const bool rpg = cfg(r, "actor_rollout_ref.actor.policy_loss").rfind("rpg", 0) == 0;
+  const std::string form = rpg ? cfg(r, "actor_rollout_ref.actor.kl_form") : "";
+  if (cfg(r, "actor_rollout_ref.actor.use_kl_loss") == "true")
+    parts.push_back(str(form.empty() ? "" : form + " ", "loss ", cfg(r, "actor_rollout_ref.actor.kl_loss_type"), " x ",
+                        cfg(r, "actor_rollout_ref.actor.kl_loss_coef")));
+  else if (!form.empty())
+    parts.push_back(form);
+  if (cfg(r, "algorithm.use_kl_in_reward") == "true")
+    parts.push_back(str("in reward x ", cfg(r, "algorithm.kl_ctrl.kl_coef")));
+  if (cfg(r, "actor_rollout_ref.actor.use_iterative_ref_model") == "true") parts.push_back("iterative reference");
+  if (parts.empty()) return r.config ? "none" : "";
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : "; ") + p;
+  return s;
+}
+
+std::string clip_description(const Run& r) {
+  const std::string lo = cfg(r, "actor_rollout_ref.actor.clip_ratio_low"), hi = cfg(r, "actor_rollout_ref.actor.clip_ratio_high");
+  if (lo.empty() && hi.empty()) return "";
+  return str("(", lo, ", ", hi, ")", cfg(r, "actor_rollout_ref.actor.rpg_style_clip") == "true" ? " RPG-Style" : "");
+}
+
+double mean_of(const Run& r, const std::string& metric) {
+  const auto it = r.values.find(metric);
+  if (it == r.values.end() || it->second.empty()) return NAN;
+  double s = 0;
+  for (const auto& [step, v] : it->second) s += v;
+  return s / static_cast<double>(it->second.size());
+}
+
+std::string runs_table(const std::vector<Run>& runs) {
+  std::ostringstream h;
+  h << "<table class=\"runs\"><tr><th>run</th><th>model</th><th>algorithm</th><th>KL</th><th>clip</th><th>lr</th>"
+       "<th>batch x n</th><th>steps done / planned</th><th>s / step</th></tr>\n";
+  for (const auto& r : runs) {
+    const double done = r.last_step();
+    const std::string planned = cfg(r, "trainer.total_training_steps");
+    const std::string batch = cfg(r, "data.train_batch_size"), n = cfg(r, "actor_rollout_ref.rollout.n");
+    const std::string lr = cfg(r, "actor_rollout_ref.actor.optim.lr"), opt = cfg(r, "actor_rollout_ref.actor.optim.optim_type");
+    h << "<tr><td>" << esc(r.name) << "</td><td>" << esc(cfg(r, "actor_rollout_ref.model.path")) << "</td><td>"
+      << esc(policy_description(r)) << "</td><td>" << esc(kl_description(r)) << "</td><td>" << esc(clip_description(r))
+      << "</td><td>" << esc(lr) << (opt.empty() ? "" : " (" + esc(opt) + ")") << "</td><td>"
+      << (batch.empty() ? "" : esc(batch + " x " + n)) << "</td><td>" << (std::isfinite(done) ? format_number(done) : "none")
+      << " / " << (planned.empty() ? "?" : esc(planned)) << "</td><td>" << fixed(mean_of(r, "timing_s/step"), 2)
+      << "</td></tr>\n";
+  }
+  h << "</table>\n";
+  for (const auto& r : runs) {
+    if (!r.config && r.config_error.empty())
+      h << "<p class=\"note\">" << esc(r.name) << ": no config.yaml in the run directory, so no configuration to show.</p>\n";
+    if (!r.config_error.empty()) h << "<p class=\"note\">" << esc(r.name) << ": config.yaml unreadable: " << esc(r.config_error) << "</p>\n";
+  }
+  return h.str();
+}
+
+std::string cell(double v, double step, bool with_step) {
+  if (std::isnan(v)) return "–";
+  return fixed(v, 4) + (with_step ? str(" (", format_number(step), ")") : "");
+}
+
+// Table 3: one row per run, for each headline metric Start, Last and Best (step).
+std::string table3_html(const std::vector<Run>& runs, const std::vector<std::string>& metrics) {
+  std::ostringstream h;
+  h << "<table class=\"table3\"><tr><th rowspan=\"2\">run</th>";
+  for (const auto& m : metrics) h << "<th colspan=\"3\">" << esc(short_metric(m)) << "</th>";
+  h << "</tr>\n<tr>";
+  for (size_t i = 0; i < metrics.size(); ++i) h << "<th>start</th><th>last</th><th>best (step)</th>";
+  h << "</tr>\n";
+  for (const auto& r : runs) {
+    h << "<tr><td>" << esc(r.name) << "</td>";
+    for (const auto& m : metrics) {
+      const Held x = held_out(r, m);
+      h << "<td data-run=\"" << esc(r.name) << "\" data-metric=\"" << esc(m) << "\" data-col=\"start\">"
+        << cell(x.start, x.start_step, false) << "</td><td data-run=\"" << esc(r.name) << "\" data-metric=\"" << esc(m)
+        << "\" data-col=\"last\">" << cell(x.last, x.last_step, false) << "</td><td data-run=\"" << esc(r.name)
+        << "\" data-metric=\"" << esc(m) << "\" data-col=\"best\">" << cell(x.best, x.best_step, true) << "</td>";
+    }
+    h << "</tr>\n";
+  }
+  h << "</table>\n<p class=\"note\">Start: the first validation; last: the newest; best: the highest after step 0, with "
+       "its step (as the paper's Table 3 reports last and best).</p>\n";
+  return h.str();
+}
+
+// The single-run form: one row per headline metric, start -> last (best at step).
+std::string held_out_html(const Run& r, const std::vector<std::string>& metrics) {
+  if (metrics.empty())
+    return "<p class=\"note\">No held-out metrics: this run logged no validation (val-core/...) values "
+           "(no data.val_files, or test_freq never reached).</p>\n";
+  std::ostringstream h;
+  h << "<table class=\"heldout\"><tr><th>held-out metric</th><th>start</th><th></th><th>last</th><th>best (step)</th></tr>\n";
+  for (const auto& m : metrics) {
+    const Held x = held_out(r, m);
+    h << "<tr><td>" << esc(short_metric(m)) << "</td><td>" << cell(x.start, x.start_step, true) << "</td><td>&rarr;</td><td>"
+      << cell(x.last, x.last_step, true) << "</td><td data-metric=\"" << esc(m) << "\">" << cell(x.best, x.best_step, true)
+      << "</td></tr>\n";
+  }
+  h << "</table>\n";
+  return h.str();
+}
+
+std::string time_split_html(const Run& r) {
+  static const std::vector<std::pair<std::string, std::string>> parts = {
+      {"timing_s/gen", "generation"}, {"timing_s/reward", "reward"}, {"timing_s/old_log_prob", "old log-probs"},
+      {"timing_s/ref", "reference log-probs"}, {"timing_s/adv", "advantages"}, {"timing_s/update_actor", "update"}};
+  const double step = mean_of(r, "timing_s/step");
+  if (std::isnan(step)) return "<p class=\"note\">No step times logged (timing_s/step).</p>\n";
+  std::ostringstream h;
+  h << "<table class=\"timing\"><tr><th>phase</th><th>mean s / step</th><th>share</th></tr>\n";
+  for (const auto& [key, label] : parts) {
+    const double v = mean_of(r, key);
+    if (std::isnan(v)) continue;
+    h << "<tr><td>" << label << "</td><td>" << fixed(v, 3) << "</td><td><span class=\"bar\" style=\"width:"
+      << fixed(step > 0 ? 120.0 * v / step : 0.0, 0) << "px\"></span> " << fixed(step > 0 ? 100.0 * v / step : 0.0, 1)
+      << "%</td></tr>\n";
+  }
+  h << "<tr><td><b>step</b></td><td><b>" << fixed(step, 3) << "</b></td><td></td></tr></table>\n";
+  return h.str();
+}
+
+std::string samples_html(const Run& r) {
+  if (r.samples.empty()) return "<p class=\"note\">No sample generations logged (samples.jsonl).</p>\n";
+  // The newest logged step's generations.
+  const nlohmann::json newest_step = r.samples.back().contains("step") ? r.samples.back()["step"] : nlohmann::json();
+  std::vector<const nlohmann::json*> newest;
+  for (auto it = r.samples.rbegin(); it != r.samples.rend() && newest.size() < 8; ++it)
+    if (!it->contains("step") || (*it)["step"] == newest_step) newest.insert(newest.begin(), &*it);
+  std::ostringstream h;
+  h << "<table class=\"samples\"><tr><th>step</th><th>prompt</th><th>response</th><th>score</th></tr>\n";
+  for (const auto* s : newest) {
+    auto text = [&](const char* key) {
+      if (!s->contains(key)) return std::string();
+      const auto& v = (*s)[key];
+      return esc(v.is_string() ? v.get<std::string>() : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    };
+    h << "<tr><td>" << text("step") << "</td><td><pre>" << text("prompt") << "</pre></td><td><pre>" << text("response")
+      << "</pre></td><td>" << text("score") << "</td></tr>\n";
+  }
+  h << "</table>\n";
+  return h.str();
+}
+
+// ---- charts ------------------------------------------------------------------------------
+
+// The panels a researcher looks at first, in this order; everything else follows by group.
+int key_rank(const std::string& m) {
+  static const std::vector<std::vector<std::string>> order = {
+      {"val-core/"},
+      {"critic/score/mean", "acc/mean"},
+      {"response_length/mean"},
+      {"actor/ppo_kl", "actor/kl_loss", "actor/ref_kl", "actor/rpg_kl"},
+      {"actor/entropy"},
+      {"actor/grad_norm"},
+      {"actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/pg_clipfrac_upper", "response_length/clip_ratio"},
+      {"timing_s/step"}};
+  int rank = 0;
+  for (const auto& group : order) {
+    for (const auto& key : group) {
+      if (key.back() == '/' ? m.rfind(key, 0) == 0 && is_headline(m) : m == key) return rank;
+      ++rank;
+    }
+  }
+  return -1;
+}
+
+std::string unit_of(const std::string& m) {
+  if (m.rfind("timing_s/", 0) == 0) return "seconds";
+  if (m.find("tokens_per_s") != std::string::npos) return "tokens / s";
+  if ((m.rfind("response_length/", 0) == 0 || m.rfind("prompt_length/", 0) == 0) && m.find("clip_ratio") == std::string::npos)
+    return "tokens";
+  if (m.rfind("val-core/", 0) == 0 && m.find("/acc/") != std::string::npos) return "accuracy";
+  if (m.find("clipfrac") != std::string::npos || m.find("clip_ratio") != std::string::npos) return "fraction";
+  return "";
+}
+
+std::string steps_list(const std::set<double>& steps) {
+  std::string s;
+  size_t i = 0;
+  for (double st : steps) {
+    if (i++ == 8) return s + ", ...";
+    s += (s.empty() ? "" : ", ") + format_number(st);
+  }
+  return s;
+}
+
+// A metric across runs: a chart, or one line of text when there is nothing to draw.
+struct Panel {
+  std::string metric;
+  std::string html;       // the figure, or "" when the metric is a text line
+  std::string line;       // a constant / undrawable metric as a line of text
+  bool constant = false;
+};
+
+Panel make_panel(const std::string& metric, const std::vector<Run>& runs) {
+  Panel p{metric, "", "", false};
+  std::vector<ChartSeries> series;
+  std::vector<std::string> notes;
+  size_t drawable = 0, finite_total = 0;
+  std::set<double> all_values;
+  double first = INFINITY, last = -INFINITY;
+  for (const auto& r : runs) {
+    ChartSeries s{r.name, {}};
+    if (auto it = r.values.find(metric); it != r.values.end())
+      for (const auto& [step, v] : it->second) s.points.emplace_back(step, v), all_values.insert(v), first = std::min(first, step), last = std::max(last, step);
+    if (auto it = r.nonfinite.find(metric); it != r.nonfinite.end() && !it->second.empty())
+      notes.push_back(str(runs.size() > 1 ? r.name + ": " : "", it->second.size(), " NaN/inf value",
+                          it->second.size() > 1 ? "s" : "", " not drawn (step", it->second.size() > 1 ? "s " : " ",
+                          steps_list(it->second), ")"));
+    finite_total += s.points.size();
+    if (s.points.size() >= 2) ++drawable;
+    series.push_back(std::move(s));  // every run keeps its colour, logged or not
+  }
+  const std::string name = esc(metric);
+  std::string note_text;
+  for (const auto& n : notes) note_text += (note_text.empty() ? "" : "; ") + n;
+  if (finite_total == 0) {
+    p.line = str("<b>", name, "</b>: no chart: no finite value was logged", note_text.empty() ? "" : " (" + esc(note_text) + ")");
+    return p;
+  }
+  if (all_values.size() == 1 && finite_total >= 2 && notes.empty()) {
+    p.constant = true;
+    p.line = str("<b>", name, "</b> = ", format_number(*all_values.begin()), " at every step (", format_number(first), "&ndash;",
+                 format_number(last), runs.size() > 1 ? ", every run" : "", ")");
+    return p;
+  }
+  if (drawable == 0) {
+    std::string vals;
+    for (const auto& s : series)
+      if (!s.points.empty())
+        vals += str(vals.empty() ? "" : "; ", runs.size() > 1 ? s.name + " " : "", "step ", format_number(s.points[0].first),
+                    ": ", format_number(s.points[0].second));
+    p.line = str("<b>", name, "</b>: no chart: one value per run only (", esc(vals), "); a line needs two logged steps",
+                 note_text.empty() ? "" : "; " + esc(note_text));
+    return p;
+  }
+  ChartOptions o;
+  o.metric = metric;
+  o.y_unit = unit_of(metric);
+  // Validation values are few and exact (each one a full evaluation): never smoothed.
+  o.smoothing = metric.rfind("val-", 0) == 0 ? 0.0 : kDefaultSmoothing;
+  std::ostringstream h;
+  h << "<figure class=\"panel\"><figcaption><b>" << name << "</b>";
+  if (runs.size() == 1) {
+    const auto& pts = series[0].points;
+    double lo = INFINITY, hi = -INFINITY;
+    for (const auto& [x, y] : pts) lo = std::min(lo, y), hi = std::max(hi, y);
+    h << " <small>last " << format_number(pts.back().second) << " at step " << format_number(pts.back().first) << " (min "
+      << format_number(lo) << ", max " << format_number(hi) << ")</small>";
   } else {
-    svg << "<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.5\" points=\"";
-    for (const auto& [x, y] : points)
-      svg << number(pad + (x - x0) * xs) << "," << number(h - pad - (y1 > y0 ? (y - y0) * ys : (h - 2 * pad) / 2))
-          << " ";
-    svg << "\"/>";
+    std::string missing;
+    for (const auto& s : series)
+      if (s.points.empty()) missing += (missing.empty() ? "" : ", ") + s.name;
+    if (!missing.empty()) h << " <small>not logged by " << esc(missing) << "</small>";
   }
-  svg << "</svg></figure>\n";
-  return svg.str();
+  h << "</figcaption>" << line_chart_svg(series, o) << "<div class=\"readout\">&nbsp;</div>";
+  if (!note_text.empty()) h << "<p class=\"note\">" << esc(note_text) << "</p>";
+  h << "</figure>\n";
+  p.html = h.str();
+  return p;
 }
+
+constexpr const char* kStyle =
+    "body{font-family:system-ui,sans-serif;margin:1.5em 2em;color:#222;max-width:1280px}"
+    "h1{font-size:1.5em;margin-bottom:.2em}h2{border-bottom:1px solid #ccc;margin-top:1.5em}h3{margin:.8em 0 .3em}"
+    "table{border-collapse:collapse;margin:.5em 0}td,th{padding:.25em .6em;border-bottom:1px solid #e6e6e6;"
+    "text-align:left;vertical-align:top;font-size:14px}th{background:#f3f3f3}"
+    "table.table3 td,table.heldout td,table.timing td{font-variant-numeric:tabular-nums}"
+    "pre{background:#f6f6f6;padding:.5em;margin:0;overflow:auto;max-height:14em;max-width:34em;white-space:pre-wrap}"
+    "details pre{max-width:none;max-height:40em}"
+    ".grid{display:grid;grid-template-columns:repeat(auto-fill,580px);gap:12px}"
+    "figure.panel{margin:0;padding:6px 8px;border:1px solid #e3e3e3;border-radius:4px;width:560px}"
+    "figcaption{font-size:13px;margin-bottom:2px}figcaption small{color:#666}"
+    ".readout{font-size:12px;min-height:1.3em;color:#333}.note{color:#8a5a00;font-size:13px}"
+    ".bar{display:inline-block;height:.7em;background:#999;vertical-align:middle}"
+    ".controls{position:sticky;top:0;background:#fff;padding:.4em 0;border-bottom:1px solid #eee;z-index:1;font-size:14px}"
+    "ul.legend{display:inline;list-style:none;padding:0;margin:0 0 0 1.5em}ul.legend li{display:inline-block;margin-right:1em}"
+    ".swatch{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:4px}"
+    "ul.constants{font-size:13px;columns:2}input[type=range]{accent-color:#555;vertical-align:middle}";
+
+// Smoothing slider and nearest-point readout; plain DOM, no framework, nothing fetched.
+constexpr const char* kScript = R"JS(<script>
+(() => {
+  const slider = document.getElementById('smoothing'), shown = document.getElementById('smoothing-value');
+  const nums = s => s.split(' ').map(Number);
+  const ema = (ys, w) => { let last = 0; return ys.map((y, k) => { last = last * w + (1 - w) * y; const d = 1 - Math.pow(w, k + 1); return d > 0 ? last / d : y; }); };
+  function smooth() {
+    const w = Number(slider.value);
+    shown.textContent = w.toFixed(2);
+    for (const g of document.querySelectorAll('svg.chart g.series')) {
+      const raw = g.querySelector('polyline.raw'), sm = g.querySelector('polyline.smooth');
+      if (!raw || !sm) continue;
+      const svg = g.ownerSVGElement, y0 = Number(svg.dataset.y0), y1 = Number(svg.dataset.y1), p = nums(svg.dataset.plot);
+      const xs = Array.from(raw.points).map(q => q.x);
+      sm.setAttribute('points', ema(nums(g.dataset.values), w).map((v, k) => xs[k].toFixed(1) + ',' + (p[1] + (1 - (v - y0) / (y1 - y0)) * p[3]).toFixed(1)).join(' '));
+      sm.setAttribute('visibility', w > 0 ? 'visible' : 'hidden');
+      raw.setAttribute('stroke-opacity', w > 0 ? '0.3' : '1');
+    }
+  }
+  if (slider) slider.addEventListener('input', smooth);
+  for (const svg of document.querySelectorAll('svg.chart')) {
+    const fig = svg.closest('figure'), out = fig && fig.querySelector('.readout'), cursor = svg.querySelector('line.cursor');
+    if (!out) continue;
+    const p = nums(svg.dataset.plot), x0 = Number(svg.dataset.x0), x1 = Number(svg.dataset.x1);
+    svg.addEventListener('mousemove', e => {
+      const pt = new DOMPoint(e.clientX, e.clientY).matrixTransform(svg.getScreenCTM().inverse());
+      const at = x0 + (pt.x - p[0]) / p[2] * (x1 - x0);
+      let step = null;
+      const series = Array.from(svg.querySelectorAll('g.series')).map(g => ({name: g.dataset.series, colour: g.dataset.colour, steps: nums(g.dataset.steps), values: nums(g.dataset.values)}));
+      for (const s of series) for (const st of s.steps) if (step === null || Math.abs(st - at) < Math.abs(step - at)) step = st;
+      if (step === null) return;
+      out.textContent = 'step ' + step + ':';
+      for (const s of series) {
+        const k = s.steps.indexOf(step);
+        if (k < 0) continue;
+        const span = document.createElement('span');
+        span.style.color = s.colour;
+        span.textContent = '  ' + (series.length > 1 ? s.name + ' ' : '') + Number(s.values[k].toPrecision(5));
+        out.appendChild(span);
+      }
+      const x = p[0] + (step - x0) / (x1 - x0) * p[2];
+      cursor.setAttribute('x1', x); cursor.setAttribute('x2', x); cursor.setAttribute('visibility', 'visible');
+    });
+    svg.addEventListener('mouseleave', () => cursor.setAttribute('visibility', 'hidden'));
+  }
+})();
+</script>
+)JS";
 
 }  // namespace
 
@@ -66,59 +494,159 @@ std::vector<nlohmann::json> read_jsonl(const fs::path& path, bool required) {
   return jsonl::read(path);  // a run being written (or killed) may have a torn last line
 }
 
-std::string render_report(const fs::path& run_dir) {
-  const auto rows = read_jsonl(run_dir / "metrics.jsonl", /*required=*/true);
-  std::map<std::string, Series> series;
-  for (const auto& r : rows) {
-    if (!r.contains("step") || !r["step"].is_number()) continue;
-    const double step = r["step"].get<double>();
-    for (const auto& [k, v] : r.items())
-      if (k != "step" && v.is_number() && std::isfinite(v.get<double>())) series[k].emplace_back(step, v.get<double>());
+std::vector<RunInput> name_runs(const std::vector<fs::path>& dirs) {
+  std::vector<std::vector<std::string>> parts;
+  for (const auto& d : dirs) {
+    std::vector<std::string> p;
+    for (const auto& part : fs::absolute(d).lexically_normal())
+      if (!part.empty() && part != "/") p.push_back(part.string());
+    parts.push_back(p);
   }
+  std::vector<RunInput> out;
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    std::string name;
+    for (size_t k = 1; k <= parts[i].size(); ++k) {
+      auto suffix = [&](const std::vector<std::string>& p) {
+        std::string s;
+        for (size_t j = p.size() >= k ? p.size() - k : 0; j < p.size(); ++j) s += (s.empty() ? "" : "/") + p[j];
+        return s;
+      };
+      name = suffix(parts[i]);
+      bool unique = true;
+      for (size_t j = 0; j < dirs.size(); ++j)
+        if (j != i && suffix(parts[j]) == name) unique = false;
+      if (unique) break;
+    }
+    out.push_back({name.empty() ? dirs[i].string() : name, dirs[i]});
+  }
+  return out;
+}
+
+std::string render_report(const std::vector<RunInput>& inputs) {
+  if (inputs.empty()) throw UsageError("report: no run directory given");
+  std::vector<Run> runs;
+  for (const auto& in : inputs) runs.push_back(load_run(in));
+  const bool several = runs.size() > 1;
+  const auto headline = headline_metrics(runs);
+
   std::ostringstream html;
-  html << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rpg run " << html_escape(run_dir.filename().string())
-       << "</title><style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:.5em}"
-          "figcaption{font-size:13px}pre{background:#f4f4f4;padding:1em;overflow:auto;max-height:30em}"
-          "h2{border-bottom:1px solid #ccc}td{vertical-align:top;padding:.3em;border-bottom:1px solid #eee}"
-          "</style></head><body>\n<h1>rpg run: "
-       << html_escape(run_dir.string()) << "</h1>\n<p>" << rows.size() << " metric records, "
-       << series.size() << " metrics.</p>\n";
-  // Validation first (what the paper reports), then the training curves by group.
-  for (const std::string group : {"val-core/", "critic/", "acc/", "actor/", "response_length/", "training/", "train/",
-                                  "timing_s/", "perf/", "sft/", ""}) {
-    std::string charts;
-    for (auto it = series.begin(); it != series.end();) {
-      if (it->first.rfind(group, 0) == 0) {
-        charts += chart(it->first, it->second);
-        it = series.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!charts.empty()) html << "<h2>" << (group.empty() ? "other" : html_escape(group)) << "</h2>\n" << charts;
+  const std::string title = several ? str(runs.size(), " runs compared") : "run " + runs[0].name;
+  html << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>rpg " << esc(title) << "</title><style>" << kStyle
+       << "</style></head><body>\n<h1>rpg " << esc(title) << "</h1>\n<p class=\"meta\">";
+  for (const auto& r : runs)
+    html << esc(r.name) << ": " << esc(fs::absolute(r.dir).lexically_normal().string()) << ", " << r.records
+         << " metric records<br>";
+  html << "</p>\n<section id=\"summary\"><h2>Summary</h2>\n" << runs_table(runs);
+  if (several) {
+    html << "<h3>Held-out accuracy (the paper's Table 3 layout)</h3>\n";
+    if (headline.empty())
+      html << "<p class=\"note\">No held-out metrics: none of these runs logged validation (val-core/...) values.</p>\n";
+    else
+      html << table3_html(runs, headline);
+  } else {
+    html << "<h3>Held-out accuracy</h3>\n" << held_out_html(runs[0], headline) << "<h3>Where a step's time goes</h3>\n"
+         << time_split_html(runs[0]) << "<h3>Newest sample generations</h3>\n" << samples_html(runs[0]);
   }
-  const auto samples = read_jsonl(run_dir / "samples.jsonl", /*required=*/false);
-  if (!samples.empty()) {
-    html << "<h2>sample generations</h2>\n<table>\n<tr><th>step</th><th>prompt</th><th>response</th><th>score</th></tr>\n";
-    const size_t start = samples.size() > 20 ? samples.size() - 20 : 0;
-    for (size_t i = start; i < samples.size(); ++i) {
-      const auto& s = samples[i];
-      auto text = [&](const char* key) { return s.contains(key) ? html_escape(s[key].is_string() ? s[key].get<std::string>() : s[key].dump()) : ""; };
-      html << "<tr><td>" << text("step") << "</td><td><pre>" << text("prompt") << "</pre></td><td><pre>"
-           << text("response") << "</pre></td><td>" << text("score") << "</td></tr>\n";
-    }
-    html << "</table>\n";
+  html << "</section>\n";
+
+  // Every metric any run logged, the key panels first.
+  std::set<std::string> names;
+  for (const auto& r : runs) {
+    for (const auto& [k, v] : r.values) names.insert(k);
+    for (const auto& [k, v] : r.nonfinite) names.insert(k);
   }
-  if (fs::exists(run_dir / "config.yaml"))
-    html << "<h2>configuration</h2>\n<pre>" << html_escape(read_file(run_dir / "config.yaml")) << "</pre>\n";
-  html << "</body></html>\n";
+  std::vector<std::string> key, rest;
+  for (const auto& m : names) (key_rank(m) >= 0 ? key : rest).push_back(m);
+  std::stable_sort(key.begin(), key.end(), [](const auto& a, const auto& b) { return key_rank(a) < key_rank(b); });
+
+  html << "<div class=\"controls\"><label>EMA smoothing <input type=\"range\" id=\"smoothing\" min=\"0\" max=\"0.99\" "
+          "step=\"0.01\" value=\""
+       << kDefaultSmoothing << "\"> <output id=\"smoothing-value\">" << fixed(kDefaultSmoothing, 2)
+       << "</output></label> <small>(series of " << kMinSmoothPoints
+       << "+ points; the raw series stays faded behind; hover a chart for values)</small>";
+  if (several) {
+    html << "<ul class=\"legend\">";
+    for (size_t i = 0; i < runs.size(); ++i)
+      html << "<li data-run=\"" << esc(runs[i].name) << "\"><span class=\"swatch\" style=\"background:" << series_colour(i)
+           << "\"></span>" << esc(runs[i].name) << "</li>";
+    html << "</ul>";
+  }
+  html << "</div>\n<section id=\"charts\">\n";
+  if (names.empty()) html << "<p class=\"note\">No metrics logged yet: metrics.jsonl has no step records.</p>\n";
+  std::vector<std::string> lines, constants;
+  auto emit = [&](const std::vector<std::string>& metrics) {
+    std::string figures;
+    for (const auto& m : metrics) {
+      Panel p = make_panel(m, runs);
+      if (!p.html.empty()) figures += p.html;
+      else (p.constant ? constants : lines).push_back(p.line);
+    }
+    return figures;
+  };
+  if (!key.empty()) {
+    const std::string figures = emit(key);
+    html << "<h2>Key metrics</h2>\n";
+    if (!figures.empty()) html << "<div class=\"grid\">\n" << figures << "</div>\n";
+  }
+  std::map<std::string, std::vector<std::string>> groups;
+  for (const auto& m : rest) groups[m.find('/') == std::string::npos ? "other" : m.substr(0, m.find('/'))].push_back(m);
+  if (!groups.empty()) html << "<h2>All other metrics</h2>\n";
+  for (const auto& [group, metrics] : groups) {
+    const std::string figures = emit(metrics);
+    if (!figures.empty()) html << "<h3>" << esc(group) << "</h3>\n<div class=\"grid\">\n" << figures << "</div>\n";
+  }
+  if (!lines.empty()) {
+    html << "<h2>Metrics without a chart</h2>\n<ul class=\"nochart\">\n";
+    for (const auto& l : lines) html << "<li>" << l << "</li>\n";
+    html << "</ul>\n";
+  }
+  if (!constants.empty()) {
+    html << "<h2>Constant metrics</h2>\n<ul class=\"constants\">\n";
+    for (const auto& l : constants) html << "<li>" << l << "</li>\n";
+    html << "</ul>\n";
+  }
+  html << "</section>\n";
+  for (const auto& r : runs)
+    if (!r.config_text.empty())
+      html << "<details><summary>configuration" << (several ? " of " + esc(r.name) : "") << " (config.yaml)</summary><pre>"
+           << esc(r.config_text) << "</pre></details>\n";
+  html << kScript << "</body></html>\n";
   return html.str();
 }
 
-fs::path write_report(const fs::path& run_dir) {
-  const fs::path out = run_dir / "report.html";
-  write_file_atomic(out, render_report(run_dir));
+std::string render_report(const fs::path& run_dir) { return render_report(name_runs({run_dir})); }
+
+std::string table3_markdown(const std::vector<RunInput>& inputs) {
+  std::vector<Run> runs;
+  for (const auto& in : inputs) runs.push_back(load_run(in));
+  const auto metrics = headline_metrics(runs);
+  std::ostringstream md;
+  md << "| Run |";
+  for (const auto& m : metrics) {
+    const std::string n = short_metric(m);
+    md << " " << n << " start | " << n << " last | " << n << " best (step) |";
+  }
+  md << "\n|---|";
+  for (size_t i = 0; i < metrics.size(); ++i) md << "---|---|---|";
+  md << "\n";
+  for (const auto& r : runs) {
+    md << "| " << r.name << " |";
+    for (const auto& m : metrics) {
+      const Held x = held_out(r, m);
+      md << " " << cell(x.start, x.start_step, false) << " | " << cell(x.last, x.last_step, false) << " | "
+         << cell(x.best, x.best_step, true) << " |";
+    }
+    md << "\n";
+  }
+  if (metrics.empty()) md << "\n(no validation metrics logged)\n";
+  return md.str();
+}
+
+fs::path write_report(const std::vector<RunInput>& runs, const fs::path& out) {
+  write_file_atomic(out, render_report(runs));
   return out;
 }
+
+fs::path write_report(const fs::path& run_dir) { return write_report(name_runs({run_dir}), run_dir / "report.html"); }
 
 }  // namespace rpg::eval

@@ -1,4 +1,4 @@
-#include "rpg/train/demo.h"
+#include "rpg/app/demo.h"
 
 #include <ATen/Parallel.h>
 
@@ -19,6 +19,7 @@
 #include "rpg/data/dataset.h"
 #include "rpg/data/prepare.h"
 #include "rpg/data/synth.h"
+#include "rpg/eval/chart.h"
 #include "rpg/eval/evaluate.h"
 #include "rpg/eval/report.h"
 #include "rpg/model/init.h"
@@ -32,8 +33,12 @@
 
 namespace fs = std::filesystem;
 
-namespace rpg::train {
+namespace rpg::app {
 namespace {
+
+using train::run_sft;
+using train::SftOptions;
+using train::Trainer;
 
 using Clock = std::chrono::steady_clock;
 
@@ -266,6 +271,7 @@ std::vector<CompareRun> run_demo_compare(DemoOptions o) {
   std::vector<CompareRun> runs;
   std::vector<std::string> methods;
   for (const auto& [name, recipe] : o.compare_methods) methods.push_back(name);
+  std::vector<eval::RunInput> seed_runs;
   for (uint64_t seed : o.compare_seeds) {
     DemoOptions os = o;
     os.seed = seed;
@@ -284,7 +290,12 @@ std::vector<CompareRun> run_demo_compare(DemoOptions o) {
       CompareRun run{name, seed, metric_curve(run_dir / "metrics.jsonl", key)};
       if (run.curve.empty()) throw FormatError(str(run_dir.string(), "/metrics.jsonl: no ", key, " values"));
       runs.push_back(std::move(run));
+      seed_runs.push_back({name, run_dir});
     }
+    // Every metric of this seed's methods overlaid, with the Table 3 layout table: the report's
+    // comparison page (rpg report DIR...).
+    eval::write_report(seed_runs, seed_dir / "compare.html");
+    seed_runs.clear();
   }
   const fs::path results = o.results_file.empty() ? out / "demo-results.md" : o.results_file;
   const fs::path svg = fs::path(results).replace_extension(".svg");
@@ -293,7 +304,8 @@ std::vector<CompareRun> run_demo_compare(DemoOptions o) {
   command += str(" --rl-steps ", o.rl_steps, " --sft-steps ", o.sft_steps, o.quick ? " --quick" : "");
   write_file_atomic(svg, compare_plot_svg(runs, methods));
   write_file_atomic(results, compare_table_markdown(runs, methods, command, svg.filename().string()));
-  log_info(str("demo --compare: wrote ", results.string(), " and ", svg.string()));
+  log_info(str("demo --compare: wrote ", results.string(), " and ", svg.string(), "; every metric per seed in ",
+               (out / "seed_*" / "compare.html").string()));
   return runs;
 }
 
@@ -332,44 +344,23 @@ std::string compare_table_markdown(const std::vector<CompareRun>& runs, const st
 }
 
 std::string compare_plot_svg(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods) {
-  // Mean over seeds at each validation step of each method.
+  // Mean over seeds at each validation step of each method, drawn by the report's plotter.
   std::map<std::string, std::map<int64_t, std::vector<double>>> by_method;
-  int64_t max_step = 1;
-  double lo = 1.0, hi = 0.0;
   for (const auto& r : runs)
-    for (const auto& [step, v] : r.curve) by_method[r.method][step].push_back(v), max_step = std::max(max_step, step);
-  for (auto& [m, steps] : by_method)
-    for (auto& [step, vs] : steps) {
-      const double mean = mean_std(vs).first;
-      lo = std::min(lo, mean), hi = std::max(hi, mean);
-    }
-  if (hi <= lo) hi = lo + 0.01;
-  const double W = 640, H = 360, L = 60, R = 200, T = 20, B = 40;
-  auto x = [&](double s) { return L + (W - L - R) * s / static_cast<double>(max_step); };
-  auto y = [&](double v) { return T + (H - T - B) * (1.0 - (v - lo) / (hi - lo)); };
-  static const char* colours[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
-  std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H
-      << "\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<line x1=\"" << L << "\" y1=\"" << H - B << "\" x2=\"" << W - R << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
-      << "<line x1=\"" << L << "\" y1=\"" << T << "\" x2=\"" << L << "\" y2=\"" << H - B << "\" stroke=\"black\"/>\n"
-      << "<text x=\"" << L << "\" y=\"" << H - 10 << "\">RL step 0</text><text x=\"" << W - R - 30 << "\" y=\""
-      << H - 10 << "\">" << max_step << "</text>\n"
-      << "<text x=\"4\" y=\"" << T + 4 << "\">" << fixed(hi, 3) << "</text><text x=\"4\" y=\"" << H - B << "\">"
-      << fixed(lo, 3) << "</text>\n";
-  size_t i = 0;
+    for (const auto& [step, v] : r.curve) by_method[r.method][step].push_back(v);
+  std::vector<eval::ChartSeries> series;
   for (const auto& m : methods) {
     const auto it = by_method.find(m);
     if (it == by_method.end()) continue;
-    const char* colour = colours[i % std::size(colours)];
-    svg << "<polyline fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\" points=\"";
-    for (const auto& [step, vs] : it->second) svg << fixed(x(static_cast<double>(step)), 1) << "," << fixed(y(mean_std(vs).first), 1) << " ";
-    svg << "\"><title>" << m << "</title></polyline>\n<text x=\"" << W - R + 10 << "\" y=\"" << T + 14 * (i + 1)
-        << "\" fill=\"" << colour << "\">" << m << "</text>\n";
-    ++i;
+    eval::ChartSeries s{m, {}};
+    for (const auto& [step, vs] : it->second) s.points.emplace_back(static_cast<double>(step), mean_std(vs).first);
+    series.push_back(std::move(s));
   }
-  svg << "</svg>\n";
-  return svg.str();
+  eval::ChartOptions o;
+  o.metric = "held-out accuracy (mean over seeds)";
+  o.y_unit = "accuracy";
+  o.standalone = true;
+  return eval::line_chart_svg(series, o) + "\n";
 }
 
-}  // namespace rpg::train
+}  // namespace rpg::app

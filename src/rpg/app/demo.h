@@ -1,4 +1,5 @@
-// `rpg demo`: a complete, real RL run on a laptop CPU with nothing downloaded.
+// `rpg demo` (module app: an application on top of train and eval, used by the cli only):
+// a complete, real RL run on a laptop CPU with nothing downloaded.
 //   synthetic math problems (level 0, a + b + c over digits, worked one addition per line;
 //   train / validation / test share no problem)
 //   -> a byte-level BPE tokenizer trained on the training text
@@ -14,7 +15,8 @@
 // paper's recipe file (recipes/*.yaml) with only its sizes changed.
 // `compare` runs the same warm start and RL budget for the paper's methods over several
 // seeds and writes a table of Last / Best held-out accuracy in the layout of the paper's
-// Table 3, with the mean curves as an SVG plot.
+// Table 3, with the mean curves as an SVG plot, and per seed the report's comparison page of
+// every metric (OUT/compare/seed_S/compare.html).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +24,7 @@
 #include <string>
 #include <vector>
 
-namespace rpg::train {
+namespace rpg::app {
 
 struct DemoOptions {
   std::filesystem::path out_dir = "runs/demo";
@@ -89,7 +91,7 @@ std::vector<CompareRun> run_demo_compare(DemoOptions options);
 std::string compare_table_markdown(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods,
                                    const std::string& command, const std::string& svg_name);
 
-// The mean curve per method as a self-contained SVG line plot.
+// The mean curve per method as a self-contained SVG line plot (eval's chart plotter).
 std::string compare_plot_svg(const std::vector<CompareRun>& runs, const std::vector<std::string>& methods);
 
-}  // namespace rpg::train
+}  // namespace rpg::app
