@@ -115,6 +115,9 @@ constexpr const char* kProbe = R"JS(<script>
   slider.dispatchEvent(new Event('input'));
   for (const td of document.querySelectorAll('table.table3 td[data-col]'))
     out.cells.push({run: td.dataset.run, metric: td.dataset.metric, col: td.dataset.col, text: td.textContent});
+  out.all_cells = [];
+  for (const td of document.querySelectorAll('table.allval td[data-col]'))
+    out.all_cells.push({run: td.dataset.run, metric: td.dataset.metric, col: td.dataset.col, text: td.textContent});
   const pre = document.createElement('pre');
   pre.id = 'rpg-render-check';
   pre.textContent = JSON.stringify(out);
@@ -386,6 +389,23 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
     EXPECT_NE(markdown.find(text), std::string::npos) << text << "\n" << markdown;
   }
   EXPECT_EQ(checked, 18u);
+  // Every validation metric (std@32 included): last and best per run, against the oracle's --all.
+  oracle_args.insert(oracle_args.begin() + 2, "--all");
+  r = test::run_process(oracle_args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto all_oracle = nlohmann::json::parse(r.out);
+  EXPECT_EQ(layout["all_cells"].size(), 3u * 3u * 2u) << layout["all_cells"].dump();
+  size_t std_cells = 0;
+  for (const auto& cell : layout["all_cells"]) {
+    const std::string run = cell["run"], metric = cell["metric"], col = cell["col"], text = cell["text"];
+    const auto& want = all_oracle.at((dir / "runs" / run).string()).at(metric);
+    EXPECT_NEAR(std::stod(text), want.at(col).get<double>(), 5e-5) << run << " " << metric << " " << col;
+    if (col == "best")
+      EXPECT_EQ(text.substr(text.find('(')), "(" + std::to_string(want["best_step"].get<int>()) + ")") << run << " " << metric;
+    std_cells += metric == "val-core/amc23/acc/std@32";
+    EXPECT_NE(markdown.find("| " + metric + " |"), std::string::npos) << metric << "\n" << markdown;
+  }
+  EXPECT_EQ(std_cells, 6u);
   // The oracle and the report agree on a non-trivial case: grpo's aime24 falls after step 10.
   const auto& grpo = oracle.at((dir / "runs/grpo").string()).at("val-core/aime24/acc/mean@32");
   EXPECT_LT(grpo["last"].get<double>(), grpo["best"].get<double>());

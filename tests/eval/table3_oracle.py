@@ -4,11 +4,12 @@ definitions, not from its C++:
   - a record is one JSON object per line with an integer "step"; a line that does not parse
     is skipped only when it is the file's last line (a run killed mid-write);
   - a step logged twice (a resumed run) keeps its later value; null (NaN / inf) is no value;
-  - headline metrics: keys matching ^val-core/.+/mean@[0-9]+$;
+  - headline metrics: keys matching ^val-core/.+/mean@[0-9]+$; with --all as the first
+    argument, every validation metric (keys starting val-core/ or val-aux/);
   - start: the value at the smallest step; last: at the largest step; best: the highest value
     at a step > 0 (over all steps when none is > 0), the earliest such step on ties.
 
-usage: table3_oracle.py RUN_DIR... -> JSON {run_dir: {metric: {start, last, best, best_step}}}
+usage: table3_oracle.py [--all] RUN_DIR... -> JSON {run_dir: {metric: {start, last, best, best_step}}}
 """
 import json
 import math
@@ -16,9 +17,10 @@ import re
 import sys
 
 HEADLINE = re.compile(r"^val-core/.+/mean@[0-9]+$")
+ALL_VALIDATION = re.compile(r"^val-(core|aux)/")
 
 
-def read_metrics(path):
+def read_metrics(path, wanted):
     with open(path, encoding="utf-8") as f:
         lines = [line for line in f.read().split("\n") if line.strip()]
     values = {}
@@ -33,7 +35,7 @@ def read_metrics(path):
         if not isinstance(step, (int, float)):
             continue
         for key, value in record.items():
-            if key == "step" or not HEADLINE.match(key):
+            if key == "step" or not wanted.match(key):
                 continue
             per_step = values.setdefault(key, {})
             if isinstance(value, (int, float)) and math.isfinite(value):
@@ -44,10 +46,14 @@ def read_metrics(path):
 
 
 def main():
+    args = sys.argv[1:]
+    wanted = HEADLINE
+    if args and args[0] == "--all":
+        wanted, args = ALL_VALIDATION, args[1:]
     out = {}
-    for run in sys.argv[1:]:
+    for run in args:
         table = {}
-        for key, per_step in read_metrics(run + "/metrics.jsonl").items():
+        for key, per_step in read_metrics(run + "/metrics.jsonl", wanted).items():
             if not per_step:
                 continue
             steps = sorted(per_step)

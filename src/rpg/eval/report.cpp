@@ -240,6 +240,44 @@ std::string table3_html(const std::vector<Run>& runs, const std::vector<std::str
   return h.str();
 }
 
+// Every validation statistic a run logged (val-core/ and val-aux/: mean, std, best@k, maj@k,
+// pass@k, ...), one row per metric, for each run its last and best value (with the step of
+// the best): the headline table keeps the paper's layout, this one leaves nothing out.
+bool is_validation(const std::string& metric) { return metric.rfind("val-core/", 0) == 0 || metric.rfind("val-aux/", 0) == 0; }
+
+std::vector<std::string> validation_metrics(const std::vector<Run>& runs) {
+  std::set<std::string> names;
+  for (const auto& r : runs) {
+    for (const auto& [k, v] : r.values)
+      if (is_validation(k)) names.insert(k);
+    for (const auto& [k, v] : r.nonfinite)
+      if (is_validation(k)) names.insert(k);
+  }
+  return {names.begin(), names.end()};
+}
+
+std::string all_validation_html(const std::vector<Run>& runs, const std::vector<std::string>& metrics) {
+  std::ostringstream h;
+  h << "<details><summary>Every validation metric: last and best (step) per run</summary>\n"
+       "<table class=\"allval\"><tr><th rowspan=\"2\">metric</th>";
+  for (const auto& r : runs) h << "<th colspan=\"2\">" << esc(r.name) << "</th>";
+  h << "</tr>\n<tr>";
+  for (size_t i = 0; i < runs.size(); ++i) h << "<th>last</th><th>best (step)</th>";
+  h << "</tr>\n";
+  for (const auto& m : metrics) {
+    h << "<tr><td>" << esc(m) << "</td>";
+    for (const auto& r : runs) {
+      const Held x = held_out(r, m);
+      h << "<td data-run=\"" << esc(r.name) << "\" data-metric=\"" << esc(m) << "\" data-col=\"last\">"
+        << cell(x.last, x.last_step, false) << "</td><td data-run=\"" << esc(r.name) << "\" data-metric=\"" << esc(m)
+        << "\" data-col=\"best\">" << cell(x.best, x.best_step, true) << "</td>";
+    }
+    h << "</tr>\n";
+  }
+  h << "</table></details>\n";
+  return h.str();
+}
+
 // The single-run form: one row per headline metric, start -> last (best at step).
 std::string held_out_html(const Run& r, const std::vector<std::string>& metrics) {
   if (metrics.empty())
@@ -543,6 +581,7 @@ std::string render_report(const std::vector<RunInput>& inputs) {
       html << "<p class=\"note\">No held-out metrics: none of these runs logged validation (val-core/...) values.</p>\n";
     else
       html << table3_html(runs, headline);
+    if (const auto all = validation_metrics(runs); !all.empty()) html << all_validation_html(runs, all);
   } else {
     html << "<h3>Held-out accuracy</h3>\n" << held_out_html(runs[0], headline) << "<h3>Where a step's time goes</h3>\n"
          << time_split_html(runs[0]) << "<h3>Newest sample generations</h3>\n" << samples_html(runs[0]);
@@ -639,6 +678,21 @@ std::string table3_markdown(const std::vector<RunInput>& inputs) {
     md << "\n";
   }
   if (metrics.empty()) md << "\n(no validation metrics logged)\n";
+  if (const auto all = validation_metrics(runs); !all.empty()) {
+    md << "\nEvery validation metric, last and best (step):\n\n| Metric |";
+    for (const auto& r : runs) md << " " << r.name << " last | " << r.name << " best (step) |";
+    md << "\n|---|";
+    for (size_t i = 0; i < runs.size(); ++i) md << "---|---|";
+    md << "\n";
+    for (const auto& m : all) {
+      md << "| " << m << " |";
+      for (const auto& r : runs) {
+        const Held x = held_out(r, m);
+        md << " " << cell(x.last, x.last_step, false) << " | " << cell(x.best, x.best_step, true) << " |";
+      }
+      md << "\n";
+    }
+  }
   return md.str();
 }
 
