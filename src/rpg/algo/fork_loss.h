@@ -37,7 +37,7 @@ namespace rpg::algo {
 // One kl_penalty form: elementwise [B, T] from log_prob (differentiable) and ref_log_prob.
 using ForkKlPenaltyFn = at::Tensor (*)(const at::Tensor& log_prob, const at::Tensor& ref_log_prob);
 
-// Every kl_loss_type spelling the fork accepts ("full" is NotImplementedError there too).
+// Every kl_loss_type spelling the fork accepts ("full" raises an error in the fork as well).
 const Registry<ForkKlPenaltyFn>& fork_kl_penalty_registry();
 at::Tensor fork_kl_penalty(const at::Tensor& log_prob, const at::Tensor& ref_log_prob, std::string_view kl_type);
 
