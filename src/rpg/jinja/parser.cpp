@@ -254,30 +254,23 @@ class Parser {
     }
     return e;
   }
-  ExprP parse_or() {
-    ExprP e = parse_and();
-    while (is_name("or")) {
+  // `a or b or c` / `a and b and c`, folded to the left; the two levels differ only in the
+  // keyword and the operand parser.
+  template <class Operand>
+  ExprP parse_keyword_chain(const char* keyword, Expr::K kind, Operand operand) {
+    ExprP e = operand();
+    while (is_name(keyword)) {
       const Token& at = cur();
       ++i_;
-      auto n = make(Expr::K::kOr, at);
+      auto n = make(kind, at);
       n->kids.push_back(std::move(e));
-      n->kids.push_back(parse_and());
+      n->kids.push_back(operand());
       e = std::move(n);
     }
     return e;
   }
-  ExprP parse_and() {
-    ExprP e = parse_not();
-    while (is_name("and")) {
-      const Token& at = cur();
-      ++i_;
-      auto n = make(Expr::K::kAnd, at);
-      n->kids.push_back(std::move(e));
-      n->kids.push_back(parse_not());
-      e = std::move(n);
-    }
-    return e;
-  }
+  ExprP parse_or() { return parse_keyword_chain("or", Expr::K::kOr, [this] { return parse_and(); }); }
+  ExprP parse_and() { return parse_keyword_chain("and", Expr::K::kAnd, [this] { return parse_not(); }); }
   ExprP parse_not() {
     if (is_name("not")) {
       const Token& at = cur();
