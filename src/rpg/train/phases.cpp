@@ -1,0 +1,381 @@
+// One training step, phase by phase (Trainer::train_step calls them in order).
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "rpg/algo/advantage.h"
+#include "rpg/core/error.h"
+#include "rpg/core/log.h"
+#include "rpg/core/rng.h"
+#include "rpg/reward/overlong.h"
+#include "rpg/train/trainer_impl.h"
+
+namespace rpg::train {
+
+double mean_of(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+double masked_mean(const at::Tensor& x, const at::Tensor& mask) {
+  at::Tensor m = mask.to(x.scalar_type());
+  return ((x * m).sum() / m.sum().clamp_min(1)).item<double>();
+}
+
+void Trainer::Impl::sync_compute_weights() {
+  if (compute) compute->copy_parameters_from(policy.model);
+}
+
+void Trainer::Impl::move_compute_grads() {
+  if (!compute) return;
+  c10::NoGradGuard no_grad;
+  auto master = policy.model.parameters(), work = compute->parameters();
+  for (size_t i = 0; i < master.size(); ++i) {
+    if (!work[i].grad().defined()) continue;
+    at::Tensor g = work[i].grad().to(at::kFloat);
+    if (master[i].grad().defined()) master[i].mutable_grad().add_(g);
+    else master[i].mutable_grad() = g;
+    work[i].mutable_grad() = at::Tensor();
+  }
+}
+
+at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
+  c10::NoGradGuard no_grad;
+  std::vector<at::Tensor> parts;
+  for (const auto& rows : micro_batches(b)) {
+    rollout::Batch mb = b.select(rows);
+    model::LogProbOptions lo;
+    lo.temperature = temperature;
+    parts.push_back(m.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
+                                mb.get("responses"), lo)
+                        .log_probs);
+  }
+  // Micro-batches may reorder rows (token packing); put them back.
+  at::Tensor out = at::empty_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
+  size_t k = 0;
+  for (const auto& rows : micro_batches(b)) {
+    out.index_copy_(0, at::tensor(rows, at::kLong), parts[k++]);
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> Trainer::Impl::micro_batches(const rollout::Batch& b) const {
+  const auto& a = cfg.actor_rollout_ref.actor;
+  if (a.use_dynamic_bsz) {
+    at::Tensor lengths = b.get("attention_mask").sum(1);
+    std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
+    return rollout::split_by_tokens(l, a.ppo_max_token_len_per_gpu);
+  }
+  return rollout::split_by_rows(b.rows(), a.ppo_micro_batch_size_per_gpu.value_or(b.rows()));
+}
+
+Generation Trainer::Impl::generate_groups() {
+  const auto& fg = cfg.algorithm.filter_groups;
+  const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
+  rollout::RolloutEngine engine(policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
+  Generation gen;
+  optimizer->use_train_weights();
+  while (static_cast<int64_t>(gen.kept.size()) < cfg.data.train_batch_size) {
+    if (gen.rounds > 0 && fg.max_num_gen_batches > 0 && gen.rounds >= fg.max_num_gen_batches)
+      throw ValueError(str("dynamic sampling: ", gen.rounds, " generation batches gave only ", gen.kept.size(),
+                           " of ", cfg.data.train_batch_size, " groups with varying ", fg.metric,
+                           "; raise algorithm.filter_groups.max_num_gen_batches or check the data"));
+    ++gen.rounds;
+    const ScoredRound round = generate_round(engine, next_prompts(gen_batch), gen);
+    keep_groups(round, gen);
+    if (!fg.enable) break;
+  }
+  gen.kept.resize(
+      static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(gen.kept.size()), cfg.data.train_batch_size)));
+  return gen;
+}
+
+ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::vector<const Prompt*> prompts, Generation& gen) {
+  ScoredRound r;
+  r.prompts = std::move(prompts);
+  std::vector<std::vector<int64_t>> ids;
+  for (const auto* p : r.prompts) ids.push_back(p->ids);
+  rollout::SamplingParams sp = sampling(false);
+  sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(step),
+                    static_cast<uint64_t>(gen.rounds));
+  const auto t_gen = Clock::now();
+  r.responses = engine.generate(ids, sp);
+  gen.gen_seconds += seconds_since(t_gen);
+  gen.gen_tokens += engine.last_stats().generated_tokens;
+
+  std::vector<std::string> texts;
+  std::vector<reward::ScoreRequest> requests;
+  texts.reserve(r.responses.size());
+  for (const auto& resp : r.responses) {
+    std::vector<TokenId> tid(resp.token_ids.begin(), resp.token_ids.end());
+    texts.push_back(policy.tokenizer.decode(tid, /*skip_special_tokens=*/true));
+  }
+  for (size_t i = 0; i < r.responses.size(); ++i) {
+    const Prompt* p = r.prompts[static_cast<size_t>(r.responses[i].prompt_index)];
+    requests.push_back({p->data_source, texts[i], p->ground_truth});
+  }
+  const auto t_reward = Clock::now();
+  r.results = reward::score_batch(scorers, requests);
+  gen.reward_seconds += seconds_since(t_reward);
+  for (size_t i = 0; i < r.responses.size() && static_cast<int64_t>(gen.samples.size()) < cfg.trainer.sample_log_count;
+       ++i) {
+    const auto& pids = r.prompts[static_cast<size_t>(r.responses[i].prompt_index)]->ids;
+    std::vector<TokenId> pid(pids.begin(), pids.end());
+    gen.samples.push_back({{"step", step + 1}, {"prompt", policy.tokenizer.decode(pid)}, {"response", texts[i]},
+                           {"score", r.results[i].score}, {"acc", r.results[i].acc},
+                           {"ground_truth", requests[i].ground_truth}});
+  }
+  std::vector<int64_t> lengths;
+  for (size_t i = 0; i < r.responses.size(); ++i) {
+    lengths.push_back(static_cast<int64_t>(r.responses[i].token_ids.size()));
+    r.scores.push_back(r.results[i].score);
+  }
+  const reward::OverlongConfig overlong{cfg.reward_model.overlong_buffer.enable, cfg.reward_model.overlong_buffer.len,
+                                        cfg.reward_model.overlong_buffer.penalty_factor, cfg.data.max_response_length};
+  reward::apply_overlong_penalty(overlong, lengths, r.scores);
+  return r;
+}
+
+void Trainer::Impl::keep_groups(const ScoredRound& r, Generation& gen) const {
+  const auto& fg = cfg.algorithm.filter_groups;
+  const int64_t n = cfg.actor_rollout_ref.rollout.n;
+  for (size_t g = 0; g < r.prompts.size(); ++g) {
+    Group grp{r.prompts[g], {}, {}, {}};
+    for (int64_t j = 0; j < n; ++j) {
+      const size_t i = g * static_cast<size_t>(n) + static_cast<size_t>(j);
+      grp.responses.push_back(r.responses[i]);
+      grp.scores.push_back(r.scores[i]);
+      grp.acc.push_back(r.results[i].acc);
+      gen.all_scores.push_back(r.scores[i]);
+      gen.all_acc.push_back(r.results[i].acc ? 1.0 : 0.0);
+    }
+    ++gen.generated_groups;
+    if (fg.enable && n > 1) {
+      std::vector<double> metric;
+      for (int64_t j = 0; j < n; ++j)
+        metric.push_back(filter_by_acc ? (grp.acc[j] ? 1.0 : 0.0) : grp.scores[j]);
+      if (std::all_of(metric.begin(), metric.end(), [&](double x) { return x == metric[0]; })) continue;
+    }
+    gen.kept.push_back(std::move(grp));
+  }
+}
+
+StepBatch Trainer::Impl::to_batch(const Generation& gen) const {
+  StepBatch sb;
+  std::vector<std::vector<int64_t>> group_prompts;
+  std::vector<rollout::Response> flat;
+  for (size_t g = 0; g < gen.kept.size(); ++g) {
+    group_prompts.push_back(gen.kept[g].prompt->ids);
+    for (size_t j = 0; j < gen.kept[g].responses.size(); ++j) {
+      rollout::Response r = gen.kept[g].responses[j];
+      r.prompt_index = static_cast<int64_t>(g);
+      if (r.finish_reason == rollout::FinishReason::kLength) ++sb.finished_by_length;
+      flat.push_back(std::move(r));
+      sb.scores.push_back(gen.kept[g].scores[j]);
+    }
+  }
+  sb.batch = rollout::make_rollout_batch(group_prompts, flat, policy.pad_token_id);
+  const at::Tensor& mask = sb.batch.get("response_mask");
+  sb.lengths = mask.sum(1);
+  sb.token_level_scores = at::zeros(mask.sizes(), at::kFloat);
+  for (int64_t b = 0; b < sb.batch.rows(); ++b) {
+    const int64_t last = sb.lengths[b].item<int64_t>() - 1;
+    if (last >= 0) sb.token_level_scores[b][last] = sb.scores[static_cast<size_t>(b)];
+  }
+  return sb;
+}
+
+PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics& m) {
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  const double temperature = cfg.actor_rollout_ref.rollout.temperature;
+  const at::Tensor& mask = sb.batch.get("response_mask");
+  PolicyLogProbs lp;
+  auto t_old = Clock::now();
+  sync_compute_weights();
+  lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
+                                   : sb.batch.get("rollout_log_probs");
+  lp.old_seconds = seconds_since(t_old);
+  auto t_ref = Clock::now();
+  if (reference) lp.ref_log_probs = log_probs_no_grad(*reference, sb.batch, temperature);
+  else if (needs_reference) lp.ref_log_probs = lp.old_log_probs;
+  lp.ref_seconds = seconds_since(t_ref);
+  if (reference && actor.ref_kl_target > 0) {
+    // Paper Section 5: the token-level KL(pi_old || pi_ref) (k3, exact in expectation over
+    // pi_old's samples), averaged over the step's response tokens, then over steps.
+    const double kl = masked_mean(algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, algo::KlEstimator::K3), mask);
+    ref_kl_running = ref_kl_running ? (1 - actor.ref_kl_ema) * *ref_kl_running + actor.ref_kl_ema * kl : kl;
+    m["actor/ref_kl_moving_avg"] = *ref_kl_running;
+  }
+  if (recompute_old) {
+    // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
+    const at::Tensor valid = mask.to(at::kBool);
+    const at::Tensor diff = (lp.old_log_probs - sb.batch.get("rollout_log_probs")).masked_select(valid);
+    if (diff.numel() > 0) {
+      m["training/rollout_log_prob_diff_mean"] = diff.abs().mean().item<double>();
+      m["training/rollout_log_prob_diff_max"] = diff.abs().max().item<double>();
+      m["training/rollout_is_weight_min"] = diff.exp().min().item<double>();
+      m["training/rollout_is_weight_max"] = diff.exp().max().item<double>();
+    }
+  }
+  return lp;
+}
+
+AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogProbs& lp, Metrics& m) {
+  const at::Tensor& mask = sb.batch.get("response_mask");
+  AdvantageResult out;
+  out.token_level_rewards = sb.token_level_scores;
+  if (cfg.algorithm.use_kl_in_reward) {
+    const auto estimator = kl_penalty;
+    out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs, mask,
+                                                     kl_in_reward_coef, estimator);
+    // The batch's KL (mean over rows of each row's token mean), as verl's controller sees it.
+    at::Tensor kl = algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, estimator) * mask;
+    const double current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
+    m["actor/reward_kl_penalty"] = current_kl;
+    m["actor/reward_kl_penalty_coeff"] = kl_in_reward_coef;
+    const auto& kc = cfg.algorithm.kl_ctrl;
+    if (adaptive_kl_ctrl)  // verl updates with n_steps = the batch's rows
+      kl_in_reward_coef = adaptive_kl_coef(kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, sb.batch.rows());
+  }
+  const auto t_adv = Clock::now();
+  algo::AdvantageInputs ai;
+  ai.token_level_rewards = out.token_level_rewards;
+  ai.response_mask = mask;
+  ai.group_index = sb.batch.get("group_index");
+  ai.gamma = cfg.algorithm.gamma;
+  ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
+  out.advantages = algo::compute_advantage(cfg.algorithm.adv_estimator, ai).advantages;
+  out.seconds = seconds_since(t_adv);
+  return out;
+}
+
+UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  const algo::PolicyLossConfig& lc = loss_cfg;
+  UpdateStats stats;
+  // The LR the first update of the step uses (schedule-free AdamW: its own warm-up).
+  stats.lr = optimizer->lr_of_next_step(actor.optim.lr * schedule.factor(optimizer->step_count()));
+  const int64_t rows_per_mini =
+      std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
+  const auto t_update = Clock::now();
+  updates.clear();
+  for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
+    std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
+    std::iota(row_order.begin(), row_order.end(), 0);
+    if (actor.shuffle && e > 0)
+      row_order = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), step, e));
+    for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
+      std::vector<int64_t> mini_rows(row_order.begin() + start,
+                                     row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
+      update_mini_batch(batch, mini_rows, lc, stats);
+    }
+  }
+  stats.seconds = seconds_since(t_update);
+  return stats;
+}
+
+void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows,
+                       const algo::PolicyLossConfig& lc, UpdateStats& stats) {
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  rollout::Batch mini = batch.select(mini_rows);
+  const double normaliser = algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
+  UpdateRecord record;
+  if (recording) {
+    record.rows = mini_rows;
+    for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
+  }
+  sync_compute_weights();
+  for (const auto& rows : micro_batches(mini)) {
+    auto out = micro_batch_loss(mini.select(rows), lc, normaliser);
+    out.loss.backward();
+    move_compute_grads();
+    if (recording) record.loss += out.loss.item<double>();
+    for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
+  }
+  if (recording) {
+    for (const auto& p : policy.model.parameters())
+      record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+    updates.push_back(std::move(record));
+  }
+  const double norm = clip_grad_norm(optimizer->params(), actor.grad_clip);
+  stats.grad_norms.push_back(norm);
+  if (std::isfinite(norm)) {
+    optimizer->step(stats.lr);
+    consecutive_skips = 0;
+  } else {
+    // A non-finite loss or gradient: the update is skipped, the weights stay as they were.
+    ++stats.skipped;
+    ++consecutive_skips;
+    log_warn(str("step ", step + 1, ": non-finite gradient norm, optimizer step skipped"));
+  }
+  optimizer->zero_grad();
+  if (consecutive_skips >= cfg.trainer.max_consecutive_skips)
+    throw Error(str("stopping: ", consecutive_skips, " optimizer steps in a row had a non-finite loss or "
+                    "gradient (trainer.max_consecutive_skips); the last checkpoint in ",
+                    run_dir.root().string(), " is intact"));
+}
+
+algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc,
+                                        double normaliser) {
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  model::LogProbOptions lo;
+  lo.temperature = cfg.actor_rollout_ref.rollout.temperature;
+  lo.with_entropy = true;
+  auto lp = compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
+                                      mb.get("responses"), lo);
+  algo::PolicyLossInputs in;
+  in.log_probs = lp.log_probs;
+  in.old_log_probs = mb.get("old_log_probs");
+  if (mb.has("ref_log_probs")) in.ref_log_probs = mb.get("ref_log_probs");
+  in.rollout_log_probs = mb.get("rollout_log_probs");
+  in.advantages = mb.get("advantages");
+  in.response_mask = mb.get("response_mask");
+  in.entropy = actor.entropy_coeff != 0.0 ? lp.entropy : lp.entropy.detach();
+  in.normaliser = normaliser;
+  return algo::compute_policy_loss(actor.policy_loss, in, lc);
+}
+
+void Trainer::Impl::refresh_reference(Metrics& m) {
+  const auto& actor = cfg.actor_rollout_ref.actor;
+  if (!reference || !actor.use_iterative_ref_model) return;
+  const bool by_count = actor.ref_update_freq > 0 && step % actor.ref_update_freq == 0;
+  const bool by_kl = actor.ref_kl_target > 0 && ref_kl_running && *ref_kl_running > actor.ref_kl_target;
+  if (by_count || by_kl) {
+    reference->copy_parameters_from(policy.model);  // the weights that sample, as pi_old
+    ++ref_updates;
+    ref_kl_running.reset();  // the KL to the new reference starts at zero
+  }
+  m["actor/ref_updates"] = static_cast<double>(ref_updates);
+}
+
+void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, const AdvantageResult& adv, const UpdateStats& up,
+                  Metrics& m) const {
+  const at::Tensor& mask = sb.batch.get("response_mask");
+  for (const auto& [k, v] : up.loss_metrics) m[k] = mean_of(v);
+  m["actor/grad_norm"] = mean_of(up.grad_norms);
+  m["actor/lr"] = up.lr;
+  m["actor/skipped_steps"] = static_cast<double>(up.skipped);
+  m["critic/score/mean"] = mean_of(sb.scores);
+  m["critic/rewards/mean"] = adv.token_level_rewards.sum(1).to(at::kDouble).mean().item<double>();
+  m["critic/advantages/mean"] = masked_mean(adv.advantages, mask);
+  m["critic/advantages/max"] = (adv.advantages * mask).max().item<double>();
+  m["critic/advantages/min"] = (adv.advantages * mask).min().item<double>();
+  m["acc/mean"] = mean_of(gen.all_acc);
+  m["acc/generated_score_mean"] = mean_of(gen.all_scores);
+  m["response_length/mean"] = sb.lengths.to(at::kDouble).mean().item<double>();
+  m["response_length/max"] = sb.lengths.max().item<double>();
+  m["response_length/clip_ratio"] = static_cast<double>(sb.finished_by_length) / static_cast<double>(sb.batch.rows());
+  m["prompt_length/mean"] = sb.batch.get("attention_mask").sum(1).sub(sb.lengths).to(at::kDouble).mean().item<double>();
+  m["train/num_gen_batches"] = static_cast<double>(gen.rounds);
+  m["train/kept_group_ratio"] =
+      static_cast<double>(gen.kept.size()) / static_cast<double>(std::max<int64_t>(1, gen.generated_groups));
+  m["train/epoch"] = static_cast<double>(epoch);
+  m["timing_s/gen"] = gen.gen_seconds;
+  m["timing_s/reward"] = gen.reward_seconds;
+  m["timing_s/update_actor"] = up.seconds;
+  m["perf/gen_tokens_per_s"] = gen.gen_seconds > 0 ? static_cast<double>(gen.gen_tokens) / gen.gen_seconds : 0.0;
+}
+
+}  // namespace rpg::train

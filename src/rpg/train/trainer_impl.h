@@ -1,0 +1,214 @@
+// Private to src/rpg/train (not an API): the trainer's state and the results of one step's
+// phases, shared by trainer.cpp (setup, run directory, resume, fit) and phases.cpp (one step).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rpg/algo/policy_loss.h"
+#include "rpg/core/metrics.h"
+#include "rpg/data/dataset.h"
+#include "rpg/reward/registry.h"
+#include "rpg/rollout/batch.h"
+#include "rpg/rollout/engine.h"
+#include "rpg/rollout/policy.h"
+#include "rpg/train/checkpoint.h"
+#include "rpg/train/optim.h"
+#include "rpg/train/trainer.h"
+#include "rpg/train/trainer_testing.h"
+
+namespace rpg::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// One training prompt, rendered and tokenized once.
+struct Prompt {
+  std::vector<int64_t> ids;
+  std::string data_source, ground_truth;
+};
+
+double mean_of(const std::vector<double>& v);
+// Masked mean of a [B, T] tensor.
+double masked_mean(const at::Tensor& x, const at::Tensor& mask);
+
+// ---- One training step, phase by phase ----------------------------------------------------
+
+// One prompt's n responses, their scores (after overlong shaping) and correctness.
+struct Group {
+  const Prompt* prompt = nullptr;
+  std::vector<rollout::Response> responses;
+  std::vector<double> scores;
+  std::vector<bool> acc;
+};
+
+// generate_groups: the groups kept for training and what it took to get them.
+struct Generation {
+  std::vector<Group> kept;
+  int64_t rounds = 0, generated_groups = 0, gen_tokens = 0;
+  double gen_seconds = 0, reward_seconds = 0;
+  std::vector<double> all_scores, all_acc;  // every generated response, kept or not
+  std::vector<nlohmann::json> samples;      // this step's lines of samples.jsonl
+};
+
+// One generation batch, decoded and scored.
+struct ScoredRound {
+  std::vector<const Prompt*> prompts;
+  std::vector<rollout::Response> responses;
+  std::vector<reward::ScoreResult> results;
+  std::vector<double> scores;  // results' scores after DAPO overlong shaping
+};
+
+// to_batch: the verl layout, outcome scores on each response's last token.
+struct StepBatch {
+  rollout::Batch batch;
+  at::Tensor token_level_scores, lengths;  // [B, T], [B]
+  std::vector<double> scores;              // per row
+  int64_t finished_by_length = 0;
+};
+
+// old_and_ref_log_probs
+struct PolicyLogProbs {
+  at::Tensor old_log_probs, ref_log_probs;  // ref undefined when no reference is used
+  double old_seconds = 0, ref_seconds = 0;
+};
+
+// advantages
+struct AdvantageResult {
+  at::Tensor token_level_rewards, advantages;
+  double seconds = 0;
+};
+
+// update_actor: every optimizer step's metrics.
+struct UpdateStats {
+  std::map<std::string, std::vector<double>> loss_metrics;
+  std::vector<double> grad_norms;
+  int64_t skipped = 0;
+  double lr = 0, seconds = 0;
+};
+
+struct Trainer::Impl {
+  TrainConfig cfg;
+  reward::ScorerRegistry scorers;
+  rollout::Policy policy;
+  std::unique_ptr<model::CausalLM> reference;  // for KL-to-reference losses (grpo)
+  // compute_dtype=bfloat16: the bf16 working copy that runs forward/backward; the optimizer
+  // owns the fp32 master weights in policy.model (which also generates).
+  std::unique_ptr<model::CausalLM> compute;
+  // Iterative reference refreshed on a KL target: the moving average of the token-level
+  // KL(pi_old || pi_ref) since the last refresh (none yet after one), and refreshes so far.
+  std::optional<double> ref_kl_running;
+  int64_t ref_updates = 0;
+  rollout::Batch last_batch;
+  bool recording = false;
+  std::vector<UpdateRecord> updates;
+  std::unique_ptr<Optimizer> optimizer;
+  LrSchedule schedule;
+  std::vector<Prompt> prompts;
+  std::vector<data::Row> val_rows;
+  RunDir run_dir{""};
+  std::unique_ptr<MetricsLogger> logger;
+  int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
+  double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
+  bool needs_reference = false;
+  algo::PolicyLossConfig loss_cfg;
+  algo::KlEstimator kl_penalty = algo::KlEstimator::K1;  // algorithm.kl_penalty
+  bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
+  bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
+  bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
+  int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
+  // Data position: epoch and cursor in that epoch's order.
+  int64_t epoch = 0, cursor = 0;
+  std::vector<int64_t> order;
+
+  Impl(TrainConfig c, reward::ScorerRegistry s);
+  void set_epoch(int64_t e);
+  // The next `k` prompts of the data stream. Like verl's DataLoader(drop_last=True), an
+  // epoch's last partial batch is skipped and the next epoch starts.
+  std::vector<const Prompt*> next_prompts(int64_t k);
+  algo::PolicyLossConfig loss_config() const;
+  rollout::SamplingParams sampling(bool validation) const;
+  // The model that runs the trainer's forward/backward passes: the bf16 copy or the master.
+  model::CausalLM& compute_model() { return compute ? *compute : policy.model; }
+  // The bf16 copy takes the master weights' current values (after every optimizer step and
+  // every schedule-free train/eval switch).
+  void sync_compute_weights();
+  // Moves the bf16 copy's gradients of one micro-batch into the fp32 master gradients, so that
+  // accumulation over micro-batches happens in fp32.
+  void move_compute_grads();
+  // Log-probs of the batch's responses under `m` without gradient, in micro-batches.
+  at::Tensor log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature);
+  // Settings a resumed run must share with the run that wrote the checkpoint.
+  nlohmann::json fingerprint() const;
+  // A checkpoint (layout: RunDir) written into a temporary directory and published by one
+  // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
+  void save_checkpoint();
+  // The checkpoints to resume from, best first (empty: start fresh).
+  std::vector<fs::path> resume_candidates() const;
+  // Loads the first candidate that is complete and intact; a damaged one is reported and
+  // skipped. Returns false when there is nothing to resume from.
+  bool resume();
+  void load_checkpoint(const fs::path& dir);
+  std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b) const;
+  // ---- construction -----------------------------------------------------------------------
+  // Training prompts rendered like verl's RLHFDataset (over-long ones filtered or truncated),
+  // validation rows, and the step count.
+  void load_data();
+  // Optimizer and LR schedule (verl's rules).
+  void build_optimizer();
+  // The reference policy (for a KL-to-reference loss and for KL in the reward: the initial
+  // weights, or the policy of every ref_update_freq steps when iterative; with the iterative
+  // reference refreshed every step pi_ref = pi_old and no second model is resident) and the
+  // bf16 compute copy.
+  void build_models();
+  // The run directory: a killed checkpoint write's temporary directory removed, the newest
+  // intact checkpoint loaded, the logs of steps after it (a crashed run's tail) dropped.
+  void open_run_dir();
+  // ---- train_step's phases --------------------------------------------------------------
+  // Phase 1: generate and score until train_batch_size groups survive dynamic sampling.
+  Generation generate_groups();
+  // One generation batch: sampled with the live weights, decoded, scored, overlong-shaped;
+  // the first responses of the step also go to `gen.samples`.
+  ScoredRound generate_round(rollout::RolloutEngine& engine, std::vector<const Prompt*> prompts, Generation& gen);
+  // Splits a round into groups of n and keeps them; with dynamic sampling (DAPO) a group whose
+  // metric is the same for every response has zero advantage and is dropped.
+  void keep_groups(const ScoredRound& r, Generation& gen) const;
+  // Phase 2: the kept groups in verl's layout, outcome scores on each response's last token.
+  StepBatch to_batch(const Generation& gen) const;
+  // Phase 3: old (sampling-policy) log-probs recomputed by the trainer (in the compute dtype,
+  // so that the first update's ratio is 1 in the precision it is computed in) or taken from
+  // the rollout, and the reference's (pi_old itself when the reference is refreshed every step).
+  PolicyLogProbs old_and_ref_log_probs(const StepBatch& sb, Metrics& m);
+  // Phase 4: rewards (KL-penalised with algorithm.use_kl_in_reward, REINFORCE++) and
+  // advantages on the whole batch.
+  AdvantageResult advantages(const StepBatch& sb, const PolicyLogProbs& lp, Metrics& m);
+  // Phase 5: ppo_epochs x mini-batches (whole groups) x micro-batches of the policy loss, one
+  // optimizer step per mini-batch. `batch` carries old_log_probs, ref_log_probs, advantages.
+  UpdateStats update_actor(const rollout::Batch& batch);
+  // One optimizer step: forward/backward of every micro-batch (gradients accumulate in fp32,
+  // each loss normalised by the whole mini-batch), clip, step. A non-finite gradient norm
+  // skips the step; too many skips in a row stop the run.
+  void update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows, const algo::PolicyLossConfig& lc, UpdateStats& stats);
+  // The policy loss of one micro-batch (differentiable), under the compute model.
+  algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc, double normaliser);
+  // Phase 6: the iterative reference becomes the current policy every ref_update_freq steps,
+  // or (paper Section 5) when the moving-average token KL to it exceeds the target. Runs after
+  // the step counter has advanced.
+  void refresh_reference(Metrics& m);
+  // Phase 7: the step's metrics, with verl's names.
+  void step_metrics(const Generation& gen, const StepBatch& sb, const AdvantageResult& adv, const UpdateStats& up, Metrics& m) const;
+  // The step's metrics line and sample generations, written after the step.
+  void log_step(const Metrics& m, const std::vector<nlohmann::json>& samples);
+};
+
+}  // namespace rpg::train
