@@ -1,28 +1,77 @@
 #!/usr/bin/env bash
-# Checks the demo's claim on other seeds: `rpg demo --seed S` for each seed given (default
-# 1 2 3), then the held-out improvement of each from its summary.json. Exits 1 when any seed
-# improves by less than MIN_POINTS (default 15) percentage points. Not a CTest test: it takes
-# about ten minutes per seed.
+# Checks the demo's claim beyond the machine it was tuned on: `rpg demo --seed S` for every
+# CPU kernel family x thread count x seed, and the held-out improvement of each from its
+# summary.json. libtorch's ATEN_CPU_CAPABILITY selects the kernel family (default, avx2,
+# avx512: a family the CPU lacks is skipped and said so); OMP_NUM_THREADS the thread count.
+# Prints a Markdown table (also written to OUT/demo-grid.md, with the CPU's model and flags)
+# and exits 1 when any run improves by less than MIN_POINTS (default 15) percentage points.
+# Not a CTest test: one run takes 3-5 minutes on 2 cores.
 #
-# Usage: scripts/demo_seeds.sh [SEED...]   (RPG=path/to/rpg, OUT=runs, MIN_POINTS=15)
+# Usage: scripts/demo_seeds.sh [SEED...]      (default seeds 0 1 2 3 4)
+#   RPG=path/to/rpg  OUT=runs  MIN_POINTS=15  CAPS="default avx2 avx512"  THREADS="1 2"
+#   DEMO_ARGS="..." (extra `rpg demo` options, e.g. --rl-steps 40)
 set -euo pipefail
 RPG=${RPG:-build/rpg}
 OUT=${OUT:-runs}
 MIN_POINTS=${MIN_POINTS:-15}
+CAPS=${CAPS:-default avx2 avx512}
+THREADS=${THREADS:-1 2}
+DEMO_ARGS=${DEMO_ARGS:-}
 seeds=("$@")
-[ ${#seeds[@]} -gt 0 ] || seeds=(1 2 3)
+[ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4)
+mkdir -p "$OUT"
+table="$OUT/demo-grid.md"
+
+has_flag() { grep -qw "$1" /proc/cpuinfo; }
+supported() {
+  case "$1" in
+    default) return 0 ;;
+    avx2) has_flag avx2 ;;
+    avx512) has_flag avx512f && has_flag avx512bw && has_flag avx512vl && has_flag avx512dq ;;
+    *) echo "demo_seeds.sh: unknown capability '$1' (default, avx2, avx512)" >&2; exit 2 ;;
+  esac
+}
+
+cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
+flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512bw|avx512_bf16|avx512_vnni|amx_bf16|fma)$' | tr '\n' ' ')
+{
+  echo "# Demo grid: held-out accuracy (mean@8) before and after RL"
+  echo
+  echo "CPU: $cpu ($(nproc) cores; flags: ${flags:-none of avx2/avx512}). $(date -u +%Y-%m-%d)."
+  echo "Command: \`scripts/demo_seeds.sh ${seeds[*]}\` (CAPS=\"$CAPS\", THREADS=\"$THREADS\"${DEMO_ARGS:+, DEMO_ARGS=\"$DEMO_ARGS\"})."
+  echo
+  echo "| kernels | threads | seed | SFT steps | SFT | after RL | gain (points) | wall (min) |"
+  echo "|---|---|---|---|---|---|---|---|"
+} > "$table"
+
 failed=0
-for s in "${seeds[@]}"; do
-  "$RPG" demo --seed "$s" --out "$OUT/demo-seed-$s" --no-progress
-  read -r before after points < <(python3 -c '
+for cap in $CAPS; do
+  if ! supported "$cap"; then
+    echo "| $cap | - | - | - | - | - | skipped: this CPU lacks $cap | - |" >> "$table"
+    echo "skipping ATEN_CPU_CAPABILITY=$cap: this CPU lacks it" >&2
+    continue
+  fi
+  for t in $THREADS; do
+    for s in "${seeds[@]}"; do
+      run="$OUT/demo-$cap-t$t-seed-$s"
+      # shellcheck disable=SC2086
+      ATEN_CPU_CAPABILITY=$cap OMP_NUM_THREADS=$t "$RPG" demo --seed "$s" --out "$run" --no-progress $DEMO_ARGS \
+        > "$run.log" 2>&1 || { echo "demo failed: see $run.log" >&2; failed=1; continue; }
+      row=$(python3 - "$run/summary.json" "$MIN_POINTS" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
-print(s["sft_accuracy"], s["rl_accuracy"], s["improvement_points"])' "$OUT/demo-seed-$s/summary.json")
-  verdict=ok
-  if ! python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) >= float(sys.argv[2]) else 1)' "$points" "$MIN_POINTS"; then
-    verdict="FAILED (< $MIN_POINTS points)"
-    failed=1
-  fi
-  echo "seed $s: held-out accuracy $before -> $after ($points points): $verdict"
+ok = s["improvement_points"] >= float(sys.argv[2])
+print(f'| {s.get("cpu_capability", "?")} | {s.get("threads", "?")} | {s["seed"]} | {s.get("sft_steps", "?")} | '
+      f'{s["sft_accuracy"]:.3f} | {s["rl_accuracy"]:.3f} | {s["improvement_points"]:+.1f}{"" if ok else " (FAILED)"} | '
+      f'{s["wall_seconds"] / 60:.1f} |')
+sys.exit(0 if ok else 3)
+EOF
+) || failed=1
+      echo "$row" >> "$table"
+      echo "$row"
+    done
+  done
 done
+echo
+echo "table: $table"
 exit $failed

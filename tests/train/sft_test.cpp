@@ -175,6 +175,53 @@ TEST_F(SftTest, MemorisesPairsAndGeneratesThemGreedily) {
   }
 }
 
+// The early stop asks only at its checkpoints (every eval_every steps, from min_steps on),
+// sees the weights that are then saved, and ends training at the first yes.
+TEST_F(SftTest, StopWhenEndsTrainingAtTheFirstYesAndSavesThoseWeights) {
+  SftOptions o;
+  o.lr = 1e-3;
+  o.steps = 12;
+  o.batch_size = 2;
+  o.micro_batch_size = 2;
+  o.device = "cpu";
+  o.progress = false;
+  o.eval_every = 2;
+  o.min_steps = 3;
+  std::vector<int64_t> asked;
+  std::vector<at::Tensor> seen;
+  o.stop_when = [&](const rollout::Policy& policy, int64_t step) {
+    asked.push_back(step);
+    seen.clear();
+    for (const auto& p : policy.model.parameters()) seen.push_back(p.detach().clone());
+    return step == 6;
+  };
+  const fs::path out = dir_->path() / "early_stop";
+  auto result = run_sft(model_dir(), dir_->path() / "pairs.jsonl", out, o);
+  EXPECT_EQ(asked, (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(result.steps, 6);
+  EXPECT_TRUE(result.stopped_early);
+  std::istringstream metrics(read_file(out / "metrics.jsonl"));
+  std::string line;
+  int64_t lines = 0;
+  while (std::getline(metrics, line)) ++lines;
+  EXPECT_EQ(lines, 6);
+  auto saved = model::CausalLM::from_pretrained(result.model_dir);
+  const auto params = saved.parameters();
+  ASSERT_EQ(params.size(), seen.size());
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(params[i], seen[i])) << "parameter " << i;
+
+  // Never yes: every step runs, and the run is not reported as stopped early.
+  asked.clear();
+  o.stop_when = [&](const rollout::Policy&, int64_t step) {
+    asked.push_back(step);
+    return false;
+  };
+  result = run_sft(model_dir(), dir_->path() / "pairs.jsonl", dir_->path() / "no_stop", o);
+  EXPECT_EQ(asked, (std::vector<int64_t>{4, 6, 8, 10, 12}));
+  EXPECT_EQ(result.steps, 12);
+  EXPECT_FALSE(result.stopped_early);
+}
+
 TEST_F(SftTest, CommandLineTrainsAndSavesAModel) {
   const fs::path out = dir_->path() / "cli_run";
   auto r = test::run_process({test::rpg_binary().string(), "sft", "--model", model_dir().string(), "--data",

@@ -1,6 +1,7 @@
 #include "rpg/app/demo.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/Version.h>
 
 #include <chrono>
 #include <cmath>
@@ -42,21 +43,28 @@ using train::Trainer;
 
 using Clock = std::chrono::steady_clock;
 
-double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const DemoOptions& o) {
-  auto policy = rollout::load_policy(model_dir, "float32", "cpu");
+// mean@n accuracy at temperature 1 of `policy` on the rows of `file`.
+double accuracy(const rollout::Policy& policy, const std::vector<data::Row>& rows, int64_t n, const DemoOptions& o,
+                bool progress) {
   rollout::SamplingParams sp;
   sp.temperature = 1.0;
-  sp.n = o.eval_n;
+  sp.n = n;
   sp.max_new_tokens = o.max_response_tokens;
   sp.seed = o.seed;
-  auto result = eval::evaluate(policy, data::read_parquet(test_file), sp, {64, 0}, reward::builtin_scorers(), o.progress);
-  return result.metrics.at("math_dapo").at(str("acc/mean@", o.eval_n));
+  auto result = eval::evaluate(policy, rows, sp, {64, 0}, reward::builtin_scorers(), progress);
+  return result.metrics.at("math_dapo").at(str("acc/mean@", n));
+}
+
+double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const DemoOptions& o) {
+  return accuracy(rollout::load_policy(model_dir, "float32", "cpu"), data::read_parquet(test_file), o.eval_n, o,
+                  o.progress);
 }
 
 void shrink_for_quick(DemoOptions& o) {
   if (!o.quick) return;
   o.train_problems = 64, o.validation_problems = 8, o.test_problems = 16, o.sft_steps = 4, o.sft_batch = 8, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
   o.eval_n = 1, o.max_response_tokens = 16;
+  o.sft_min_steps = 2, o.sft_eval_every = 2;  // the early-stop check runs (and, untrained, never stops)
 }
 
 // The SFT pairs of the imperfect demonstrations (DemoOptions::answer_noise): every problem
@@ -83,6 +91,8 @@ std::vector<data::SynthProblem> imperfect_demonstrations(const std::vector<data:
 struct WarmStart {
   fs::path data_dir, sft_model;
   double accuracy = 0.0;
+  int64_t sft_steps = 0;
+  double sft_validation = -1.0;
 };
 
 WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::function<void(const std::string&)>& stage) {
@@ -128,13 +138,27 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   sft.seed = static_cast<int64_t>(o.seed);
   sft.device = "cpu";
   sft.progress = o.progress;
+  double sft_validation = -1.0;
+  if (o.sft_target > 0) {
+    // Stop on competence, not on a step count: how far a fixed number of steps gets depends
+    // on the CPU's kernels, the thread count and the seed; the validation split decides.
+    const auto val_rows = data::read_parquet(data_dir / data::synth_parquet_name("validation"));
+    sft.eval_every = o.sft_eval_every;
+    sft.min_steps = o.sft_min_steps;
+    sft.stop_when = [&, val_rows](const rollout::Policy& policy, int64_t step) {
+      sft_validation = accuracy(policy, val_rows, o.sft_eval_n, o, /*progress=*/false);
+      log_info(str("demo: SFT step ", step, ": validation mean@", o.sft_eval_n, " = ", sft_validation, " (target ",
+                   o.sft_target, ")"));
+      return sft_validation >= o.sft_target;
+    };
+  }
   const fs::path sft_file = data_dir / "train_sft_imperfect.jsonl";
   write_file_atomic(sft_file, data::synth_sft_jsonl(imperfect_demonstrations(splits.train, o.sft_copies,
                                                                               o.answer_noise, o.seed)));
   const auto sft_result = run_sft(init_dir, sft_file, out / "sft", sft);
 
   stage("5/7 evaluation of the SFT model on the held-out test split");
-  WarmStart w{data_dir, sft_result.model_dir, 0.0};
+  WarmStart w{data_dir, sft_result.model_dir, 0.0, sft_result.steps, sft_validation};
   w.accuracy = test_accuracy(w.sft_model, data_dir / data::synth_parquet_name("test"), o);
   log_info(str("demo: SFT model test mean@", o.eval_n, " = ", w.accuracy));
   return w;
@@ -234,9 +258,16 @@ DemoResult run_demo(DemoOptions o) {
     log_info(str("demo [", static_cast<int64_t>(std::chrono::duration<double>(Clock::now() - t0).count()), " s] ",
                  what));
   };
+  // Exact numbers depend on these (libtorch's kernels round sums differently per family and
+  // per thread count); summary.json records them beside the result.
+  const std::string kernels = at::get_cpu_capability();
+  const int threads = at::get_num_threads();
+  log_info(str("demo: CPU kernels ", kernels, ", ", threads, " thread", threads == 1 ? "" : "s", ", seed ", o.seed));
   const WarmStart w = warm_start(o, out, stage);
   DemoResult r;
   r.before = w.accuracy;
+  r.sft_steps = w.sft_steps;
+  r.sft_validation = w.sft_validation;
 
   stage("6/7 RL: RPG-REINFORCE-UFKL, RPG-Style Clip (0.2, 0.28), iterative reference, dynamic sampling");
   train_fresh(rl_config(o, "rpg_reinforce_ufkl_clip_0.2_0.28", w, rl_dir,
@@ -247,8 +278,12 @@ DemoResult run_demo(DemoOptions o) {
   r.after = test_accuracy(final_model, w.data_dir / data::synth_parquet_name("test"), o);
   r.report = eval::write_report(rl_dir);
   nlohmann::json summary = {{"seed", o.seed},
+                            {"cpu_capability", kernels},
+                            {"threads", threads},
                             {"test_problems", o.test_problems},
                             {"eval", str("mean@", o.eval_n)},
+                            {"sft_steps", r.sft_steps},
+                            {"sft_validation_accuracy", r.sft_validation},
                             {"sft_accuracy", r.before},
                             {"rl_accuracy", r.after},
                             {"improvement_points", 100.0 * (r.after - r.before)},

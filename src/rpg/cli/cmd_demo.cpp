@@ -24,8 +24,13 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
                    "before and after RL, and an HTML report. Everything goes to one run directory.");
   parser.option("--out", &out, "run directory (default runs/demo)", "DIR")
       .option("--seed", &seed, "seed of data, model and training (default 0)", "S")
-      .option("--sft-steps", &o.sft_steps, str("SFT optimizer steps (default ", o.sft_steps, ")"), "N")
+      .option("--sft-steps", &o.sft_steps,
+              str("SFT optimizer steps: the most with --sft-target, else exactly (default ", o.sft_steps, ")"), "N")
       .option("--sft-lr", &o.sft_lr, str("SFT peak learning rate (default ", o.sft_lr, ")"), "X")
+      .option("--sft-target", &o.sft_target,
+              str("stop SFT when validation mean@", o.sft_eval_n, " reaches this (0: run --sft-steps; default ",
+                  o.sft_target, ")"),
+              "ACC")
       .option("--rl-steps", &o.rl_steps, str("RL steps (default ", o.rl_steps, ")"), "N")
       .option("--rl-lr", &o.rl_lr, str("RL learning rate (default ", o.rl_lr, ")"), "X")
       .option("--eval-n", &o.eval_n, str("samples per test problem for mean@n (default ", o.eval_n, ")"), "N")

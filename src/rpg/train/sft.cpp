@@ -186,6 +186,17 @@ SftResult run_sft(const fs::path& model_dir, const fs::path& data_file, const fs
                           {"sft/tokens", static_cast<double>(r.tokens)},
                           {"sft/epoch", static_cast<double>(epoch)}});
     if (bar) bar->advance(1, str("loss=", r.loss, " lr=", lr));
+    result.steps = step + 1;
+    if (options.stop_when && options.eval_every > 0 && result.steps >= options.min_steps &&
+        result.steps % options.eval_every == 0) {
+      optimizer->use_eval_weights();
+      const bool stop = options.stop_when(policy, result.steps);
+      optimizer->use_train_weights();
+      if (stop) {
+        result.stopped_early = result.steps < total;
+        break;
+      }
+    }
   }
   if (bar) bar->finish();
   logger.flush(/*durable=*/true);
@@ -195,7 +206,6 @@ SftResult run_sft(const fs::path& model_dir, const fs::path& data_file, const fs
   so.copy_files_from = model_dir;
   result.model_dir = out_dir / "model";
   policy.model.save_pretrained(result.model_dir, so);
-  result.steps = total;
   result.pairs = n;
   log_info(str("sft: loss ", result.first_loss, " -> ", result.last_loss, "; model saved to ", result.model_dir.string()));
   return result;

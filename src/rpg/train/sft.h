@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,12 @@ struct SftOptions {
   std::string dtype = "float32";  // parameters while training (the optimizer keeps fp32 masters)
   bool gradient_checkpointing = false;
   bool progress = true;
+  // Early stop (a warm start that must reach a competence, not a step count): every
+  // `eval_every` optimizer steps from `min_steps` on, `stop_when(policy, step)` is asked with
+  // the weights as they would be saved; true ends training there. Unset: all steps run.
+  int64_t eval_every = 0;
+  int64_t min_steps = 0;
+  std::function<bool(const rollout::Policy&, int64_t step)> stop_when;
 };
 
 // One JSONL record.
@@ -76,7 +83,8 @@ SftBatchResult sft_backward(const model::CausalLM& model, const std::vector<cons
                             int64_t pad_token_id, int64_t micro_batch_size);
 
 struct SftResult {
-  int64_t steps = 0;
+  int64_t steps = 0;    // optimizer steps run (fewer than planned when stop_when said so)
+  bool stopped_early = false;
   int64_t pairs = 0;    // pairs trained on
   int64_t dropped = 0;  // pairs longer than max_length
   double first_loss = 0.0, last_loss = 0.0;
