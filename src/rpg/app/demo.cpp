@@ -249,6 +249,19 @@ std::string fixed(double x, int digits) {
 
 }  // namespace
 
+std::string demo_verdict(double before, double after) {
+  const double gain = 100.0 * (after - before);
+  const std::string points = (gain >= 0 ? "+" : "") + fixed(gain, 1);
+  if (gain >= kDemoBarPoints)
+    return str("gain ", points, " points: RL improved held-out accuracy (the demo's bar is +", fixed(kDemoBarPoints, 0),
+               ")");
+  if (gain >= 5.0)
+    return str("gain ", points, " points: RL improved held-out accuracy, but less than the demo's bar of +",
+               fixed(kDemoBarPoints, 0), ": see docs/demo-results.md for the range measured");
+  return str("gain ", points, " points: below 5 points, RL did not clearly improve held-out accuracy: see "
+             "docs/demo-results.md (and report it with summary.json)");
+}
+
 DemoResult run_demo(DemoOptions o) {
   shrink_for_quick(o);
   const auto t0 = Clock::now();
@@ -287,6 +300,7 @@ DemoResult run_demo(DemoOptions o) {
                             {"sft_accuracy", r.before},
                             {"rl_accuracy", r.after},
                             {"improvement_points", 100.0 * (r.after - r.before)},
+                            {"met_bar", 100.0 * (r.after - r.before) >= kDemoBarPoints},
                             {"wall_seconds", std::chrono::duration<double>(Clock::now() - t0).count()},
                             {"report", r.report.string()},
                             {"final_model", final_model.string()}};
