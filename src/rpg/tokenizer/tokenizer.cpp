@@ -689,25 +689,11 @@ static void split_added(const Tokenizer::Impl& t, const TokenTrie& trie, std::st
     if (start == std::string_view::npos) break;
     const AddedTok& tk = t.added[static_cast<size_t>(index)];
     size_t b = start, e = start + len;
-    if (tk.lstrip) {
-      while (b > emitted) {
-        size_t k = b - 1;
-        while (k > emitted && (static_cast<unsigned char>(text[k]) & 0xC0) == 0x80) --k;
-        char32_t c;
-        size_t badlen;
-        if (tok::decode_utf8(text, k, c, badlen) == 0 || !tok::is_space(c)) break;
-        b = k;
-      }
-    }
-    if (tk.rstrip) {
-      while (e < text.size()) {
-        char32_t c;
-        size_t badlen;
-        size_t l = tok::decode_utf8(text, e, c, badlen);
-        if (l == 0 || !tok::is_space(c)) break;
-        e += l;
-      }
-    }
+    // An added token's lstrip / rstrip absorb the whitespace beside it (ill-formed bytes stop).
+    if (tk.lstrip) b = rstrip_codepoints(text, emitted, b, tok::is_space);
+    if (tk.rstrip)
+      e += for_each_codepoint(
+          text.substr(e), [](const CodePoint& c) { return tok::is_space(c.cp); }, InvalidUtf8::kStop);
     if (b > emitted) gap(text.substr(emitted, b - emitted));
     out.push_back(tk.id);
     emitted = pos = e;
