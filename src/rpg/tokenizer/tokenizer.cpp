@@ -875,4 +875,32 @@ const std::string& Tokenizer::bos_token() const { return impl_->bos; }
 const std::string& Tokenizer::eos_token() const { return impl_->eos; }
 const std::string& Tokenizer::pad_token() const { return impl_->pad; }
 
+nlohmann::ordered_json parse_chat_template_kwargs(std::string_view text, const std::string& what) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) return nlohmann::ordered_json::object();
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ValueError(str(what, ": not valid JSON (", e.what(), ")"));
+  }
+  check_chat_template_kwargs(j, what);
+  return j;
+}
+
+void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std::string& what) {
+  if (kwargs.is_null()) return;
+  if (!kwargs.is_object())
+    throw ValueError(str(what, ": got ", kwargs.dump(), ", expected a JSON object such as {\"enable_thinking\": false}"));
+  // transformers' PreTrainedTokenizerBase.apply_chat_template parameters other than tools /
+  // documents, and render_jinja_template's own arguments.
+  static const char* const kReserved[] = {
+      "conversation", "messages", "chat_template", "add_generation_prompt", "continue_final_message", "tokenize",
+      "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+      "tokenizer_kwargs", "conversations"};
+  for (const char* r : kReserved)
+    if (kwargs.contains(r))
+      throw ValueError(str(what, ": key '", r,
+                           "' is a parameter of apply_chat_template, not a template variable (not supported here)"));
+}
+
 }  // namespace rpg
