@@ -144,6 +144,62 @@ TEST(ChatTemplateKwargs, GeneratePromptsEqualTransformersWithKwargs) {
   }
 }
 
+// `rpg train` with verl's data.apply_chat_template_kwargs (YAML mapping via an override):
+// the training prompts (samples.jsonl) carry the tools block the kwargs add, exactly as
+// transformers renders the same messages with the same kwargs; the resolved config keeps
+// the mapping; a reserved key is refused naming the config key.
+TEST(ChatTemplateKwargs, TrainRendersPromptsWithDataApplyChatTemplateKwargs) {
+  const fs::path model = test::oracle_output_dir("tiny_chat_model.py") / "model";
+  test::TempDir dir;
+  test::write_text(dir / "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n{\"problem\": \"2+2?\", \"answer\": \"4\"}\n");
+  const std::string data = (dir / "p.parquet").string();
+  ASSERT_EQ(rpg_run({"data", "prepare", (dir / "p.jsonl").string(), data, "--data-source", "math_dapo"}).exit_code, 0);
+  const std::string tools =
+      R"([{type: function, function: {name: add, description: "Adds two numbers", parameters: {type: object}}}])";
+  auto train = [&](const std::string& run, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"train", "-", "actor_rollout_ref.model.path=" + model.string(),
+                                     "data.train_files=" + data, "data.train_batch_size=2", "data.max_prompt_length=512",
+                                     "data.max_response_length=4", "actor_rollout_ref.rollout.n=2",
+                                     "actor_rollout_ref.actor.ppo_mini_batch_size=1", "trainer.total_training_steps=1",
+                                     "trainer.test_freq=-1", "trainer.default_local_dir=" + run,
+                                     "trainer.sample_log_freq=1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return rpg_run(args);
+  };
+  const std::string run = (dir / "run").string(), plain = (dir / "plain").string();
+  auto r = train(run, {"data.apply_chat_template_kwargs.tools=" + tools});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(train(plain, {}).exit_code, 0);
+  auto samples = json_lines(read_file(fs::path(run) / "samples.jsonl"));
+  auto plain_samples = json_lines(read_file(fs::path(plain) / "samples.jsonl"));
+  ASSERT_FALSE(samples.empty());
+  ASSERT_EQ(samples.size(), plain_samples.size());
+  // transformers' rendering of the same user message with the same kwargs.
+  const std::string user_marker = "<|im_start|>user\n", end_marker = "<|im_end|>";
+  std::string in;
+  for (const auto& smp : plain_samples) {
+    std::string p = smp["prompt"];
+    size_t a = p.rfind(user_marker) + user_marker.size();
+    in += json{{"messages", json::array({{{"role", "user"}, {"content", p.substr(a, p.find(end_marker, a) - a)}}})}}.dump() + "\n";
+  }
+  test::write_text(dir / "msgs.jsonl", in);
+  const std::string kwargs_json =
+      R"({"tools": [{"type": "function", "function": {"name": "add", "description": "Adds two numbers", "parameters": {"type": "object"}}}]})";
+  auto ref = json_lines(
+      test::run_oracle("tokenize_jsonl.py", {model.string(), (dir / "msgs.jsonl").string(), "--chat-template-kwargs", kwargs_json})
+          .out);
+  ASSERT_EQ(ref.size(), samples.size());
+  for (size_t i = 0; i < samples.size(); ++i) {
+    EXPECT_EQ(samples[i]["prompt"], ref[i]["text"]) << i;
+    EXPECT_NE(samples[i]["prompt"].get<std::string>().find("Adds two numbers"), std::string::npos);
+    EXPECT_EQ(plain_samples[i]["prompt"].get<std::string>().find("Adds two numbers"), std::string::npos);
+  }
+  EXPECT_NE(read_file(fs::path(run) / "config.yaml").find("apply_chat_template_kwargs:\n    tools:"), std::string::npos);
+  auto bad = train((dir / "bad").string(), {"data.apply_chat_template_kwargs.add_generation_prompt=false"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("data.apply_chat_template_kwargs: key 'add_generation_prompt'"), std::string::npos) << bad.err;
+}
+
 // `rpg tokenize --jsonl`: many texts in one process, ids equal to transformers' (the real
 // Qwen vocabulary), with and without special tokens; strings and {"text"} objects.
 TEST(TokenizeJsonl, ManyTextsEqualTransformersOnTheRealVocabulary) {
