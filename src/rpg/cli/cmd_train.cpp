@@ -35,7 +35,7 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
 }
 
 int run_eval(const std::string& full_name, const std::vector<std::string>& args) {
-  std::string model, output, responses, dtype = "auto", device = "auto";
+  std::string model, output, responses, dtype = "auto", device = "auto", template_kwargs, scored_output;
   std::vector<std::string> files;
   rollout::SamplingParams sampling;
   rollout::EngineOptions engine;
@@ -59,6 +59,11 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       .option("--max-num-seqs", &engine.max_num_seqs, "sequences decoded together (default 64)", "N")
       .option("--output", &output, "also write the metrics as JSON here", "FILE")
       .flag("--strict-box", &strict_box, "DAPO strict-box mode: judge only the last \\boxed{}")
+      .option("--chat-template-kwargs", &template_kwargs,
+              "JSON object of chat-template variables, as verl's data.apply_chat_template_kwargs "
+              "(e.g. '{\"enable_thinking\": false}' for Qwen3)", "JSON")
+      .option("--scored-output", &scored_output,
+              "write every response with its score, acc and extracted prediction here (JSON lines)", "FILE")
       .option("--dtype", &dtype, "auto | float32 | bfloat16 | float16", "TYPE")
       .option("--device", &device, "auto | cpu | cuda", "DEV")
       .flag("--no-progress", &no_progress, "no progress bar");
@@ -72,21 +77,27 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   if (!responses.empty()) {
     if (!model.empty() || !files.empty())
       throw UsageError(str(full_name, ": --responses scores a file; do not also give --model or --data"));
+    if (!template_kwargs.empty())
+      throw UsageError(str(full_name, ": --chat-template-kwargs renders prompts; --responses does not generate"));
     auto result = eval::evaluate_responses(responses, reward::builtin_scorers(so));
     write_output(result.metrics);
+    if (!scored_output.empty()) eval::write_scored_responses(scored_output, result);
     return 0;
   }
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (files.empty()) throw UsageError(str(full_name, ": at least one --data FILE is required"));
   sampling.seed = static_cast<uint64_t>(seed);
+  auto kwargs = parse_chat_template_kwargs(template_kwargs, "--chat-template-kwargs");
   std::vector<data::Row> rows;
   for (const auto& f : files) {
     auto part = data::read_parquet(f);
     rows.insert(rows.end(), part.begin(), part.end());
   }
   auto policy = rollout::load_policy(model, dtype, device);
-  auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress);
+  auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress,
+                               /*chat_template=*/true, kwargs);
   write_output(result.metrics);
+  if (!scored_output.empty()) eval::write_scored_responses(scored_output, result);
   log_info(str("evaluated ", rows.size(), " rows x ", sampling.n, " responses: ", result.stats.generated_tokens,
                " tokens in ", result.stats.seconds, " s"));
   return 0;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "rpg/train/chat_kwargs.h"
+
 namespace rpg {
 
 // The string-valued keys as enums, converted once by TrainConfig::resolve(); code compares
@@ -47,6 +49,7 @@ struct DataConfig {
   bool filter_overlong_prompts = false;
   int64_t train_max_samples = -1;
   int64_t val_max_samples = -1;
+  ChatTemplateKwargs apply_chat_template_kwargs;  // template variables, e.g. {enable_thinking: false}
 
   template <class V>
   void visit(V& v) {
@@ -65,6 +68,8 @@ struct DataConfig {
     v("filter_overlong_prompts", filter_overlong_prompts, "drop prompts longer than max_prompt_length");
     v("train_max_samples", train_max_samples, "use at most this many training rows (-1: all)");
     v("val_max_samples", val_max_samples, "use at most this many validation rows (-1: all)");
+    v("apply_chat_template_kwargs", apply_chat_template_kwargs,
+      "chat-template variables for every prompt, e.g. {enable_thinking: false} (Qwen3)");
     v.ignored("tokenizer", "the tokenizer is read from the model directory");
     v.ignored("use_shm", "no shared-memory model copy");
     v.ignored("dataloader_num_workers", "data loading is in-process");

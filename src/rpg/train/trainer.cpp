@@ -269,7 +269,8 @@ void Trainer::Impl::load_data() {
   for (const auto& r : rows) (void)scorers.find(r.data_source);
   for (size_t i = 0; i < rows.size(); ++i) {
     Prompt p;
-    p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]));
+    p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]), true,
+                                   cfg.data.apply_chat_template_kwargs.value);
     p.data_source = rows[i].data_source;
     p.ground_truth = rows[i].reward_model.ground_truth;
     const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
@@ -425,7 +426,8 @@ Metrics Trainer::validate() {
   if (s.val_rows.empty()) return m;
   s.optimizer->use_eval_weights();
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
-                               s.scorers, /*progress=*/false);
+                               s.scorers, /*progress=*/false, /*chat_template=*/true,
+                               s.cfg.data.apply_chat_template_kwargs.value);
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
     for (const auto& [name, value] : table) m[str("val-core/", source, "/", name)] = value;
