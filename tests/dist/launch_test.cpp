@@ -108,3 +108,26 @@ TEST(Launch, TwoNodesEqualOneNode) {
 
 }  // namespace
 }  // namespace rpg::dist
+
+namespace rpg::dist {
+namespace {
+
+// PyTorch's own launcher (torchrun from the venv; its agent hosts the store) runs the
+// same ranks: the results equal `rpg launch`'s.
+TEST(Launch, TorchrunEqualsRpgLaunch) {
+  auto ours = run_process(launch_argv({"--nproc", "2", "--exec", "--", RPG_DIST_WORKER, "collectives"}));
+  ASSERT_EQ(ours.exit_code, 0) << ours.err;
+  auto theirs = run_process({test::python().string(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", std::to_string(free_port()), "--tee", "3", "--no-python", RPG_DIST_WORKER,
+                             "collectives"});
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.err;
+  for (int k = 0; k < 2; ++k) {
+    // torchrun --tee prefixes lines with "[default<k>]:".
+    std::string mine = lines_of(ours.out, str("[rank ", k, "] "));
+    EXPECT_FALSE(mine.empty());
+    EXPECT_EQ(lines_of(theirs.out, str("[default", k, "]:")), mine) << theirs.out;
+  }
+}
+
+}  // namespace
+}  // namespace rpg::dist
