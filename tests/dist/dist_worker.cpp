@@ -5,6 +5,8 @@
 //   dist_worker kill RANK            RANK SIGKILLs itself after the first all_reduce
 //   dist_worker hang RANK            RANK sleeps through the second all_reduce (then exits)
 //   dist_worker fail RANK            RANK throws an rpg error after the first all_reduce
+//   dist_worker train                3 data-parallel (ZeRO-0) AdamW steps of a small MLP on
+//                                    10 rows in 5 groups of 2, sharded by whole groups
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <thread>
 
 #include "rpg/core/error.h"
+#include "rpg/dist/data_parallel.h"
 #include "rpg/dist/process_group.h"
 
 namespace {
@@ -24,6 +27,46 @@ void print(const std::string& name, const at::Tensor& t) {
   at::Tensor d = t.to(at::kDouble).contiguous();
   for (int64_t i = 0; i < d.numel(); ++i) std::cout << " " << d.data_ptr<double>()[i];
   std::cout << std::endl;
+}
+
+// The data-parallel step as `rpg train` would take it: each rank's micro-batches of its
+// shard, each loss divided by the global normaliser (an all-reduced weight sum, like a
+// token count), gradients summed over ranks, clipped on the (now global) norm, AdamW.
+int train(rpg::dist::ProcessGroup& pg) {
+  torch::manual_seed(7);  // the same initial weights on every rank
+  torch::nn::Sequential mlp(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 1));
+  mlp->to(torch::kDouble);
+  const int64_t rows = 10, group = 2;
+  at::Tensor x = torch::sin(torch::arange(rows * 4, torch::kDouble).view({rows, 4}) * 0.7);
+  at::Tensor y = torch::cos(torch::arange(rows, torch::kDouble));
+  at::Tensor weight = 1 + torch::arange(rows, torch::kDouble).remainder(3);  // "tokens" per row
+  torch::optim::AdamW opt(mlp->parameters(), torch::optim::AdamWOptions(0.05).weight_decay(0.01));
+  const auto mine = rpg::dist::shard(rows, pg.size(), pg.rank(), group);
+  std::cout.precision(17);
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor norm = weight.narrow(0, mine.begin, mine.size()).sum().reshape({1});
+    pg.all_reduce(norm);  // the global normaliser
+    at::Tensor loss_sum = torch::zeros({1}, torch::kDouble);
+    for (int64_t start = mine.begin; start < mine.end; start += group) {  // micro-batches of one group
+      at::Tensor xs = x.narrow(0, start, group), ys = y.narrow(0, start, group), ws = weight.narrow(0, start, group);
+      at::Tensor loss = (ws * (mlp->forward(xs).squeeze(1) - ys).pow(2)).sum() / norm;
+      loss.backward();
+      loss_sum += loss.detach();
+    }
+    rpg::dist::all_reduce_gradients(pg, mlp->parameters(), /*bucket_bytes=*/64);
+    pg.all_reduce(loss_sum);
+    double grad_norm = torch::nn::utils::clip_grad_norm_(mlp->parameters(), 0.5);
+    opt.step();
+    opt.zero_grad();
+    std::cout << "step " << step << " loss " << loss_sum.item<double>() << " grad_norm " << grad_norm << std::endl;
+  }
+  std::cout << "weights";
+  for (const auto& p : mlp->parameters()) {
+    at::Tensor f = p.detach().reshape({-1});
+    for (int64_t i = 0; i < f.numel(); ++i) std::cout << " " << f[i].item<double>();
+  }
+  std::cout << std::endl;
+  return 0;
 }
 
 int run(int argc, char** argv) {
@@ -36,6 +79,7 @@ int run(int argc, char** argv) {
   auto pg = rpg::dist::ProcessGroup::init(layout, options);
   const int r = pg->rank(), w = pg->size();
   std::cout << "joined " << r << " " << w << std::endl;
+  if (mode == "train") return train(*pg);
 
   at::Tensor a = torch::tensor({r + 1.0, 2.0 * (r + 1), 10.0}, torch::kDouble);
   pg->all_reduce(a);
