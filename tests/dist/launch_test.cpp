@@ -131,21 +131,3 @@ TEST(Launch, TorchrunEqualsRpgLaunch) {
 
 }  // namespace
 }  // namespace rpg::dist
-
-namespace rpg::dist {
-namespace {
-
-// Until the trainer runs data-parallel, `rpg train` under a launcher refuses to start
-// (N ranks would write N copies into one run directory); a bad environment names the variable.
-TEST(Launch, TrainRefusesToRunAsSeveralRanks) {
-  auto r = run_process(launch_argv({"--nproc", "2", "--", "train", "-"}));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_TRUE(contains(r.err, "rpg train was launched as rank")) << r.err;
-  EXPECT_TRUE(contains(r.err, "does not run data-parallel yet")) << r.err;
-  auto bad = run_process({test::rpg_binary().string(), "train", "-"}, {"RANK=1", "WORLD_SIZE=two"});
-  EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_TRUE(contains(bad.err, "rpg: error: environment variable WORLD_SIZE='two' is not an integer")) << bad.err;
-}
-
-}  // namespace
-}  // namespace rpg::dist

@@ -8,7 +8,7 @@
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
-#include "rpg/dist/layout.h"
+#include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
 #include "rpg/train/trainer.h"
 
@@ -25,18 +25,17 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
       .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.policy_loss=rpg_reinforce")
       .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
   if (!parser.parse(args)) return 0;
-  // Under torchrun / srun / rpg launch: a bad environment is an error naming the variable;
-  // N ranks would otherwise train N independent copies into one run directory.
-  if (const auto layout = dist::layout_from_env(); layout.distributed())
-    throw ConfigError(str("rpg train was launched as ", dist::describe(layout),
-                          ", but the trainer does not run data-parallel yet (docs/scaling.md); run one process"));
+  // Under torchrun / srun / rpg launch (a bad environment is an error naming the variable):
+  // join the data-parallel group first, so a missing rank is reported before any work.
+  dist::init_world(dist::layout_from_env());
   TrainConfig config = load_train_config(file, overrides);
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
   train::Trainer trainer(std::move(config), reward::builtin_scorers());
-  write_file_atomic(run_dir / "config.yaml", resolved);
+  if (dist::is_main()) write_file_atomic(run_dir / "config.yaml", resolved);
   trainer.fit();
+  dist::shutdown_world();
   return 0;
 }
 

@@ -1,0 +1,48 @@
+// The trainer's data-parallel hooks (ZeRO-0 on the dist module's world group). Each is a
+// no-op pass-through when the process runs alone, so a one-process run is unchanged.
+// What a data-parallel step does (docs/scaling.md):
+//   rollout   each rank generates a contiguous share of whole prompts, keyed like a one-process
+//             run (SamplingParams::prompt_index_offset); the responses are all-gathered, so
+//             every rank then scores, filters and batches the same groups;
+//   update    each rank runs its contiguous share of a mini-batch's micro-batches (the loss
+//             normaliser is the whole mini-batch's, which every rank holds), the fp32
+//             gradients are summed over ranks (bucketed all-reduce) before clipping, so the
+//             norm is the global one and every rank takes the same optimizer step.
+// Not yet shared out: old/reference log-probs and validation run whole on every rank.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rpg/rollout/engine.h"
+
+namespace rpg::train::dp {
+
+// engine.generate(ids, sp), shared out over the ranks; the responses of every rank in
+// prompt order, with prompt_index relative to `ids` as in a one-process call.
+std::vector<rollout::Response> generate(rollout::RolloutEngine& engine, const std::vector<std::vector<int64_t>>& ids,
+                                        rollout::SamplingParams sp);
+
+// This rank's micro-batches of a mini-batch: [begin, end) of `count`.
+std::pair<size_t, size_t> micro_batch_range(size_t count);
+
+// Sizes of the loss-metric lists (taken before a mini-batch's micro-batches).
+std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vector<double>>& metrics);
+
+// After a mini-batch's backward passes: gradients summed over the ranks, and the loss
+// metrics appended since `before` gathered in rank order (= micro-batch order).
+void reduce_update(const std::vector<at::Tensor>& params, std::map<std::string, std::vector<double>>& metrics,
+                   const std::map<std::string, size_t>& before);
+
+// Rank 0 (or a process alone) owns the run directory: checkpoints, metrics, samples. The
+// state is replicated, so its checkpoint is every rank's, for any later world size.
+bool writes_run_dir();
+// Where this rank's own metrics go: the run directory for rank 0, `<root>/rank_<k>` otherwise.
+std::filesystem::path metrics_dir(const std::filesystem::path& root);
+
+}  // namespace rpg::train::dp
