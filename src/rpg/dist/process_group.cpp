@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -145,6 +146,9 @@ std::unique_ptr<ProcessGroup> ProcessGroup::init(const RankLayout& layout, const
   // c10d logs every socket failure as a warning with a backtrace on stderr; our failures
   // are one DistError line. TORCH_CPP_LOG_LEVEL, when set, is respected.
   if (!std::getenv("TORCH_CPP_LOG_LEVEL")) FLAGS_caffe2_log_level = 2;  // errors only
+  // A write to a dead peer's socket must be an error (EPIPE) that names the peer, not a
+  // silent SIGPIPE death of this rank too. (Python, and so torch.distributed, ignores it.)
+  std::signal(SIGPIPE, SIG_IGN);
   auto impl = std::make_unique<Impl>();
   impl->layout = layout;
   impl->options = options;
