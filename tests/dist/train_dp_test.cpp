@@ -190,6 +190,30 @@ TEST_F(DataParallelTrain, TwoRankCheckpointResumesOnOneRank) {
   expect_equal_runs(one_, run, 3);
 }
 
+// And a 1-rank checkpoint resumed by 2 ranks.
+TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoRanks) {
+  const fs::path run = *dir_ / "grown";
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  fs::remove_all(run / "global_step_3");
+  fs::remove_all(run / "global_step_2");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
+  auto two = run_process(train_argv({"--nproc", "2"}, run, 3));
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// PyTorch's torchrun (its agent hosts the store) runs the 2 ranks: the same run.
+TEST_F(DataParallelTrain, TorchrunEqualsOneRank) {
+  const fs::path run = *dir_ / "torchrun";
+  auto argv = train_argv({}, run, 3);
+  argv.insert(argv.begin(), {test::python().string(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", std::to_string(free_port()), "--no-python"});
+  auto r = run_process(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_equal_runs(one_, run, 3);
+}
+
 // SIGKILL rank 1 in the middle of its third optimizer step (step 2): rank 0 fails naming it,
 // rank 1's launcher names it, and a restart resumes from the newest complete checkpoint
 // (step 1) and ends as the uninterrupted run.
