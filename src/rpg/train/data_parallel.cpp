@@ -54,6 +54,10 @@ std::pair<size_t, size_t> micro_batch_range(size_t count) {
   return {static_cast<size_t>(mine.begin), static_cast<size_t>(mine.end)};
 }
 
+void sum_rows(at::Tensor& rows) {
+  if (dist::ProcessGroup* pg = dist::world()) pg->all_reduce(rows, dist::ReduceOp::Sum);
+}
+
 std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vector<double>>& metrics) {
   std::map<std::string, size_t> out;
   for (const auto& [k, v] : metrics) out[k] = v.size();

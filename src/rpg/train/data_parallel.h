@@ -8,7 +8,9 @@
 //             normaliser is the whole mini-batch's, which every rank holds), the fp32
 //             gradients are summed over ranks (bucketed all-reduce) before clipping, so the
 //             norm is the global one and every rank takes the same optimizer step.
-// Not yet shared out: old/reference log-probs and validation run whole on every rank.
+//   log-probs each rank computes the old/reference log-probs of its contiguous share of the
+//             micro-batches; the rows are summed over the ranks (zeros elsewhere: exact).
+// Not yet shared out: advantages and validation run whole on every rank.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -30,6 +32,10 @@ std::vector<rollout::Response> generate(rollout::RolloutEngine& engine, const st
 
 // This rank's micro-batches of a mini-batch: [begin, end) of `count`.
 std::pair<size_t, size_t> micro_batch_range(size_t count);
+
+// Rows computed by one rank each (zeros on the others) summed over the ranks, in place:
+// every rank then holds all of them, exactly.
+void sum_rows(at::Tensor& rows);
 
 // Sizes of the loss-metric lists (taken before a mini-batch's micro-batches).
 std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vector<double>>& metrics);

@@ -45,7 +45,10 @@ void Trainer::Impl::move_compute_grads() {
 at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  for (const auto& rows : micro_batches(b)) {
+  const auto micro = micro_batches(b);
+  const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
+  for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
+    const auto& rows = micro[mb_index];
     rollout::Batch mb = b.select(rows);
     model::LogProbOptions lo;
     lo.temperature = temperature;
@@ -54,11 +57,12 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
                         .log_probs);
   }
   // Micro-batches may reorder rows (token packing); put them back.
-  at::Tensor out = at::empty_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out = at::zeros_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
   size_t k = 0;
-  for (const auto& rows : micro_batches(b)) {
-    out.index_copy_(0, at::tensor(rows, at::kLong), parts[k++]);
+  for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
+    out.index_copy_(0, at::tensor(micro[mb_index], at::kLong), parts[k++]);
   }
+  dp::sum_rows(out);  // data-parallel: every rank's rows (the others' are zeros here)
   return out;
 }
 
