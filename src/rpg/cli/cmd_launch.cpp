@@ -28,14 +28,17 @@ int run_launch(const std::string& full_name, const std::vector<std::string>& arg
   ArgParser parser(full_name,
                    "Runs N ranks of an rpg command on this node with torchrun's environment (RANK, WORLD_SIZE,\n"
                    "LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK), each output line prefixed\n"
-                   "'[rank k] '. If a rank fails the others are stopped and the launch fails naming that rank.");
+                   "'[rank k] '. If a rank fails the others are stopped and the launch fails naming that rank.\n"
+                   "The command follows '--': rpg launch [options] -- COMMAND [ARGS...]");
   parser.option("--nproc", &nproc, "ranks on this node (default 1)", "N")
       .option("--nnodes", &nnodes, "nodes in the run (default 1)", "N")
       .option("--node-rank", &node_rank, "this node's index (default 0)", "K")
       .option("--master-addr", &master_addr, "address of rank 0's node (default 127.0.0.1)", "HOST")
       .option("--master-port", &master_port, "rendezvous port (default: a free port; required with --nnodes > 1)", "PORT")
       .flag("--exec", &exec, "the command after -- is a program and its arguments, not an rpg command")
-      .epilog("example: rpg launch --nproc 2 -- train recipes/rpg_reinforce_ufkl.yaml trainer.n_gpus_per_node=2");
+      .epilog("example: rpg launch --nproc 2 -- train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=DIR\n"
+              "several nodes: rpg launch --nnodes 2 --node-rank K --master-addr HOST0 --master-port 29500 --nproc 8 -- ...\n"
+              "see docs/scaling.md");
   if (!parser.parse(own)) return 0;
   if (command.empty()) throw UsageError(str(full_name, ": give the command to run after --, e.g. -- train CONFIG"));
   dist::LaunchOptions o;
