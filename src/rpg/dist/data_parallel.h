@@ -4,8 +4,7 @@
 // divided by the *global* normaliser (token or group counts all-reduced), the summed
 // gradient equals the one-process gradient of the whole batch.
 //
-// Status: these are the pieces `rpg train` needs; the trainer does not call them yet
-// (docs/scaling.md, "What works").
+// `rpg train` uses them through its hooks in src/rpg/train/data_parallel.h.
 #pragma once
 
 #include <cstdint>
