@@ -21,9 +21,43 @@
 #include <utility>
 #include <vector>
 
+#include "rpg/dist/layout.h"
 #include "rpg/rollout/engine.h"
+#include "rpg/train/optim.h"
+
+namespace rpg {
+struct TrainConfig;
+namespace dist {
+class ProcessGroup;
+}
+}  // namespace rpg
 
 namespace rpg::train::dp {
+
+// Joins the world group of `layout` (no-op for one process) with actor_rollout_ref.nccl_timeout
+// as the group's timeout, after checking trainer.nnodes / trainer.n_gpus_per_node against what
+// was launched: when more than one process runs, a set key that disagrees is a ConfigError
+// naming it (null keys are not checked); a lone process only logs a notice when they ask for
+// more (verl's recipes say 8 GPUs per node; rpg still runs them in one process).
+void join_world(const TrainConfig& cfg, const dist::RankLayout& layout);
+
+// ZeRO-1: an optimizer whose state (moments and fp32 master copies) covers only this rank's
+// contiguous 1/N of the flattened parameters (the pieces are views into the live
+// parameters). step() updates the piece from the (already summed) gradients, then the
+// parameters are all-gathered, so every rank holds the same full weights. state() is
+// collective (every rank must call it) and returns the full, un-sharded state, as a
+// replicated optimizer would; load_state() takes a full state and keeps this rank's piece,
+// so checkpoints resume at any world size or stage.
+std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const OptimizerOptions& options,
+                                                  NamedTensors params);
+// The trainer's optimizer: sharded over the world group when zero_stage is 1 and more than
+// one process runs, else the replicated one (make_optimizer).
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage);
+// Bytes of optimizer-state tensors this rank holds (its shard under ZeRO-1). Not collective.
+int64_t local_state_bytes(const Optimizer& optimizer);
+// What a rank that does not write the checkpoint must do while rank 0 saves one: take part
+// in the sharded optimizer's collectives (no-op for a replicated optimizer).
+void join_checkpoint(Optimizer& optimizer);
 
 // engine.generate(ids, sp), shared out over the ranks; the responses of every rank in
 // prompt order, with prompt_index relative to `ids` as in a one-process call.

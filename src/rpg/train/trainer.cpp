@@ -170,7 +170,7 @@ nlohmann::json Trainer::Impl::fingerprint() const {
 }
 
 void Trainer::Impl::save_checkpoint() {
-  if (!dp::writes_run_dir()) return;  // data-parallel: rank 0 writes the replicated state
+  if (!dp::writes_run_dir()) return dp::join_checkpoint(*optimizer);  // data-parallel: rank 0 writes (gathers) the state
   AtomicDir out(run_dir.checkpoint(step));
   optimizer->use_eval_weights();
   model::SaveOptions so;
@@ -305,7 +305,7 @@ void Trainer::Impl::build_optimizer() {
   oo.weight_decay = o.weight_decay;
   const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, total_steps);
   oo.warmup_steps = warmup;
-  optimizer = make_optimizer(oo, policy.model.named_parameters());
+  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
 }
