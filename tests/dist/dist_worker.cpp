@@ -7,6 +7,12 @@
 //   dist_worker fail RANK            RANK throws an rpg error after the first all_reduce
 //   dist_worker train                3 data-parallel (ZeRO-0) AdamW steps of a small MLP on
 //                                    10 rows in 5 groups of 2, sharded by whole groups
+//   dist_worker zero1 OPT DTYPE      3 steps of rpg's optimizer OPT (adamw | schedule_free_adamw)
+//                                    on a small MLP with DTYPE (float | bfloat16) parameters
+//                                    and the whole batch's gradient on every rank: sharded
+//                                    (ZeRO-1) with more than one rank, replicated with one;
+//                                    prints the weights (in eval mode), this rank's optimizer
+//                                    state bytes and the gathered full state
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -19,6 +25,8 @@
 #include "rpg/core/error.h"
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/process_group.h"
+#include "rpg/train/data_parallel.h"
+#include "rpg/train/optim.h"
 
 namespace {
 
@@ -69,6 +77,48 @@ int train(rpg::dist::ProcessGroup& pg) {
   return 0;
 }
 
+int zero1(rpg::dist::ProcessGroup& pg, const std::string& type, const std::string& dtype) {
+  torch::manual_seed(7);
+  torch::nn::Sequential mlp(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
+  mlp->to(dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
+  rpg::NamedTensors params;
+  for (const auto& item : mlp->named_parameters()) params.emplace_back(item.key(), item.value());
+  rpg::OptimizerOptions o;
+  o.type = type;
+  o.lr = 0.05;
+  o.warmup_steps = 2;
+  auto opt = pg.size() > 1 ? rpg::train::dp::make_sharded_optimizer(pg, o, params) : rpg::make_optimizer(o, params);
+  at::Tensor x = torch::sin(torch::arange(40, torch::kFloat).view({10, 4}) * 0.7).to(mlp->parameters()[0].scalar_type());
+  at::Tensor y = torch::cos(torch::arange(30, torch::kFloat).view({10, 3})).to(x.scalar_type());
+  std::cout.precision(17);
+  for (int step = 0; step < 3; ++step) {
+    opt->use_train_weights();
+    at::Tensor loss = (mlp->forward(x) - y).pow(2).mean();
+    loss.backward();
+    rpg::clip_grad_norm(opt->params(), 0.5);
+    opt->step(0.05);
+    opt->zero_grad();
+    opt->use_eval_weights();  // schedule-free: evaluation weights between steps
+    std::cout << "loss " << loss.item<double>() << std::endl;
+  }
+  std::cout << "weights";
+  for (const auto& p : mlp->parameters()) {
+    at::Tensor f = p.detach().to(at::kDouble).reshape({-1});
+    for (int64_t i = 0; i < f.numel(); ++i) std::cout << " " << f[i].item<double>();
+  }
+  std::cout << std::endl;
+  std::cout << "state_bytes " << rpg::train::dp::local_state_bytes(*opt) << std::endl;
+  const rpg::OptimizerState st = opt->state();  // collective under ZeRO-1
+  std::cout << "state";
+  for (const auto& [k, t] : st.tensors) {
+    at::Tensor f = t.to(at::kDouble).reshape({-1});
+    for (int64_t i = 0; i < f.numel(); ++i) std::cout << " " << f[i].item<double>();
+  }
+  for (const auto& [k, v] : st.scalars) std::cout << " " << v;
+  std::cout << std::endl << "state_keys " << st.tensors.size() << " " << st.scalars.size() << std::endl;
+  return 0;
+}
+
 int run(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "collectives";
   int victim = argc > 2 ? std::atoi(argv[2]) : -1;
@@ -80,6 +130,7 @@ int run(int argc, char** argv) {
   const int r = pg->rank(), w = pg->size();
   std::cout << "joined " << r << " " << w << std::endl;
   if (mode == "train") return train(*pg);
+  if (mode == "zero1") return zero1(*pg, argv[2], argv[3]);
 
   at::Tensor a = torch::tensor({r + 1.0, 2.0 * (r + 1), 10.0}, torch::kDouble);
   pg->all_reduce(a);

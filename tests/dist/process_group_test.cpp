@@ -176,5 +176,47 @@ TEST(DataParallel, RanksEqualOneRank) {
   EXPECT_NE(first[1], first[7]);  // loss at step 0 vs step 2
 }
 
+// ZeRO-1 (rpg's AdamW and schedule-free AdamW; fp32 parameters, and bf16 ones with fp32 master
+// copies in the optimizer): 2 and 3 ranks, each stepping its 1/N of the flattened parameters
+// and all-gathering them, end with the replicated optimizer's weights and its full state
+// (gathered by state()); each rank holds 1/N of the state's bytes (+ at most one element
+// per slot from the uneven split).
+TEST(DataParallel, ZeroOneEqualsReplicated) {
+  for (const std::string type : {"adamw", "schedule_free_adamw"}) {
+    for (const std::string dtype : {"float", "bfloat16"}) {
+      const std::string what = type + " " + dtype;
+      auto one = run_ranks({"zero1", type, dtype}, 1);
+      ASSERT_EQ(one[0].exit_code, 0) << one[0].err;
+      const auto w1 = values_of(one[0].out, "weights"), s1 = values_of(one[0].out, "state");
+      const auto keys1 = values_of(one[0].out, "state_keys"), bytes1 = values_of(one[0].out, "state_bytes");
+      ASSERT_EQ(w1.size(), 4u * 8 + 8 + 8 * 3 + 3) << what;
+      ASSERT_EQ(bytes1.size(), 1u);
+      // fp32 moments (+ an fp32 master copy for bf16 parameters) of 67 parameters.
+      const int slots = dtype == "float" ? 2 : 3;
+      EXPECT_EQ(bytes1[0], 67.0 * 4 * slots) << what;
+      double scale = 0;
+      for (double v : w1) scale = std::max(scale, std::abs(v));
+      for (int world : {2, 3}) {
+        auto results = run_ranks({"zero1", type, dtype}, world);
+        double bytes_sum = 0;
+        for (int r = 0; r < world; ++r) {
+          ASSERT_EQ(results[r].exit_code, 0) << results[r].err;
+          const auto w = values_of(results[r].out, "weights"), s = values_of(results[r].out, "state");
+          ASSERT_EQ(w.size(), w1.size());
+          for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(w[i], w1[i], 1e-6 * scale) << what << " world " << world << " rank " << r;
+          EXPECT_EQ(values_of(results[r].out, "state_keys"), keys1) << what;
+          ASSERT_EQ(s.size(), s1.size()) << what;
+          for (size_t i = 0; i < s.size(); ++i)
+            EXPECT_NEAR(s[i], s1[i], 1e-6 * std::max(1.0, std::abs(s1[i]))) << what << " world " << world << " value " << i;
+          const double bytes = values_of(results[r].out, "state_bytes").at(0);
+          EXPECT_LE(bytes, bytes1[0] / world + 4.0 * slots) << what << " world " << world << " rank " << r;
+          bytes_sum += bytes;
+        }
+        EXPECT_EQ(bytes_sum, bytes1[0]) << what << " world " << world;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace rpg::dist

@@ -203,6 +203,62 @@ TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoRanks) {
   expect_equal_runs(one_, run, 3);
 }
 
+// ZeRO-1 (dist.zero_stage=1): each of 2 ranks keeps and steps the optimizer state of half the
+// flattened parameters, then all-gathers them; the run equals the 1-rank replicated one, and
+// its checkpoint (the state gathered to rank 0) holds the same optimizer tensors. The
+// launch-shape keys are given as they are launched (1 node of 2).
+TEST_F(DataParallelTrain, ZeroOneTwoRanksEqualOneRank) {
+  const fs::path run = *dir_ / "zero1";
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.insert(argv.end(), {"dist.zero_stage=1", "trainer.nnodes=1", "trainer.n_gpus_per_node=2"});
+  auto r = run_process(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_equal_runs(one_, run, 3);
+  const auto want = read_tensors(one_ / "global_step_3" / "train_state.safetensors");
+  const auto got = read_tensors(run / "global_step_3" / "train_state.safetensors");
+  ASSERT_EQ(got.size(), want.size());
+  size_t optim = 0;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    if (name.rfind("optim.", 0) == 0) ++optim;
+    const auto& g = got.at(name);
+    ASSERT_EQ(g.size(), w.size()) << name;
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < w.size(); ++i) scale = std::max(scale, std::abs(w[i])), diff = std::max(diff, std::abs(w[i] - g[i]));
+    EXPECT_LE(diff, 1e-6 * scale) << name;
+  }
+  EXPECT_GT(optim, 0u);
+}
+
+// A 2-rank ZeRO-1 checkpoint resumed by 1 rank (replicated optimizer) equals the uninterrupted run.
+TEST_F(DataParallelTrain, ZeroOneCheckpointResumesOnOneRank) {
+  const fs::path run = *dir_ / "zero1_resumed";
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.push_back("dist.zero_stage=1");
+  auto two = run_process(argv);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  fs::remove_all(run / "global_step_3");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "2");
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// And a 1-rank checkpoint resumed by 2 ZeRO-1 ranks (each keeps its half of the state).
+TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoZeroOneRanks) {
+  const fs::path run = *dir_ / "zero1_grown";
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  fs::remove_all(run / "global_step_3");
+  fs::remove_all(run / "global_step_2");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.push_back("dist.zero_stage=1");
+  auto two = run_process(argv);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  expect_equal_runs(one_, run, 3);
+}
+
 // PyTorch's torchrun (its agent hosts the store) runs the 2 ranks: the same run.
 TEST_F(DataParallelTrain, TorchrunEqualsOneRank) {
   const fs::path run = *dir_ / "torchrun";
