@@ -8,7 +8,9 @@
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
+#include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/train/data_parallel.h"
 #include "rpg/train/trainer.h"
 
 namespace rpg::cli {
@@ -24,13 +26,19 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
       .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.policy_loss=rpg_reinforce")
       .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
   if (!parser.parse(args)) return 0;
+  // Under torchrun / srun / rpg launch (a bad environment is an error naming the variable):
+  // join the data-parallel group (timeout: actor_rollout_ref.nccl_timeout) before any work,
+  // so a missing rank is reported first; trainer.nnodes / n_gpus_per_node are checked.
+  const auto layout = dist::layout_from_env();
   TrainConfig config = load_train_config(file, overrides);
+  train::dp::join_world(config, layout);
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
   train::Trainer trainer(std::move(config), reward::builtin_scorers());
-  write_file_atomic(run_dir / "config.yaml", resolved);
+  if (dist::is_main()) write_file_atomic(run_dir / "config.yaml", resolved);
   trainer.fit();
+  dist::shutdown_world();
   return 0;
 }
 

@@ -256,6 +256,7 @@ struct ActorRolloutRefConfig {
   ModelConfig model;
   ActorConfig actor;
   RolloutConfig rollout;
+  int64_t nccl_timeout = 600;  // seconds (verl's default): the data-parallel process group's timeout
 
   template <class V>
   void visit(V& v) {
@@ -264,7 +265,7 @@ struct ActorRolloutRefConfig {
     v.section("rollout", rollout);
     v.ignored("ref", "the reference policy shares the actor's settings");
     v.ignored("hybrid_engine", "rollout and training always share weights in rpg");
-    v.ignored("nccl_timeout", "rpg runs in one process, with no NCCL process groups");
+    v("nccl_timeout", nccl_timeout, "seconds before a data-parallel collective (or the rendezvous) fails");
   }
 };
 
@@ -392,6 +393,8 @@ struct TrainerConfig {
   int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
   int64_t sample_log_freq = 10;        // rpg: log sample generations every this many steps (0: never)
   int64_t sample_log_count = 4;        // rpg: how many responses each time
+  // verl's cluster shape; null: not checked. Checked against the launcher's (torchrun/srun/rpg launch).
+  std::optional<int64_t> nnodes, n_gpus_per_node;
 
   template <class V>
   void visit(V& v) {
@@ -411,10 +414,22 @@ struct TrainerConfig {
     v("max_consecutive_skips", max_consecutive_skips, "stop after this many skipped (non-finite) updates in a row");
     v("sample_log_freq", sample_log_freq, "write sample generations to samples.jsonl every N steps (0: never)");
     v("sample_log_count", sample_log_count, "responses per sample log");
-    for (const char* key : {"n_gpus_per_node", "nnodes", "logger", "log_val_generations", "balance_batch",
+    v("nnodes", nnodes, "nodes launched (checked against the launcher when set and more than one process runs)");
+    v("n_gpus_per_node", n_gpus_per_node, "processes per node (checked like nnodes)");
+    for (const char* key : {"logger", "log_val_generations", "balance_batch",
                             "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
                             "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})
       v.ignored(key, "Ray/cluster setting");
+  }
+};
+
+// rpg's data-parallel settings (docs/scaling.md).
+struct DistConfig {
+  int64_t zero_stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded over the ranks
+
+  template <class V>
+  void visit(V& v) {
+    v("zero_stage", zero_stage, "0 (replicated optimizer state) | 1 (optimizer state sharded over the ranks)");
   }
 };
 
@@ -425,6 +440,7 @@ struct TrainConfig {
   AlgorithmConfig algorithm;
   RewardModelConfig reward_model;
   TrainerConfig trainer;
+  DistConfig dist;  // rpg: data-parallel settings
   // Not a config key: filled by resolve().
   ResolvedChoices choices;
 
@@ -435,6 +451,7 @@ struct TrainConfig {
     v.section("algorithm", algorithm);
     v.section("reward_model", reward_model);
     v.section("trainer", trainer);
+    v.section("dist", dist);
     v.ignored("critic", "rpg trains no critic");
     v.ignored("ray_init", "no Ray");
     v.ignored("ray_kwargs", "no Ray");

@@ -11,6 +11,7 @@
 #include "rpg/core/log.h"
 #include "rpg/core/rng.h"
 #include "rpg/reward/overlong.h"
+#include "rpg/train/data_parallel.h"
 #include "rpg/train/trainer_impl.h"
 
 namespace rpg::train {
@@ -44,7 +45,10 @@ void Trainer::Impl::move_compute_grads() {
 at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  for (const auto& rows : micro_batches(b)) {
+  const auto micro = micro_batches(b);
+  const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
+  for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
+    const auto& rows = micro[mb_index];
     rollout::Batch mb = b.select(rows);
     model::LogProbOptions lo;
     lo.temperature = temperature;
@@ -53,11 +57,12 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
                         .log_probs);
   }
   // Micro-batches may reorder rows (token packing); put them back.
-  at::Tensor out = at::empty_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out = at::zeros_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
   size_t k = 0;
-  for (const auto& rows : micro_batches(b)) {
-    out.index_copy_(0, at::tensor(rows, at::kLong), parts[k++]);
+  for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
+    out.index_copy_(0, at::tensor(micro[mb_index], at::kLong), parts[k++]);
   }
+  dp::sum_rows(out);  // data-parallel: every rank's rows (the others' are zeros here)
   return out;
 }
 
@@ -101,7 +106,7 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
   sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(step),
                     static_cast<uint64_t>(gen.rounds));
   const auto t_gen = Clock::now();
-  r.responses = engine.generate(ids, sp);
+  r.responses = dp::generate(engine, ids, sp);  // data-parallel: shared out, all-gathered
   gen.gen_seconds += seconds_since(t_gen);
   gen.gen_tokens += engine.last_stats().generated_tokens;
 
@@ -287,13 +292,18 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
     for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
   }
   sync_compute_weights();
-  for (const auto& rows : micro_batches(mini)) {
+  const auto micro = micro_batches(mini);
+  const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
+  const auto metrics_before = dp::metric_sizes(stats.loss_metrics);
+  for (size_t mb = first_micro; mb < end_micro; ++mb) {
+    const auto& rows = micro[mb];
     auto out = micro_batch_loss(mini.select(rows), lc, normaliser);
     out.loss.backward();
     move_compute_grads();
     if (recording) record.loss += out.loss.item<double>();
     for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
   }
+  dp::reduce_update(policy.model.parameters(), stats.loss_metrics, metrics_before);  // data-parallel: sum over ranks
   if (recording) {
     for (const auto& p : policy.model.parameters())
       record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));

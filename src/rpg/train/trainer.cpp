@@ -25,6 +25,7 @@
 #include "rpg/core/rng.h"
 #include "rpg/data/dataset.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/train/data_parallel.h"
 #include "rpg/eval/report.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/rollout/batch.h"
@@ -169,6 +170,7 @@ nlohmann::json Trainer::Impl::fingerprint() const {
 }
 
 void Trainer::Impl::save_checkpoint() {
+  if (!dp::writes_run_dir()) return dp::join_checkpoint(*optimizer);  // data-parallel: rank 0 writes (gathers) the state
   AtomicDir out(run_dir.checkpoint(step));
   optimizer->use_eval_weights();
   model::SaveOptions so;
@@ -304,7 +306,7 @@ void Trainer::Impl::build_optimizer() {
   oo.weight_decay = o.weight_decay;
   const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, total_steps);
   oo.warmup_steps = warmup;
-  optimizer = make_optimizer(oo, policy.model.named_parameters());
+  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
 }
@@ -329,15 +331,15 @@ void Trainer::Impl::build_models() {
 
 void Trainer::Impl::open_run_dir() {
   run_dir = RunDir(cfg.trainer.default_local_dir);
-  run_dir.remove_partial();
+  if (dp::writes_run_dir()) run_dir.remove_partial();  // data-parallel: rank 0 owns the directory
   resume();
-  logger = std::make_unique<MetricsLogger>(run_dir.root(), /*tensorboard=*/true, step + 1);
-  jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
+  logger = std::make_unique<MetricsLogger>(dp::metrics_dir(run_dir.root()), /*tensorboard=*/true, step + 1);
+  if (dp::writes_run_dir()) jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
 }
 
 void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>& samples) {
   logger->log(step, m);
-  if (cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
+  if (dp::writes_run_dir() && cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
     std::string lines;
     for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     append_file(run_dir.root() / "samples.jsonl", lines);
