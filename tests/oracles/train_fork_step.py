@@ -20,8 +20,9 @@ batch of rollouts fed in (not sampled), in fp32 on the CPU, with the fork's own 
 Nothing of the fork is edited: core_algos and torch_functional are loaded by fork_modules.
 
 usage: train_fork_step.py FORK_DIR MODEL_DIR CASE.json BATCH.safetensors OUT.safetensors
-OUT: "w.<name>" the weights after the step (named_parameters), "old_log_probs",
-"advantages", "token_level_rewards", "grad_norm" (one per optimizer step).
+OUT: "w.<name>" the weights after the step (named_parameters), "g.<k>.<name>" the gradient
+accumulated by optimizer step k before clipping, "old_log_probs", "advantages",
+"token_level_rewards", "grad_norm" (one per optimizer step).
 """
 import importlib.util
 import json
@@ -86,64 +87,92 @@ elif case["adv_estimator"] == "rpg":
 else:
     raise SystemExit(f"adv_estimator {case['adv_estimator']} not in this oracle")
 
-opt = torch.optim.AdamW(model.parameters(), lr=case["lr"], betas=tuple(case["betas"]), weight_decay=case["weight_decay"])
-if case["scheduler"] == "constant":
-    sched = verl_F.get_constant_schedule_with_warmup(opt, num_warmup_steps=case["warmup"])
-else:
-    sched = verl_F.get_cosine_schedule_with_warmup(opt, num_warmup_steps=case["warmup"],
-                                                   num_training_steps=case["total_steps"])
-for _ in range(case["step"] - 1):  # the scheduler steps once per training step (fsdp_workers.py:493)
-    sched.step()
+initial = {name: prm.detach().clone() for name, prm in model.named_parameters()}
+weights_before = {k: v for k, v in b.items() if k.startswith("before.")}
 
-mini_rows = case["mini_rows"]
-grad_norms = []
-for epoch in range(case["ppo_epochs"]):
-    for start in range(0, B, mini_rows):  # batch.split(ppo_mini_batch_size)
-        mini = list(range(start, min(B, start + mini_rows)))
-        if case["use_dynamic_bsz"]:
-            lengths = attention_mask[mini].sum(dim=1)
-            assert case["max_token_len"] >= attention_mask.shape[-1]
-            k = math.ceil(lengths.sum().item() / case["max_token_len"])
-            parts = get_seqlen_balanced_partitions(lengths.tolist(), k, equal_size=False)
-            micro_batches = [[mini[i] for i in p] for p in parts]
-        else:
-            gradient_accumulation = case["mini_rows"] // case["micro_size"]
-            micro_batches = [mini[i:i + case["micro_size"]] for i in range(0, len(mini), case["micro_size"])]
-        opt.zero_grad()
-        for rows in micro_batches:
-            rows_t = torch.tensor(rows)
-            mask = response_mask[rows_t]
-            old = old_log_probs[rows_t]
-            adv = advantages[rows_t]
-            ref = old if case["use_iterative_ref_model"] else ref_log_prob[rows_t]
-            entropy, log_prob = forward(rows_t, True)
-            pg_loss, _, _, _ = core_algos.compute_policy_loss(
-                old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
-                cliprange=case["clip_ratio"], cliprange_low=case["clip_ratio_low"],
-                cliprange_high=case["clip_ratio_high"], clip_ratio_c=case["clip_ratio_c"],
-                loss_agg_mode=case["loss_agg_mode"])
-            entropy_loss = core_algos.agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=case["loss_agg_mode"])
-            policy_loss = pg_loss - entropy_loss * case["entropy_coeff"]
-            if case["use_kl_loss"]:
-                kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref, kl_penalty=case["kl_loss_type"])
-                kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=case["loss_agg_mode"])
-                policy_loss = policy_loss + kl_loss * case["kl_loss_coef"]
+
+def update(inject):
+    """dp_actor.update_policy + the LR scheduler step, from the initial weights. With inject,
+    mini-batch k starts from the trainer's recorded weights "before.<k>.<name>" (so that its
+    gradient is compared at the same point, free of the first update's rounding)."""
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            prm.copy_(initial[name])
+    opt = torch.optim.AdamW(model.parameters(), lr=case["lr"], betas=tuple(case["betas"]), weight_decay=case["weight_decay"])
+    if case["scheduler"] == "constant":
+        sched = verl_F.get_constant_schedule_with_warmup(opt, num_warmup_steps=case["warmup"])
+    else:
+        sched = verl_F.get_cosine_schedule_with_warmup(opt, num_warmup_steps=case["warmup"],
+                                                       num_training_steps=case["total_steps"])
+    for _ in range(case["step"] - 1):  # the scheduler steps once per training step (fsdp_workers.py:493)
+        sched.step()
+
+    mini_rows = case["mini_rows"]
+    grad_norms = []
+    grads = {}
+    for epoch in range(case["ppo_epochs"]):
+        for start in range(0, B, mini_rows):  # batch.split(ppo_mini_batch_size)
+            mini = list(range(start, min(B, start + mini_rows)))
             if case["use_dynamic_bsz"]:
-                loss = policy_loss * (len(rows) / case["mini_rows"])
+                lengths = attention_mask[mini].sum(dim=1)
+                assert case["max_token_len"] >= attention_mask.shape[-1]
+                k = math.ceil(lengths.sum().item() / case["max_token_len"])
+                parts = get_seqlen_balanced_partitions(lengths.tolist(), k, equal_size=False)
+                micro_batches = [[mini[i] for i in p] for p in parts]
             else:
-                loss = policy_loss / gradient_accumulation
-            loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=case["grad_clip"])
-        grad_norms.append(float(grad_norm))
-        if torch.isfinite(grad_norm):
-            opt.step()
-        else:
+                gradient_accumulation = case["mini_rows"] // case["micro_size"]
+                micro_batches = [mini[i:i + case["micro_size"]] for i in range(0, len(mini), case["micro_size"])]
             opt.zero_grad()
-sched.step()
+            if inject:
+                with torch.no_grad():
+                    for name, prm in model.named_parameters():
+                        prm.copy_(weights_before[f"before.{len(grad_norms)}.{name}"])
+            for rows in micro_batches:
+                rows_t = torch.tensor(rows)
+                mask = response_mask[rows_t]
+                # inject: the trainer's old log-probs / reference / advantages (compared
+                # separately), so that w - 1 and the clip decisions are the trainer's
+                old = (b["old_log_probs"] if inject else old_log_probs)[rows_t]
+                adv = (b["advantages"] if inject else advantages)[rows_t]
+                ref_all = b.get("ref_log_probs", b["old_log_probs"]) if inject else ref_log_prob
+                ref = old if case["use_iterative_ref_model"] else ref_all[rows_t]
+                entropy, log_prob = forward(rows_t, True)
+                pg_loss, _, _, _ = core_algos.compute_policy_loss(
+                    old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
+                    cliprange=case["clip_ratio"], cliprange_low=case["clip_ratio_low"],
+                    cliprange_high=case["clip_ratio_high"], clip_ratio_c=case["clip_ratio_c"],
+                    loss_agg_mode=case["loss_agg_mode"])
+                entropy_loss = core_algos.agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=case["loss_agg_mode"])
+                policy_loss = pg_loss - entropy_loss * case["entropy_coeff"]
+                if case["use_kl_loss"]:
+                    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref, kl_penalty=case["kl_loss_type"])
+                    kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=case["loss_agg_mode"])
+                    policy_loss = policy_loss + kl_loss * case["kl_loss_coef"]
+                if case["use_dynamic_bsz"]:
+                    loss = policy_loss * (len(rows) / case["mini_rows"])
+                else:
+                    loss = policy_loss / gradient_accumulation
+                loss.backward()
+            for name, prm in model.named_parameters():  # the accumulated gradient before clipping
+                if prm.grad is not None:
+                    grads[f"g.{len(grad_norms)}.{name}"] = prm.grad.detach().clone()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=case["grad_clip"])
+            grad_norms.append(float(grad_norm))
+            if torch.isfinite(grad_norm):
+                opt.step()
+            else:
+                opt.zero_grad()
+    sched.step()
+    return {name: prm.detach().clone().contiguous() for name, prm in model.named_parameters()}, grads, grad_norms
 
-out = {f"w.{name}": p.detach().clone().contiguous() for name, p in model.named_parameters()}
+
+weights, _, grad_norms = update(inject=False)
+_, grads, _ = update(inject=True) if weights_before else ({}, {}, [])
+
+out = {f"w.{name}": w for name, w in weights.items()}
 out["old_log_probs"] = old_log_probs.contiguous()
 out["advantages"] = advantages.contiguous()
 out["token_level_rewards"] = token_level_rewards.contiguous()
 out["grad_norm"] = torch.tensor(grad_norms, dtype=torch.float64)
+out.update(grads)
 save_file(out, out_path)

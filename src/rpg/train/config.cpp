@@ -282,6 +282,9 @@ void TrainConfig::check_fork_semantics() const {
     require(a.ref_kl_target == 0, p + "ref_kl_target", str("the fork has no KL-target reference refresh", why));
     require(!algorithm.rollout_correction.rollout_is, "algorithm.rollout_correction.rollout_is",
             str("the fork has no rollout correction", why));
+    require(a.optim.min_lr_ratio == 0 && a.optim.num_cycles == 0.5,
+            p + (a.optim.min_lr_ratio != 0 ? "optim.min_lr_ratio" : "optim.num_cycles"),
+            str("the fork's fsdp_workers.py passes neither min_lr_ratio nor num_cycles to its cosine schedule", why));
   }
 }
 

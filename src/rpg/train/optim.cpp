@@ -285,6 +285,8 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
 
 double LrSchedule::factor(int64_t step) const {
   const double s = static_cast<double>(step);
+  if (type == "constant" && fork_constant)
+    return std::min(1.0, s / static_cast<double>(std::max<int64_t>(1, warmup_steps)));
   if (step < warmup_steps) return s / static_cast<double>(std::max<int64_t>(1, warmup_steps));
   if (type == "constant") return 1.0;
   if (type == "cosine") {

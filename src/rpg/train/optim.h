@@ -84,6 +84,9 @@ struct LrSchedule {
   int64_t total_steps = 0;        // cosine only
   double min_lr_ratio = 0.0;      // cosine only
   double num_cycles = 0.5;        // cosine only
+  // The authors' fork's get_constant_schedule_with_warmup: min(1, step / max(1, warmup)), so
+  // the first step has LR 0 even without warm-up (verl 0.9.1: 1 when warmup = 0).
+  bool fork_constant = false;
   double factor(int64_t step) const;
 };
 

@@ -310,6 +310,7 @@ void Trainer::Impl::build_optimizer() {
   optimizer = make_optimizer(oo, policy.model.named_parameters());
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
+  schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
 }
 
 void Trainer::Impl::build_models() {
