@@ -197,6 +197,47 @@ TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
   }
 }
 
+// Validation as verl and the fork run it (rpg_ray_trainer.fit): before the first step (also
+// after a resume), every test_freq steps and at the last step, laid out as val-core (acc
+// mean/maj/best at the largest n) and val-aux.
+TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
+  auto make = [&](int64_t steps) {
+    TrainConfig c = config("val_timing");
+    c.data.val_files = c.data.train_files;
+    c.data.max_response_length = 4;
+    c.actor_rollout_ref.rollout.val_kwargs.n = 2;
+    c.actor_rollout_ref.rollout.val_kwargs.do_sample = true;
+    c.actor_rollout_ref.rollout.val_kwargs.temperature = 1.0;
+    c.trainer.total_training_steps = steps;
+    c.trainer.test_freq = 2;
+    c.trainer.save_freq = 1;
+    return c;
+  };
+  auto validation_steps = [&] {
+    std::vector<int64_t> steps;
+    std::istringstream in(read_file(dir_->path() / "val_timing" / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("val-core/letters/acc/mean@2")) continue;
+      steps.push_back(j["step"].get<int64_t>());
+      EXPECT_TRUE(j.contains("val-core/letters/acc/best@2/mean")) << line;
+      EXPECT_TRUE(j.contains("val-aux/letters/acc/std@2")) << line;
+      EXPECT_TRUE(j.contains("val-aux/letters/score/mean@2")) << line;
+      EXPECT_FALSE(j.contains("val-core/letters/score/mean@2")) << line;
+    }
+    return steps;
+  };
+  {
+    Trainer t(make(3), scorers());
+    t.fit();
+  }
+  EXPECT_EQ(validation_steps(), (std::vector<int64_t>{0, 2, 3}));
+  Trainer resumed(make(5), scorers());
+  EXPECT_EQ(resumed.global_step(), 3);
+  resumed.fit();
+  EXPECT_EQ(validation_steps(), (std::vector<int64_t>{0, 2, 3, 3, 4, 5}));
+}
+
 // A damaged newest checkpoint (truncated state file) is reported and the previous complete
 // one is used.
 TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {
@@ -437,7 +478,9 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
 // optimizer step: with 16 optimizer steps per training step (4 mini-batches x 4 ppo epochs)
 // the lr logged for steps 1..12 equals LambdaLR's lr after 0..11 scheduler steps, computed live
 // by verl's get_cosine_schedule_with_warmup / get_constant_schedule_with_warmup
-// (tests/oracles/train_optim.py).
+// (tests/oracles/train_optim.py); in fork semantics the fork's own schedule functions (its
+// constant schedule gives LR 0 at step 1 even without warm-up). Seen failing with the schedule
+// indexed by optimizer steps (step 2 logged 1e-4 instead of 3.3e-4).
 TEST_F(TrainerTest, LrAdvancesOncePerTrainingStepAsVerlsLambdaLr) {
   struct Case {
     std::string type;
@@ -445,9 +488,7 @@ TEST_F(TrainerTest, LrAdvancesOncePerTrainingStepAsVerlsLambdaLr) {
     double min_lr_ratio;
     bool fork;  // fork semantics: the fork's own schedule functions (its constant one has LR 0 at step 1)
   };
-  const std::vector<Case> cases = {{"cosine", 3, 0.1, false}, {"constant", 4, 0.0, false},
-                                   {"constant", 0, 0.0, false}, {"constant", 0, 0.0, true},
-                                   {"cosine", 2, 0.0, true}};
+  const std::vector<Case> cases = {{"cosine", 3, 0.1, false}, {"constant", 0, 0.0, true}, {"cosine", 2, 0.0, true}};
   const int64_t steps = 12;
   nlohmann::json oracle = {{"kind", "lr"}, {"steps", steps}, {"schedules", nlohmann::json::array()}};
   for (const auto& k : cases)
@@ -465,7 +506,7 @@ TEST_F(TrainerTest, LrAdvancesOncePerTrainingStepAsVerlsLambdaLr) {
       c.rpg.semantics = "fork";
       a.policy_loss = "vanilla";
     }
-    c.data.max_response_length = 4;
+    c.data.max_response_length = 2;
     c.actor_rollout_ref.rollout.n = 2;
     a.ppo_mini_batch_size = 1;  // 4 mini-batches
     a.ppo_epochs = 4;           // x 4 epochs = 16 optimizer steps per training step
