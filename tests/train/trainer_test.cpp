@@ -17,6 +17,7 @@
 #include <cmath>
 #include <functional>
 #include <sstream>
+#include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/data/dataset.h"
 #include "rpg/model/causal_lm.h"
@@ -472,6 +473,41 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
     EXPECT_LE(worst_weight, 1e-4 * weight_scale) << k.recipe;
     EXPECT_LE(update_rel, 1e-2) << k.recipe;
   }
+}
+
+// The fork's use_dynamic_bsz micro-batches equal verl's get_seqlen_balanced_partitions with
+// k = ceil(tokens / max_token_len) (tests/oracles/train_fork_partitions.py), rows and order,
+// on random lengths (ties included) and budgets.
+TEST(ForkMicroBatches, DynamicPartitionEqualsVerlsKarmarkarKarp) {
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> inputs;
+  uint64_t state = 12345;
+  auto next = [&](int64_t lo, int64_t hi) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int c = 0; c < 40; ++c) {
+    const int64_t rows = next(1, 24), width = next(8, 64);
+    std::vector<int64_t> lengths;
+    for (int64_t r = 0; r < rows; ++r) lengths.push_back(c % 3 == 0 ? next(width - 2, width) : next(1, width));
+    int64_t total = 0;
+    for (auto l : lengths) total += l;
+    const int64_t max_tokens = std::max<int64_t>(width, next(width, std::max<int64_t>(width, total)));
+    inputs.emplace_back(lengths, max_tokens);
+    cases.push_back({{"lengths", lengths}, {"max_token_len", max_tokens}});
+  }
+  test::TempDir tmp;
+  test::write_text(tmp / "in.json", cases.dump());
+  test::run_oracle("train_fork_partitions.py", {(tmp / "in.json").string(), (tmp / "out.json").string()});
+  const auto want = nlohmann::json::parse(read_file(tmp / "out.json"));
+  size_t uneven = 0;
+  for (size_t c = 0; c < inputs.size(); ++c) {
+    const auto got = algo::fork_dynamic_micro_batches(inputs[c].first, inputs[c].second, inputs[c].second);
+    EXPECT_EQ(nlohmann::json(got), want[c]) << "case " << c << ": " << cases[c].dump();
+    for (const auto& p : got) uneven += p.size() != got[0].size();
+  }
+  EXPECT_GT(uneven, 0u);  // micro-batches of different row counts occur
+  EXPECT_THROW(algo::fork_dynamic_micro_batches({10, 10}, 15, 16), ValueError);  // budget < padded width
 }
 
 // verl steps its LambdaLR once per TRAINING step (fsdp_workers.py update_actor), not per

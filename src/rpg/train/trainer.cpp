@@ -356,6 +356,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   for (const auto& notice : config.resolve()) log_info(notice);
   config.validate();
   config.check_trainable();
+  log_info(config.choices.algorithm_summary);  // the one line stating what runs
   if (config.actor_rollout_ref.model.path.empty())
     throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
   impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
@@ -380,7 +381,6 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
     f.use_iterative_ref_model = a.use_iterative_ref_model;
     algo::validate(f);
   }
-  log_info(cfg.choices.algorithm_summary);
   s.kl_penalty = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
   s.load_data();
   s.build_optimizer();
