@@ -423,7 +423,6 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
     test::run_oracle("train_fork_step.py", {fork_dir.string(), (fixture_ / "model").string(), (tmp / "case.json").string(),
                                             (tmp / "batch.safetensors").string(), (tmp / "out.safetensors").string()});
     const auto ref = test::load_tensors(tmp / "out.safetensors");
-    if (const char* keep = std::getenv("RPG_DEBUG_KEEP")) fs::copy(tmp.path(), fs::path(keep) / k.recipe, fs::copy_options::recursive);
     t.save_model((tmp / "after").string());
     const auto got = test::load_tensors(tmp / "after" / "model.safetensors");
     const auto before = test::load_tensors(fixture_ / "model" / "model.safetensors");
