@@ -35,7 +35,9 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
-  train::Trainer trainer(std::move(config), reward::builtin_scorers());
+  reward::ScorerOptions scoring;
+  scoring.dapo_variant = config.choices.dapo_variant;  // reward_model.reward_kwargs.dapo_variant / rpg.semantics
+  train::Trainer trainer(std::move(config), reward::builtin_scorers(scoring));
   if (dist::is_main()) write_file_atomic(run_dir / "config.yaml", resolved);
   trainer.fit();
   dist::shutdown_world();

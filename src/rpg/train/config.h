@@ -21,6 +21,13 @@ enum class ComputeDtype { kFloat32, kBFloat16 };
 enum class KlControlType { kFixed, kAdaptive };
 enum class FilterMetric { kAcc, kScore };
 enum class ResumeMode { kAuto, kDisable, kResumePath };
+// rpg.semantics: what `rpg train` computes (docs/fork-vs-paper.md).
+//   kPaper: the paper's algorithms under rpg's names (policy_loss rpg / rpg_reinforce, ...).
+//   kFork:  what the authors' verl fork (complex-reasoning/RPG @ ec8e30bd) computes for the
+//           same keys: PPO dual-clip + kl_loss_coef * agg(kl_penalty) outside the clip
+//           (algo/fork_loss.h), in-reward KL with actor.kl_loss_type, per-micro-batch
+//           weighting, steps = floor(N / gen_batch_size) x epochs, reward math_dapo_fork.
+enum class Semantics { kPaper, kFork };
 
 struct ResolvedChoices {
   Truncation truncation = Truncation::kError;
@@ -29,8 +36,19 @@ struct ResolvedChoices {
   KlControlType kl_ctrl = KlControlType::kFixed;
   FilterMetric filter_metric = FilterMetric::kAcc;
   ResumeMode resume_mode = ResumeMode::kAuto;
-  // The policy loss's registry entry asks for pi_ref (and use_kl_loss is on).
+  // A reference model's log-probs are needed by the KL loss (use_kl_loss on and the loss's KL
+  // is towards pi_ref: grpo*, verl's KL term appended to a PPO-family loss, the fork's KL loss
+  // without use_iterative_ref_model).
   bool kl_loss_uses_reference = false;
+  // use_kl_loss with a loss that has no KL term of its own (ppo, vanilla, dapo, rfpp, rfppb,
+  // rloo, gspo, cispo): the trainer adds verl's kl_loss_coef * agg(kl_penalty(log_prob, ref)).
+  bool append_kl_loss = false;
+  Semantics semantics = Semantics::kPaper;
+  // The DAPO rule of math_dapo / aime* / amc* (reward::ScorerOptions::dapo_variant):
+  // reward_model.reward_kwargs.dapo_variant, else math_dapo_fork in fork semantics, math_dapo in paper.
+  std::string dapo_variant = "math_dapo";
+  // One line stating the algorithm that runs (logged once by the trainer).
+  std::string algorithm_summary;
 };
 
 struct DataConfig {
@@ -362,14 +380,28 @@ struct OverlongBufferConfig {
   }
 };
 
+// verl's reward_model.reward_kwargs (keyword arguments of the reward manager); rpg reads one.
+struct RewardKwargsConfig {
+  std::optional<std::string> dapo_variant;  // math_dapo | math_dapo_fork; null: by rpg.semantics
+
+  template <class V>
+  void visit(V& v) {
+    v("dapo_variant", dapo_variant,
+      "DAPO rule of math_dapo/aime*/amc*: math_dapo (verl 0.9.1, \\boxed{} fallback) | math_dapo_fork (the "
+      "authors' fork, 'Answer:' only); null: math_dapo_fork in fork semantics, math_dapo in paper semantics");
+  }
+};
+
 struct RewardModelConfig {
   OverlongBufferConfig overlong_buffer;
   std::string reward_manager = "dapo";
+  RewardKwargsConfig reward_kwargs;
 
   template <class V>
   void visit(V& v) {
     v.section("overlong_buffer", overlong_buffer);
-    v("reward_manager", reward_manager, "naive | dapo (rule-based scorers only)");
+    v("reward_manager", reward_manager, "naive | dapo | rpg (rule-based scorers only; rpg = the authors' fork)");
+    v.section("reward_kwargs", reward_kwargs, "reward manager options");
     v.ignored("enable", "rpg scores with rules, not a reward model");
     v.ignored("model", "rpg scores with rules, not a reward model");
     v.ignored("max_length", "rpg scores with rules, not a reward model");
@@ -433,6 +465,19 @@ struct DistConfig {
   }
 };
 
+// Keys of rpg's own (no verl counterpart).
+struct RpgConfig {
+  std::string semantics = "auto";  // auto | fork | paper
+
+  template <class V>
+  void visit(V& v) {
+    v("semantics", semantics,
+      "fork (compute what the authors' verl fork computes for these keys) | paper (the paper's algorithms "
+      "under rpg's names) | auto (fork when the config uses the fork's spellings: kl_loss_type=rpg_*, "
+      "optim_type=schedulefree, reward_manager=rpg; else paper). docs/fork-vs-paper.md");
+  }
+};
+
 // The whole `rpg train` configuration.
 struct TrainConfig {
   DataConfig data;
@@ -441,6 +486,7 @@ struct TrainConfig {
   RewardModelConfig reward_model;
   TrainerConfig trainer;
   DistConfig dist;  // rpg: data-parallel settings
+  RpgConfig rpg;
   // Not a config key: filled by resolve().
   ResolvedChoices choices;
 
@@ -452,6 +498,7 @@ struct TrainConfig {
     v.section("reward_model", reward_model);
     v.section("trainer", trainer);
     v.section("dist", dist);
+    v.section("rpg", rpg, "rpg's own settings");
     v.ignored("critic", "rpg trains no critic");
     v.ignored("ray_init", "no Ray");
     v.ignored("ray_kwargs", "no Ray");
@@ -459,12 +506,19 @@ struct TrainConfig {
     v.ignored("global_profiler", "use RPG_PROFILE");
   }
   void validate() const;
-  // Rewrites aliases into the canonical keys, so the resolved config shows what runs: the RPG
+  // Decides rpg.semantics (auto -> fork | paper). In paper semantics, rewrites aliases into the
+  // canonical keys, so the resolved config shows what runs: the RPG
   // fork's kl_loss_type spellings (rpg_ufkl, rpg_rf_ufkl_clip_ppo, ...) into policy_loss,
   // kl_form and rpg_style_clip; verl's rollout_correction.bypass_mode into
   // old_log_prob_source. Converts the string keys to `choices`. Idempotent; returns one
   // notice per rewrite. ConfigError for a spelling we do not implement.
   std::vector<std::string> resolve();
+  // Fork semantics: ConfigError naming the key for what the authors' fork has no code for
+  // (another policy_loss, seq-mean-token-sum-norm, a kl_loss_type the fork lacks, rollout
+  // old log-probs, ref_kl_target, rollout correction).
+  void check_fork_semantics() const;
+  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree.
+  void check_trainable() const;
 };
 
 }  // namespace rpg

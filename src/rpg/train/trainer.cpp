@@ -98,6 +98,7 @@ Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
   recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
   filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
   adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
+  fork = cfg.choices.semantics == Semantics::kFork;
 }
 
 void Trainer::Impl::set_epoch(int64_t e) {
@@ -123,6 +124,7 @@ std::vector<const Prompt*> Trainer::Impl::next_prompts(int64_t k) {
 algo::PolicyLossConfig Trainer::Impl::loss_config() const {
   const auto& a = cfg.actor_rollout_ref.actor;
   algo::PolicyLossConfig l;
+  if (fork) return l;  // fork semantics: fork_loss (its kl_loss_type is one of the fork's forms)
   l.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
   l.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
   l.clip_ratio_c = a.clip_ratio_c;
@@ -291,7 +293,9 @@ void Trainer::Impl::load_data() {
     throw ConfigError(str("data.train_batch_size / data.gen_batch_size (", std::max(cfg.data.train_batch_size, gen_batch),
                           ") exceed the ", prompts.size(), " usable training prompts"));
   if (!cfg.data.val_files.empty()) val_rows = read_rows(cfg.data.val_files, cfg.data.val_max_samples, "data.val_files");
-  steps_per_epoch = static_cast<int64_t>(prompts.size()) / cfg.data.train_batch_size;
+  // The fork's dataloader yields gen_batch_size prompts per batch and counts one training step
+  // per batch (ray_trainer.py:456-488); paper semantics counts train_batch_size.
+  steps_per_epoch = static_cast<int64_t>(prompts.size()) / (fork ? gen_batch : cfg.data.train_batch_size);
   total_steps = cfg.trainer.total_training_steps.value_or(steps_per_epoch * cfg.trainer.total_epochs);
   set_epoch(0);
 }
@@ -309,6 +313,7 @@ void Trainer::Impl::build_optimizer() {
   optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
+  schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
 }
 
 void Trainer::Impl::build_models() {
@@ -316,7 +321,11 @@ void Trainer::Impl::build_models() {
   const auto& path = cfg.actor_rollout_ref.model.path;
   kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
   needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
-  if (needs_reference && !(actor.use_iterative_ref_model && actor.ref_update_freq == 1)) {
+  // Fork semantics: use_iterative_ref_model means ref = old_log_probs (dp_actor.py:316-318,
+  // rpg_ray_trainer.py), whatever ref_update_freq says; otherwise the fixed initial policy.
+  const bool resident = fork ? !actor.use_iterative_ref_model
+                             : !(actor.use_iterative_ref_model && actor.ref_update_freq == 1);
+  if (needs_reference && resident) {
     reference = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()}));
     reference->set_requires_grad(false);
@@ -349,6 +358,8 @@ void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>
 Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   for (const auto& notice : config.resolve()) log_info(notice);
   config.validate();
+  config.check_trainable();
+  log_info(config.choices.algorithm_summary);  // the one line stating what runs
   if (config.actor_rollout_ref.model.path.empty())
     throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
   impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
@@ -359,6 +370,20 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
   (void)algo::policy_loss_registry().get(cfg.actor_rollout_ref.actor.policy_loss);
   s.loss_cfg = s.loss_config();  // the loss's string keys parsed once
+  if (s.fork) {
+    const auto& a = cfg.actor_rollout_ref.actor;
+    auto& f = s.fork_loss;
+    f.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
+    f.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
+    f.clip_ratio_c = a.clip_ratio_c;
+    f.loss_agg_mode = algo::parse_loss_agg_mode(a.loss_agg_mode);
+    f.entropy_coeff = a.entropy_coeff;
+    f.use_kl_loss = a.use_kl_loss;
+    f.kl_loss_coef = a.kl_loss_coef;
+    f.kl_loss_type = a.kl_loss_type;
+    f.use_iterative_ref_model = a.use_iterative_ref_model;
+    algo::validate(f);
+  }
   s.kl_penalty = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
   s.load_data();
   s.build_optimizer();
@@ -378,6 +403,35 @@ const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
 void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
 const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
+
+std::string validation_metric_key(const std::string& source, const std::string& name,
+                                  const std::map<std::string, double>& table) {
+  // ray_trainer._validate: per data source, the core variable is acc when present (else the
+  // reward: rpg's score); n_max is the largest "@n" among that variable's metrics.
+  auto var_of = [](const std::string& n) {
+    const auto slash = n.find('/');
+    return slash == std::string::npos ? std::string() : n.substr(0, slash);
+  };
+  auto at_n = [](const std::string& n) -> int64_t {
+    const auto at = n.rfind('@');
+    if (at == std::string::npos) return -1;
+    return std::atoll(n.c_str() + at + 1);  // int(name.split("@")[-1].split("/")[0])
+  };
+  bool has_acc = false;
+  for (const auto& [n, v] : table) has_acc = has_acc || var_of(n) == "acc";
+  const std::string core = has_acc ? "acc" : "score";
+  const std::string var = var_of(name);
+  bool is_core = false;
+  if (var == core) {
+    int64_t n_max = -1;
+    for (const auto& [n, v] : table)
+      if (var_of(n) == var) n_max = std::max(n_max, at_n(n));
+    const std::string metric = name.substr(var.size() + 1);
+    const bool prefix = metric.rfind("mean", 0) == 0 || metric.rfind("maj", 0) == 0 || metric.rfind("best", 0) == 0;
+    is_core = prefix && metric.find(str("@", n_max)) != std::string::npos;
+  }
+  return str(is_core ? "val-core/" : "val-aux/", source, "/", name);
+}
 
 std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
   auto get = [&](const char* key) {
@@ -409,6 +463,7 @@ Metrics Trainer::train_step() {
   sb.batch.set("old_log_probs", lp.old_log_probs);
   if (lp.ref_log_probs.defined()) sb.batch.set("ref_log_probs", lp.ref_log_probs);
   sb.batch.set("advantages", adv.advantages);
+  sb.batch.set("token_level_scores", sb.token_level_scores);
   const UpdateStats up = s.update_actor(sb.batch);
   ++s.step;
   s.refresh_reference(m);
@@ -432,7 +487,7 @@ Metrics Trainer::validate() {
                                s.cfg.data.apply_chat_template_kwargs.value);
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
-    for (const auto& [name, value] : table) m[str("val-core/", source, "/", name)] = value;
+    for (const auto& [name, value] : table) m[validation_metric_key(source, name, table)] = value;
   s.logger->log(s.step, m);
   return m;
 }
@@ -449,8 +504,11 @@ void Trainer::save_model(const std::string& dir) {
 void Trainer::fit() {
   Impl& s = *impl_;
   const auto& t = s.cfg.trainer;
-  if (t.val_before_train && !s.val_rows.empty() && s.step == 0) {
-    for (const auto& [k, val] : validate()) log_info(str("before training: ", k, " = ", val));
+  // As verl and the fork (rpg_ray_trainer.fit): validation before the first step of this
+  // process (also after a resume), every test_freq steps and at the last step.
+  if (t.val_before_train && !s.val_rows.empty() && s.step < s.total_steps) {
+    for (const auto& [k, val] : validate())
+      if (k.rfind("val-core/", 0) == 0) log_info(str("before training: ", k, " = ", val));
   }
   ProgressBar bar("train", s.total_steps, "step");
   bar.advance(s.step);
@@ -461,8 +519,9 @@ void Trainer::fit() {
     if (isatty(fileno(stderr))) std::fputs("\r\033[2K", stderr);
     log_info(step_summary(s.step, s.total_steps, m));
     bar.advance(1, str("score=", m["critic/score/mean"], " acc=", m["acc/mean"], " len=", m["response_length/mean"]));
-    if (t.test_freq > 0 && s.step % t.test_freq == 0 && !s.val_rows.empty()) {
-      for (const auto& [k, val] : validate()) log_info(str("step ", s.step, ": ", k, " = ", val));
+    if (t.test_freq > 0 && (s.step % t.test_freq == 0 || s.step == s.total_steps) && !s.val_rows.empty()) {
+      for (const auto& [k, val] : validate())
+        if (k.rfind("val-core/", 0) == 0) log_info(str("step ", s.step, ": ", k, " = ", val));
     }
     if (t.save_freq > 0 && s.step % t.save_freq == 0 && s.step < s.total_steps) s.save_checkpoint();
   }
