@@ -123,18 +123,17 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
   const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
   if (!a.seq_lens.empty()) {
     // Block-diagonal causal attention over a packed stream: one causal SDPA per sequence
-    // on its slice of the stream (no [N, N] mask, no cross-sequence work).
-    const at::Tensor qt = q.transpose(1, 2);  // [1, H, N, D]
+    // on its slice of the stream (no [N, N] mask, no cross-sequence work). The slices come
+    // from one split per tensor, whose backward concatenates the slices' gradients (S
+    // separate narrows would each materialise a zero gradient of the whole stream).
+    const auto qs = q.transpose(1, 2).split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
+    const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
     std::vector<at::Tensor> outs;
     outs.reserve(a.seq_lens.size());
-    int64_t off = 0;
-    for (int64_t L : a.seq_lens) {
-      outs.push_back(at::scaled_dot_product_attention(qt.narrow(2, off, L), kt.narrow(2, off, L),
-                                                      vt.narrow(2, off, L), std::nullopt, /*dropout_p=*/0.0,
+    for (size_t i = 0; i < a.seq_lens.size(); ++i)
+      outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
                                                       /*is_causal=*/true, /*scale=*/std::nullopt,
                                                       /*enable_gqa=*/H != Hkv));
-      off += L;
-    }
     at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);  // [1, H, N, D]
     return o.transpose(1, 2).reshape({B, T, H * D});
   }
