@@ -125,6 +125,22 @@ TEST(PackedLogProbs, EqualThePaddedPathUnderGradientCheckpointing) {
   expect_packed_equals_padded(m, "qwen2 checkpointed");
 }
 
+// Without an attention mask every row is one full sequence; packing still restarts
+// positions and attention per row.
+TEST(PackedLogProbs, NoMaskMeansFullRows) {
+  CausalLM m = test::random_model("qwen2");
+  at::NoGradGuard no_grad;
+  at::manual_seed(7);
+  at::Tensor ids = at::randint(1, m.config().vocab_size, {3, 9}, at::kLong);
+  LogProbOptions o;
+  o.with_entropy = true;
+  TokenLogProbs padded = m.log_probs(ids, {}, {}, ids.narrow(1, 4, 5), o);
+  o.remove_padding = true;
+  TokenLogProbs packed = m.log_probs(ids, {}, {}, ids.narrow(1, 4, 5), o);
+  EXPECT_LT(max_abs(padded.log_probs, packed.log_probs), 1e-5);
+  EXPECT_LT(max_abs(padded.entropy, packed.entropy), 1e-5);
+}
+
 TEST(PackedForward, BadLengthsThrow) {
   CausalLM m = test::random_model("qwen2");
   at::Tensor ids = at::ones({5}, at::kLong), pos = at::arange(5, at::kLong);
