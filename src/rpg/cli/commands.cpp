@@ -1,5 +1,7 @@
 #include "rpg/cli/commands.h"
 
+#include <ATen/Parallel.h>
+
 #include <iostream>
 
 #include "rpg/core/args.h"
@@ -63,9 +65,12 @@ int run_config_show(const std::string& full_name, const std::vector<std::string>
 }
 
 int run_version(const std::string& full_name, const std::vector<std::string>& args) {
-  ArgParser parser(full_name, "Prints the versions of rpg and of the libtorch it was built against.");
+  ArgParser parser(full_name,
+                   "Prints the versions of rpg and of the libtorch it was built against, and the\n"
+                   "intra-op thread count this process uses (rpg --threads N / RPG_NUM_THREADS).");
   if (!parser.parse(args)) return 0;
   std::cout << "rpg " << RPG_VERSION_STRING << " (libtorch " << RPG_TORCH_VERSION_STRING << ")\n";
+  std::cout << "threads " << at::get_num_threads() << " (libtorch intra-op)\n";
   return 0;
 }
 

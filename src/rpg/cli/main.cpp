@@ -1,9 +1,17 @@
 // `rpg <command> [args]`. The one place that catches rpg's exceptions: a failure prints
 // one line `rpg: error: <message>` on stderr and exits 2 (usage) or 1 (anything else).
+//
+// Global options, before the command: `--threads N` (or the environment variable
+// RPG_NUM_THREADS; the flag wins) sets libtorch's intra-op thread count before any tensor
+// work, i.e. before libtorch's OpenMP pool spawns its threads.
+#include <ATen/Parallel.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,7 +31,10 @@ void print_help() {
     if (name.size() < 22) name.resize(22, ' ');
     std::cout << name << c.summary << "\n";
   }
-  std::cout << "\n'rpg <command> --help' describes a command.  rpg --version prints versions.\n";
+  std::cout << "\nglobal options (before the command):\n"
+               "  --threads N           libtorch intra-op (OpenMP) threads; default: $RPG_NUM_THREADS, else\n"
+               "                        libtorch's own default (OMP_NUM_THREADS or the core count)\n"
+               "\n'rpg <command> --help' describes a command.  rpg --version prints versions.\n";
 }
 
 std::string first_line(const char* what) {
@@ -39,7 +50,48 @@ int fail(int code, const std::string& message) {
   return code;
 }
 
-int dispatch(const std::vector<std::string>& args) {
+// A thread count from `what` (the flag or the variable, named in the error): 1..4096.
+int parse_threads(const std::string& value, const std::string& what) {
+  int64_t n = 0;
+  bool ok = !value.empty() && value.size() <= 6;
+  for (char ch : value) ok = ok && ch >= '0' && ch <= '9';
+  if (ok) n = std::stoll(value);
+  if (!ok || n < 1 || n > 4096)
+    throw rpg::UsageError(rpg::str(what, ": got '", value, "', expected a thread count from 1 to 4096"));
+  return static_cast<int>(n);
+}
+
+// Removes the global options from the front of `args` and applies them. The thread count
+// goes to at::set_num_threads (OpenMP + MKL of this process) and to OMP_NUM_THREADS /
+// MKL_NUM_THREADS for any child process. Called before any libtorch computation, so the
+// OpenMP pool is created with this size rather than grown or shrunk later.
+void apply_global_options(std::vector<std::string>& args) {
+  std::optional<int> threads;
+  if (const char* env = std::getenv("RPG_NUM_THREADS"); env && *env) threads = parse_threads(env, "RPG_NUM_THREADS");
+  size_t i = 0;
+  while (i < args.size()) {
+    if (args[i] == "--threads") {
+      if (i + 1 >= args.size()) throw rpg::UsageError("--threads: missing value (a thread count from 1 to 4096)");
+      threads = parse_threads(args[i + 1], "--threads");
+      i += 2;
+    } else if (args[i].starts_with("--threads=")) {
+      threads = parse_threads(args[i].substr(10), "--threads");
+      i += 1;
+    } else {
+      break;
+    }
+  }
+  args.erase(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i));
+  if (threads) {
+    const std::string n = std::to_string(*threads);
+    setenv("OMP_NUM_THREADS", n.c_str(), 1);
+    setenv("MKL_NUM_THREADS", n.c_str(), 1);
+    at::set_num_threads(*threads);
+  }
+}
+
+int dispatch(std::vector<std::string> args) {
+  apply_global_options(args);
   if (args.empty()) {
     print_help();
     return 2;

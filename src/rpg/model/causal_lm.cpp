@@ -76,6 +76,9 @@ struct AttnInputs {
   at::Tensor cos, sin;   // [B, T, 1, D]
   at::Tensor mask;       // make_mask(): [B, 1, (rep*)T, S] bool (true = attend), or undefined = causal
   bool is_causal = false;
+  // Packed stream (B = 1): the lengths of the sequences laid end to end along T; each
+  // attends causally within itself only. Empty = not packed.
+  std::vector<int64_t> seq_lens;
 };
 
 at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -118,6 +121,22 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
   const int64_t B = q.size(0), T = q.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim;
   const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
+  if (!a.seq_lens.empty()) {
+    // Block-diagonal causal attention over a packed stream: one causal SDPA per sequence
+    // on its slice of the stream (no [N, N] mask, no cross-sequence work). The slices come
+    // from one split per tensor, whose backward concatenates the slices' gradients (S
+    // separate narrows would each materialise a zero gradient of the whole stream).
+    const auto qs = q.transpose(1, 2).split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
+    const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
+    std::vector<at::Tensor> outs;
+    outs.reserve(a.seq_lens.size());
+    for (size_t i = 0; i < a.seq_lens.size(); ++i)
+      outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
+                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                      /*enable_gqa=*/H != Hkv));
+    at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);  // [1, H, N, D]
+    return o.transpose(1, 2).reshape({B, T, H * D});
+  }
   if (H != Hkv && a.mask.defined()) {
     // Grouped-query attention with a mask: fold each group's query heads into the query
     // length, [B, T, H, D] -> [B, Hkv, rep*T, D] (head h = kv * rep + r reads K/V head kv,
@@ -157,15 +176,16 @@ at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::
 // (no dropout), so the recomputation reproduces the forward exactly.
 struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::TensorList params, at::Tensor cos,
-                            at::Tensor sin, std::optional<at::Tensor> mask, bool is_causal, int64_t layer,
-                            const CausalLM::Impl* impl) {
+                            at::Tensor sin, std::optional<at::Tensor> mask, bool is_causal,
+                            std::vector<int64_t> seq_lens, int64_t layer, const CausalLM::Impl* impl) {
     std::vector<at::Tensor> saved = {x, cos, sin, mask.value_or(at::Tensor())};
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["seq_lens"] = seq_lens;
     ctx->saved_data["impl"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(impl));
-    AttnInputs a{cos, sin, mask.value_or(at::Tensor()), is_causal};
+    AttnInputs a{cos, sin, mask.value_or(at::Tensor()), is_causal, std::move(seq_lens)};
     return layer_forward(impl->layers[layer], impl->config, x, a, nullptr);
   }
 
@@ -173,7 +193,8 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     auto saved = ctx->get_saved_variables();
     const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
     int64_t layer = ctx->saved_data["layer"].toInt();
-    AttnInputs a{saved[1], saved[2], saved[3], ctx->saved_data["is_causal"].toBool()};
+    AttnInputs a{saved[1], saved[2], saved[3], ctx->saved_data["is_causal"].toBool(),
+                 ctx->saved_data["seq_lens"].toIntVector()};
     at::AutoGradMode grad_on(true);
     at::Tensor x = saved[0].detach().requires_grad_(saved[0].requires_grad());
     LayerWeights w = impl->layers[layer];
@@ -192,8 +213,8 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
         where.push_back(static_cast<int>(1 + i));
       }
     }
-    // x, each param, cos, sin, mask, is_causal, layer, impl
-    variable_list grads(1 + ws.size() + 6);
+    // x, each param, cos, sin, mask, is_causal, seq_lens, layer, impl
+    variable_list grads(1 + ws.size() + 7);
     if (inputs.empty()) return grads;
     at::Tensor y = layer_forward(w, impl->config, x, a, nullptr);
     auto g = torch::autograd::grad({y}, inputs, {grad_out[0]}, /*retain_graph=*/false, /*create_graph=*/false,
@@ -287,6 +308,25 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
 at::Tensor default_positions(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
   if (attention_mask.defined()) return (attention_mask.to(at::kLong).cumsum(-1) - 1).clamp_min(0);
   return at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(input_ids);
+}
+
+// The decoder layers (checkpointed when enabled and autograd is recording) and the final
+// norm over embeddings x [B, T, C].
+at::Tensor decoder_stack(const CausalLM::Impl& m, at::Tensor x, const AttnInputs& a) {
+  bool checkpoint = m.checkpointing && at::GradMode::is_enabled();
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    if (checkpoint) {
+      LayerWeights w = m.layers[l];
+      std::vector<at::Tensor> params;
+      for (at::Tensor* p : layer_slots(w, m.config)) params.push_back(*p);
+      x = CheckpointedLayer::apply(x, at::TensorList(params), a.cos, a.sin,
+                                   a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, a.is_causal,
+                                   a.seq_lens, static_cast<int64_t>(l), &m);
+    } else {
+      x = layer_forward(m.layers[l], m.config, x, a, nullptr);
+    }
+  }
+  return rms_norm(x, m.final_norm, m.config.rms_norm_eps);
 }
 
 // Token ids must be [B, T] integers; out-of-vocabulary ids are caught by at::embedding.
@@ -425,21 +465,31 @@ at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor
   } else {
     a.is_causal = true;
   }
-  at::Tensor x = at::embedding(m.embed, ids);  // [B, T, C]
-  bool checkpoint = m.checkpointing && at::GradMode::is_enabled();
-  for (size_t l = 0; l < m.layers.size(); ++l) {
-    if (checkpoint) {
-      LayerWeights w = m.layers[l];
-      std::vector<at::Tensor> params;
-      for (at::Tensor* p : layer_slots(w, m.config)) params.push_back(*p);
-      x = CheckpointedLayer::apply(x, at::TensorList(params), a.cos, a.sin,
-                                   a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, a.is_causal,
-                                   static_cast<int64_t>(l), &m);
-    } else {
-      x = layer_forward(m.layers[l], m.config, x, a, nullptr);
-    }
+  return decoder_stack(m, at::embedding(m.embed, ids), a);
+}
+
+at::Tensor CausalLM::packed_hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                          const std::vector<int64_t>& seq_lens) const {
+  const Impl& m = *impl_;
+  TORCH_CHECK(input_ids.dim() == 1, "packed input_ids must be [N], got ", input_ids.sizes());
+  TORCH_CHECK(input_ids.scalar_type() == at::kLong || input_ids.scalar_type() == at::kInt,
+              "packed input_ids must be integer");
+  TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "packed position_ids ", position_ids.sizes(),
+              " must match input_ids ", input_ids.sizes());
+  int64_t total = 0;
+  for (int64_t L : seq_lens) {
+    if (L < 1) throw ValueError(str("packed forward: sequence length ", L, ", expected >= 1"));
+    total += L;
   }
-  return rms_norm(x, m.final_norm, m.config.rms_norm_eps);
+  if (total != input_ids.size(0))
+    throw ValueError(str("packed forward: sequence lengths sum to ", total, " but the stream has ",
+                         input_ids.size(0), " tokens"));
+  at::Tensor ids = input_ids.to(m.device, at::kLong).unsqueeze(0);  // [1, N]
+  AttnInputs a;
+  std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, position_ids.to(m.device, at::kLong).unsqueeze(0), m.dtype);
+  a.is_causal = true;
+  if (seq_lens.size() > 1) a.seq_lens = seq_lens;  // one sequence: plain causal attention
+  return decoder_stack(m, at::embedding(m.embed, ids), a).squeeze(0);  // [N, C]
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& input_ids, const at::Tensor& attention_mask,
@@ -457,6 +507,7 @@ TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor&
   if (!(options.temperature > 0) || !std::isfinite(options.temperature))
     throw ValueError(str("log_probs temperature: got ", options.temperature, ", expected a finite value > 0"));
   if (options.chunk_tokens < 1) throw ValueError(str("log_probs chunk_tokens: got ", options.chunk_tokens, ", expected >= 1"));
+  if (options.remove_padding) return packed_log_probs(input_ids, attention_mask, position_ids, targets, options);
   at::Tensor h = hidden_states(input_ids, attention_mask, position_ids).narrow(1, T - R - 1, R);  // [B, R, C]
   at::Tensor t = targets.to(impl_->device, at::kLong).reshape({B * R});
   auto out = ChunkedLogProbs::apply(h.reshape({B * R, h.size(2)}), impl_->lm_head, t, options.temperature,
@@ -464,6 +515,46 @@ TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor&
   TokenLogProbs r;
   r.log_probs = out[0].view({B, R});
   if (options.with_entropy) r.entropy = out[1].view({B, R});
+  return r;
+}
+
+// log_probs() with options.remove_padding: unpad -> packed_hidden_states -> score the
+// positions whose scoring token and target are both real -> scatter back to [B, R].
+TokenLogProbs CausalLM::packed_log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                         const at::Tensor& position_ids, const at::Tensor& targets,
+                                         const LogProbOptions& options) const {
+  const Impl& m = *impl_;
+  check_ids(input_ids, "input_ids");
+  const int64_t B = input_ids.size(0), T = input_ids.size(1), R = targets.size(1);
+  if (attention_mask.defined())
+    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
+                " must match input_ids ", input_ids.sizes());
+  if (position_ids.defined())
+    TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids ", position_ids.sizes(),
+                " must match input_ids ", input_ids.sizes());
+  at::Tensor ids = input_ids.to(m.device, at::kLong);
+  at::Tensor mask = attention_mask.defined() ? attention_mask.to(m.device).to(at::kBool)
+                                             : at::ones({B, T}, ids.options().dtype(at::kBool));
+  at::Tensor pos = position_ids.defined() ? position_ids.to(m.device, at::kLong) : default_positions(ids, mask);
+  // Sequence lengths on the host (shapes depend on them); rows without tokens drop out.
+  at::Tensor lens = mask.sum(1).to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> seq_lens;
+  for (int64_t b = 0; b < B; ++b)
+    if (int64_t L = lens.data_ptr<int64_t>()[b]; L > 0) seq_lens.push_back(L);
+  at::Tensor flat = mask.reshape({B * T});
+  at::Tensor h = packed_hidden_states(ids.reshape({B * T}).masked_select(flat), pos.reshape({B * T}).masked_select(flat),
+                                      seq_lens);  // [N, C]
+  // Stream index of every real padded position; scored rows of the response window.
+  at::Tensor where = (flat.to(at::kLong).cumsum(0) - 1).view({B, T});
+  at::Tensor scored = mask.narrow(1, T - R - 1, R).logical_and(mask.narrow(1, T - R, R));  // [B, R]
+  at::Tensor rows = where.narrow(1, T - R - 1, R).masked_select(scored);                   // [M]
+  at::Tensor t = targets.to(m.device, at::kLong).masked_select(scored);
+  auto out = ChunkedLogProbs::apply(h.index_select(0, rows), m.lm_head, t, options.temperature,
+                                    options.with_entropy, options.chunk_tokens);
+  at::Tensor zeros = at::zeros({B, R}, h.options().dtype(at::kFloat));
+  TokenLogProbs r;
+  r.log_probs = zeros.masked_scatter(scored, out[0]);
+  if (options.with_entropy) r.entropy = zeros.masked_scatter(scored, out[1]);
   return r;
 }
 

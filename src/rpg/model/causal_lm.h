@@ -50,6 +50,12 @@ struct LogProbOptions {
   // peak is about rows * V * 12 bytes (two fp32 work buffers and the matmul output)
   // instead of several B * R * V * 4 copies: 256 rows at V = 152k is ~0.5 GB.
   int64_t chunk_tokens = 256;
+  // Padding-free forward (verl's use_remove_padding): the rows' real tokens (attention_mask
+  // 1) are packed into one stream and run through packed_hidden_states(), so the decoder
+  // layers and the lm_head work on real tokens only. Results on scored positions equal the
+  // padded path's (to fp32 rounding); positions whose target or scoring token is padding
+  // get log-prob 0 and entropy 0 (the padded path leaves finite, meaningless values there).
+  bool remove_padding = false;
 };
 
 struct TokenLogProbs {
@@ -132,12 +138,25 @@ class CausalLM {
   at::Tensor hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask = {},
                            const at::Tensor& position_ids = {}) const;  // [B, T, C] after the final norm
 
+  // Padding-free forward over S sequences concatenated into one stream of N tokens:
+  //   input_ids    [N] int64
+  //   position_ids [N] int64, each sequence's own positions (in verl's layout 0..L_i-1,
+  //                so RoPE restarts with every sequence)
+  //   seq_lens     S lengths >= 1 summing to N
+  // Attention is causal within each sequence and never crosses into another (block-
+  // diagonal causal): each sequence gets the hidden states it would get alone. Work and
+  // memory scale with N and sum L_i^2, not with S * max L. Returns [N, C] after the final
+  // norm. Honours gradient checkpointing like hidden_states().
+  at::Tensor packed_hidden_states(const at::Tensor& input_ids, const at::Tensor& position_ids,
+                                  const std::vector<int64_t>& seq_lens) const;
+
   // Log-probabilities (and entropies) of `targets` [B, R] (in verl's layout the responses,
   // i.e. the last R tokens of input_ids), scored by the logits of the R positions before
   // the last one (so R <= T - 1):
   // log softmax(logits[:, T-R-1 : T-1] / temperature)[targets]. The lm_head projection
   // runs in chunks of options.chunk_tokens rows, forward and backward, so [B, R, V]
-  // logits never exist in fp32. Differentiable w.r.t. the parameters.
+  // logits never exist in fp32. Differentiable w.r.t. the parameters. With
+  // options.remove_padding the same call runs padding-free (see LogProbOptions).
   TokenLogProbs log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                           const at::Tensor& position_ids, const at::Tensor& targets,
                           const LogProbOptions& options = {}) const;
@@ -166,6 +185,9 @@ class CausalLM {
   struct Impl;
 
  private:
+  TokenLogProbs packed_log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,
+                                 const at::Tensor& position_ids, const at::Tensor& targets,
+                                 const LogProbOptions& options) const;
   explicit CausalLM(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
