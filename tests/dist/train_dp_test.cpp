@@ -259,6 +259,22 @@ TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoZeroOneRanks) {
   expect_equal_runs(one_, run, 3);
 }
 
+// Schedule-free AdamW (the RPG fork's optimizer) under ZeRO-1: the evaluation/training weight
+// switches (generation, checkpoints) re-gather the parameters; 2 ranks equal 1 rank.
+TEST_F(DataParallelTrain, ZeroOneScheduleFreeEqualsOneRank) {
+  const fs::path one = *dir_ / "sf_one", two = *dir_ / "sf_zero1";
+  auto one_argv = train_argv({}, one, 3), two_argv = train_argv({"--nproc", "2"}, two, 3);
+  for (auto* argv : {&one_argv, &two_argv})
+    argv->insert(argv->end(), {"actor_rollout_ref.actor.optim.optim_type=schedule_free_adamw",
+                               "actor_rollout_ref.actor.optim.lr_warmup_steps=2"});
+  two_argv.push_back("dist.zero_stage=1");
+  auto r1 = run_process(one_argv, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  auto r2 = run_process(two_argv);
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  expect_equal_runs(one, two, 3);
+}
+
 // PyTorch's torchrun (its agent hosts the store) runs the 2 ranks: the same run.
 TEST_F(DataParallelTrain, TorchrunEqualsOneRank) {
   const fs::path run = *dir_ / "torchrun";
