@@ -192,6 +192,10 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {"trainer.max_consecutive_skips", {"trainer.max_consecutive_skips", "0"}},
       {"trainer.sample_log_freq", {"trainer.sample_log_freq", "-1"}},
       {"trainer.sample_log_count", {"trainer.sample_log_count", "-1"}},
+      {"trainer.nnodes", {"trainer.nnodes", "0"}},
+      {"trainer.n_gpus_per_node", {"trainer.n_gpus_per_node", "0"}},
+      {"actor_rollout_ref.nccl_timeout", {"actor_rollout_ref.nccl_timeout", "0"}},
+      {"dist.zero_stage", {"dist.zero_stage", "3"}},
   };
   // Numeric keys every value of which means something.
   const std::set<std::string> unbounded = {
@@ -202,7 +206,7 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
   ProcessResult shown = rpg({"config", "show", "-", "data.gen_batch_size=1024", "data.val_batch_size=8", "data.seed=1",
                              a + "ppo_micro_batch_size_per_gpu=2", a + "ppo_micro_batch_size=2",
                              a + "clip_ratio_low=0.2", a + "clip_ratio_high=0.28", "trainer.total_training_steps=3",
-                             "trainer.max_actor_ckpt_to_keep=2"});
+                             "trainer.max_actor_ckpt_to_keep=2", "trainer.nnodes=1", "trainer.n_gpus_per_node=1"});
   ASSERT_EQ(shown.exit_code, 0) << shown.err;
   std::set<std::string> numeric;
   numeric_leaves(parse_yaml(shown.out, "config show"), "", numeric);

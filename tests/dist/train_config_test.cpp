@@ -132,5 +132,35 @@ TEST(TrainDistConfig, PlanEstimateMatchesMeasuredPeak) {
   EXPECT_LE(std::abs(estimated - measured), 0.15 * measured) << "estimated " << estimated << " measured " << measured;
 }
 
+// rpg plan's parameter count is Hugging Face's (transformers' num_parameters(), tied
+// embeddings counted once), and ZeRO-1 over 2 ranks saves exactly half of AdamW's 8 bytes per
+// parameter; --world-size is checked.
+TEST(TrainDistConfig, PlanCountsParametersAndShardsTheOptimizer) {
+  const auto model = test::oracle_output_dir("tiny_chat_model.py") / "model";
+  auto hf = run_process({test::python().string(), "-c",
+                         "import sys; from transformers import AutoModelForCausalLM as M; "
+                         "print(M.from_pretrained(sys.argv[1]).num_parameters())",
+                         model.string()});
+  ASSERT_EQ(hf.exit_code, 0) << hf.err;
+  const double params = std::stod(hf.out);
+  auto plan = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {test::rpg_binary().string(), "plan", "-", "actor_rollout_ref.model.path=" + model.string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = run_process(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  auto total = [](const std::string& out) { return std::stod(out.substr(out.rfind(" (") + 2)); };
+  const std::string one = plan({});
+  EXPECT_TRUE(has(one, " B parameters (" + std::to_string(static_cast<int64_t>(params)) + ")")) << one;
+  const std::string two = plan({"--world-size", "2", "dist.zero_stage=1"});
+  EXPECT_TRUE(has(two, "per rank of 2, ZeRO-1")) << two;
+  EXPECT_EQ(total(one) - total(two), 4 * params);
+  EXPECT_EQ(total(plan({"--world-size", "2"})), total(one));  // ZeRO-0: replicated
+  auto bad = run_process({test::rpg_binary().string(), "plan", "-", "--world-size", "0"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_TRUE(has(bad.err, "--world-size must be >= 1, got 0")) << bad.err;
+}
+
 }  // namespace
 }  // namespace rpg::dist

@@ -259,6 +259,22 @@ TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoZeroOneRanks) {
   expect_equal_runs(one_, run, 3);
 }
 
+// Schedule-free AdamW (the RPG fork's optimizer) under ZeRO-1: the evaluation/training weight
+// switches (generation, checkpoints) re-gather the parameters; 2 ranks equal 1 rank.
+TEST_F(DataParallelTrain, ZeroOneScheduleFreeEqualsOneRank) {
+  const fs::path one = *dir_ / "sf_one", two = *dir_ / "sf_zero1";
+  auto one_argv = train_argv({}, one, 3), two_argv = train_argv({"--nproc", "2"}, two, 3);
+  for (auto* argv : {&one_argv, &two_argv})
+    argv->insert(argv->end(), {"actor_rollout_ref.actor.optim.optim_type=schedule_free_adamw",
+                               "actor_rollout_ref.actor.optim.lr_warmup_steps=2"});
+  two_argv.push_back("dist.zero_stage=1");
+  auto r1 = run_process(one_argv, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  auto r2 = run_process(two_argv);
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  expect_equal_runs(one, two, 3);
+}
+
 // PyTorch's torchrun (its agent hosts the store) runs the 2 ranks: the same run.
 TEST_F(DataParallelTrain, TorchrunEqualsOneRank) {
   const fs::path run = *dir_ / "torchrun";
@@ -294,6 +310,35 @@ TEST_F(DataParallelTrain, KilledRankIsNamedAndTheRunResumes) {
   EXPECT_TRUE(fs::exists(run / "global_step_1" / "train_state.json"));
   EXPECT_FALSE(fs::exists(run / "global_step_2"));
   auto again = run_process(train_argv({"--nproc", "2"}, run, 3));
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// The same under ZeRO-1: rank 1 dies inside its shard's optimizer step, rank 0 fails in the
+// parameter all-gather naming it, and a restart (2 ZeRO-1 ranks) ends as the uninterrupted run.
+TEST_F(DataParallelTrain, KilledZeroOneRankIsNamedAndTheRunResumes) {
+  const fs::path run = *dir_ / "killed_zero1";
+  const std::string port = std::to_string(free_port());
+  std::vector<std::future<test::ProcessResult>> nodes;
+  for (int n = 0; n < 2; ++n)
+    nodes.push_back(std::async(std::launch::async, [&, n] {
+      std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
+      if (n == 1) env.push_back("RPG_TEST_KILL_AT=optimizer_step:3");
+      auto argv = train_argv({"--nproc", "1", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-port", port},
+                             run, 3);
+      argv.push_back("dist.zero_stage=1");
+      return run_process(argv, env);
+    }));
+  auto r0 = nodes[0].get(), r1 = nodes[1].get();
+  EXPECT_EQ(r1.exit_code, 1);
+  EXPECT_TRUE(r1.err.find("rpg: error: launch: rank 1 was killed by signal 9 (SIGKILL)") != std::string::npos) << r1.err;
+  EXPECT_EQ(r0.exit_code, 1);
+  EXPECT_TRUE(r0.err.find("rpg: error: dist: rank 1 is lost") != std::string::npos) << r0.err;
+  EXPECT_TRUE(fs::exists(run / "global_step_1" / "train_state.json"));
+  EXPECT_FALSE(fs::exists(run / "global_step_2"));
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.push_back("dist.zero_stage=1");
+  auto again = run_process(argv);
   ASSERT_EQ(again.exit_code, 0) << again.err;
   expect_equal_runs(one_, run, 3);
 }

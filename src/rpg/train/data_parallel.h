@@ -1,4 +1,5 @@
-// The trainer's data-parallel hooks (ZeRO-0 on the dist module's world group). Each is a
+// The trainer's data-parallel hooks on the dist module's world group (ZeRO-0, and ZeRO-1
+// through make_optimizer below). Each is a
 // no-op pass-through when the process runs alone, so a one-process run is unchanged.
 // What a data-parallel step does (docs/scaling.md):
 //   rollout   each rank generates a contiguous share of whole prompts, keyed like a one-process
