@@ -335,6 +335,17 @@ void check_ids(const at::Tensor& ids, const char* what) {
   TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, what, " must be integer");
 }
 
+// A padded batch: [B, T] ids with an optional mask and positions of the same shape.
+void check_batch(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& position_ids) {
+  check_ids(input_ids, "input_ids");
+  if (attention_mask.defined())
+    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
+                " must match input_ids ", input_ids.sizes());
+  if (position_ids.defined())
+    TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids ", position_ids.sizes(),
+                " must match input_ids ", input_ids.sizes());
+}
+
 }  // namespace
 
 // ---- construction ----
@@ -440,14 +451,8 @@ bool CausalLM::gradient_checkpointing() const { return impl_->checkpointing; }
 at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor& attention_mask,
                                    const at::Tensor& position_ids) const {
   const Impl& m = *impl_;
-  check_ids(input_ids, "input_ids");
+  check_batch(input_ids, attention_mask, position_ids);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
-  if (attention_mask.defined())
-    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
-                " must match input_ids ", input_ids.sizes());
-  if (position_ids.defined())
-    TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids ", position_ids.sizes(),
-                " must match input_ids ", input_ids.sizes());
   at::Tensor ids = input_ids.to(m.device, at::kLong);
   at::Tensor pos = position_ids.defined() ? position_ids.to(m.device, at::kLong)
                                           : default_positions(ids, attention_mask.defined() ? attention_mask.to(m.device) : at::Tensor());
@@ -524,14 +529,8 @@ TokenLogProbs CausalLM::packed_log_probs(const at::Tensor& input_ids, const at::
                                          const at::Tensor& position_ids, const at::Tensor& targets,
                                          const LogProbOptions& options) const {
   const Impl& m = *impl_;
-  check_ids(input_ids, "input_ids");
+  check_batch(input_ids, attention_mask, position_ids);
   const int64_t B = input_ids.size(0), T = input_ids.size(1), R = targets.size(1);
-  if (attention_mask.defined())
-    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
-                " must match input_ids ", input_ids.sizes());
-  if (position_ids.defined())
-    TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids ", position_ids.sizes(),
-                " must match input_ids ", input_ids.sizes());
   at::Tensor ids = input_ids.to(m.device, at::kLong);
   at::Tensor mask = attention_mask.defined() ? attention_mask.to(m.device).to(at::kBool)
                                              : at::ones({B, T}, ids.options().dtype(at::kBool));

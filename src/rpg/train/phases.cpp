@@ -247,28 +247,24 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
   const at::Tensor& mask = sb.batch.get("response_mask");
   AdvantageResult out;
   out.token_level_rewards = sb.token_level_scores;
-  if (cfg.algorithm.use_kl_in_reward && fork) {
-    // rpg_ray_trainer.py:195-199 -> ray_trainer.apply_kl_penalty with kl_penalty =
-    // actor.kl_loss_type: the fork's kl_penalty(old_log_probs, ref) (the RPG forms clamped to
-    // +-10; with use_iterative_ref_model ref = old_log_probs).
-    const at::Tensor fm = mask.to(at::kFloat);
-    const at::Tensor kld = algo::fork_kl_penalty(lp.old_log_probs, lp.ref_log_probs,
-                                                 cfg.actor_rollout_ref.actor.kl_loss_type) * fm;
-    out.token_level_rewards = sb.token_level_scores - kl_in_reward_coef * kld;
-    // masked_mean over each row (the fork's: sum / (count + 1e-8)), then the mean over rows.
-    const double current_kl = (kld.sum(1) / (fm.sum(1) + 1e-8)).mean().item<double>();
-    m["actor/reward_kl_penalty"] = current_kl;
-    m["actor/reward_kl_penalty_coeff"] = kl_in_reward_coef;
-    const auto& kc = cfg.algorithm.kl_ctrl;
-    if (adaptive_kl_ctrl)
-      kl_in_reward_coef = adaptive_kl_coef(kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, sb.batch.rows());
-  } else if (cfg.algorithm.use_kl_in_reward) {
-    const auto estimator = kl_penalty;
-    out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs, mask,
-                                                     kl_in_reward_coef, estimator);
-    // The batch's KL (mean over rows of each row's token mean), as verl's controller sees it.
-    at::Tensor kl = algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, estimator) * mask;
-    const double current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
+  if (cfg.algorithm.use_kl_in_reward) {
+    double current_kl = 0;  // the batch's KL (mean over rows of each row's token mean), as verl's controller sees it
+    if (fork) {
+      // rpg_ray_trainer.py:195-199 -> ray_trainer.apply_kl_penalty with kl_penalty =
+      // actor.kl_loss_type: the fork's kl_penalty(old_log_probs, ref) (the RPG forms clamped to
+      // +-10; with use_iterative_ref_model ref = old_log_probs).
+      const at::Tensor fm = mask.to(at::kFloat);
+      const at::Tensor kld = algo::fork_kl_penalty(lp.old_log_probs, lp.ref_log_probs,
+                                                   cfg.actor_rollout_ref.actor.kl_loss_type) * fm;
+      out.token_level_rewards = sb.token_level_scores - kl_in_reward_coef * kld;
+      // masked_mean over each row (the fork's: sum / (count + 1e-8)), then the mean over rows.
+      current_kl = (kld.sum(1) / (fm.sum(1) + 1e-8)).mean().item<double>();
+    } else {
+      out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs,
+                                                       mask, kl_in_reward_coef, kl_penalty);
+      const at::Tensor kl = algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, kl_penalty) * mask;
+      current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
+    }
     m["actor/reward_kl_penalty"] = current_kl;
     m["actor/reward_kl_penalty_coeff"] = kl_in_reward_coef;
     const auto& kc = cfg.algorithm.kl_ctrl;
@@ -282,7 +278,9 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
   ai.group_index = sb.batch.get("group_index");
   ai.gamma = cfg.algorithm.gamma;
   ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
-  out.advantages = algo::compute_advantage(cfg.algorithm.adv_estimator, ai).advantages;
+  auto computed = algo::compute_advantage(cfg.algorithm.adv_estimator, ai);
+  out.advantages = std::move(computed.advantages);
+  out.returns = std::move(computed.returns);
   out.seconds = seconds_since(t_adv);
   return out;
 }
@@ -422,6 +420,11 @@ void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, con
   m["critic/advantages/mean"] = masked_mean(adv.advantages, mask);
   m["critic/advantages/max"] = (adv.advantages * mask).max().item<double>();
   m["critic/advantages/min"] = (adv.advantages * mask).min().item<double>();
+  if (adv.returns.defined()) {  // verl's compute_data_metrics: the returns over response tokens
+    m["critic/returns/mean"] = masked_mean(adv.returns, mask);
+    m["critic/returns/max"] = (adv.returns * mask).max().item<double>();
+    m["critic/returns/min"] = (adv.returns * mask).min().item<double>();
+  }
   m["acc/mean"] = mean_of(gen.all_acc);
   m["acc/generated_score_mean"] = mean_of(gen.all_scores);
   m["response_length/mean"] = sb.lengths.to(at::kDouble).mean().item<double>();

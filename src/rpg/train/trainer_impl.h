@@ -87,6 +87,7 @@ struct PolicyLogProbs {
 // advantages
 struct AdvantageResult {
   at::Tensor token_level_rewards, advantages;
+  at::Tensor returns;  // the estimator's returns (verl logs them as critic/returns/*)
   double seconds = 0;
 };
 
