@@ -6,9 +6,11 @@
 #include "rpg/core/args.h"
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
+#include "rpg/core/signals.h"
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/train/checkpoint.h"
 #include "rpg/train/trainer.h"
 
 namespace rpg::cli {
@@ -24,10 +26,12 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
       .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.policy_loss=rpg_reinforce")
       .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
   if (!parser.parse(args)) return 0;
+  signals::install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit 75
   TrainConfig config = load_train_config(file, overrides);
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
+  train::RunDirLock lock(run_dir);  // one writer per run directory, taken before anything is touched
   train::Trainer trainer(std::move(config), reward::builtin_scorers());
   write_file_atomic(run_dir / "config.yaml", resolved);
   trainer.fit();

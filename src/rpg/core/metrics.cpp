@@ -116,13 +116,11 @@ void TensorBoardWriter::write_record(const std::string& event) {
   rec.append(reinterpret_cast<const char*>(&len_crc), 4);
   rec += event;
   rec.append(reinterpret_cast<const char*>(&data_crc), 4);
-  if (std::fwrite(rec.data(), 1, rec.size(), file_) != rec.size())
-    throw IoError(str("cannot write ", path_.string(), ": ", std::strerror(errno)));
+  write_stream(file_, rec, path_);
 }
 
 void TensorBoardWriter::flush(bool durable) {
-  if (std::fflush(file_) != 0) throw IoError(str("cannot write ", path_.string(), ": ", std::strerror(errno)));
-  if (durable) fsync(fileno(file_));
+  flush_stream(file_, path_, durable);
 }
 
 MetricsLogger::MetricsLogger(const std::filesystem::path& dir, bool tensorboard, int64_t resume_step)
@@ -152,14 +150,12 @@ void MetricsLogger::log(int64_t step, const std::map<std::string, double>& metri
     if (tb_) tb_->add_scalar(k, v, step);
   }
   std::string line = j.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size())
-    throw IoError(str("cannot write ", jsonl_.string(), ": ", std::strerror(errno)));
+  write_stream(file_, line, jsonl_);
   flush();
 }
 
 void MetricsLogger::flush(bool durable) {
-  if (std::fflush(file_) != 0) throw IoError(str("cannot write ", jsonl_.string(), ": ", std::strerror(errno)));
-  if (durable) fsync(fileno(file_));
+  flush_stream(file_, jsonl_, durable);
   if (tb_) tb_->flush(durable);
 }
 

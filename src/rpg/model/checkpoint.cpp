@@ -239,18 +239,15 @@ void CausalLM::save_pretrained(const fs::path& dir, const SaveOptions& options) 
     if (n == 1) std::snprintf(fname, sizeof fname, "model.safetensors");
     else std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", i + 1, n);
     fs::path path = out.path() / fname;
-    std::ofstream f(path, std::ios::binary);
-    if (!f) throw IoError(str("cannot create ", path.string()));
-    std::string header = st::serialize_header(shards[i].infos, {{"format", "pt"}});
-    f.write(header.data(), static_cast<std::streamsize>(header.size()));
+    OutputFile f(path);
+    f.write(st::serialize_header(shards[i].infos, {{"format", "pt"}}));
     for (size_t k = 0; k < shards[i].tensors.size(); ++k) {
       // One tensor converted at a time: saving never needs a second copy of the model.
       at::Tensor t = shards[i].tensors[k].detach().to(at::kCPU, dtype).contiguous();
-      f.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
+      f.write(std::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes()));
       weight_map[shards[i].infos[k].name] = fname;
     }
     f.close();
-    if (!f) throw IoError(str("cannot write ", path.string()));
   }
   if (n > 1) {
     nlohmann::ordered_json idx;
