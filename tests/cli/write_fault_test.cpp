@@ -18,7 +18,14 @@ namespace fs = std::filesystem;
 namespace rpg {
 namespace {
 
-constexpr int kSteps = 4;
+constexpr int kSteps = 3;
+
+// Temporary names (".tmp.<pid>.<random>") and TensorBoard event files (named by time, host
+// and pid) differ between runs: replaced by fixed names.
+std::string normalised(const std::string& s) {
+  static const std::regex tmp(R"(\.tmp\.[0-9]+\.[0-9]+)"), events(R"(events\.out\.tfevents\.[^/:]*)");
+  return std::regex_replace(std::regex_replace(s, tmp, ".tmp.X"), events, "events.out.tfevents.X");
+}
 
 // The write calls a run makes, in order: the file each one wrote (temporary names
 // normalised to ".tmp.X").
@@ -28,14 +35,8 @@ std::vector<std::string> count_writes(const std::vector<std::string>& argv, cons
   std::vector<std::string> out;
   std::istringstream in(read_file(list));
   std::string line;
-  static const std::regex tmp(R"(\.tmp\.[0-9]+\.[0-9]+)");
-  while (std::getline(in, line)) out.push_back(std::regex_replace(line, tmp, ".tmp.X"));
+  while (std::getline(in, line)) out.push_back(normalised(line));
   return out;
-}
-
-std::string normalised(const std::string& s) {
-  static const std::regex tmp(R"(\.tmp\.[0-9]+\.[0-9]+)");
-  return std::regex_replace(s, tmp, ".tmp.X");
 }
 
 const char* errno_of(int n) { return n % 2 ? "ENOSPC" : "EIO"; }

@@ -77,7 +77,24 @@ OutputFile::~OutputFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+void OutputFile::write(std::string_view data) {
+  if (pending_.size() + data.size() < kBuffer) {
+    pending_.append(data);
+    return;
+  }
+  if (!pending_.empty()) {
+    write_fd(fd_, pending_, path_);
+    pending_.clear();
+  }
+  if (data.size() >= kBuffer) write_fd(fd_, data, path_);
+  else pending_.append(data);
+}
+
 void OutputFile::close() {
+  if (!pending_.empty()) {
+    write_fd(fd_, pending_, path_);
+    pending_.clear();
+  }
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) throw_errno("cannot write", path_);

@@ -31,20 +31,24 @@ void write_fd(int fd, std::string_view data, const std::filesystem::path& path);
 void write_stream(std::FILE* f, std::string_view data, const std::filesystem::path& path);
 void flush_stream(std::FILE* f, const std::filesystem::path& path, bool durable = false);
 
-// A file created (or truncated) for writing through write_fd. close() reports errors;
-// the destructor closes silently. Used inside an AtomicDir for large files.
+// A file created (or truncated) for writing through write_fd. Small pieces (a safetensors
+// header, small tensors) are gathered into writes of >= 4 MiB; larger ones are written
+// directly. close() writes the rest and reports errors; the destructor closes silently.
+// Used inside an AtomicDir for large files.
 class OutputFile {
  public:
   explicit OutputFile(std::filesystem::path path);
   ~OutputFile();
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
-  void write(std::string_view data) { write_fd(fd_, data, path_); }
+  void write(std::string_view data);
   void close();
 
  private:
+  static constexpr size_t kBuffer = size_t{4} << 20;
   std::filesystem::path path_;
   int fd_ = -1;
+  std::string pending_;
 };
 
 // fsyncs a file or directory. Throws IoError.

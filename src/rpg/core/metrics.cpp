@@ -93,6 +93,7 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
+  if (file_ && !pending_.empty()) std::fwrite(pending_.data(), 1, pending_.size(), file_);  // best effort
   if (file_) std::fclose(file_);
 }
 
@@ -116,10 +117,15 @@ void TensorBoardWriter::write_record(const std::string& event) {
   rec.append(reinterpret_cast<const char*>(&len_crc), 4);
   rec += event;
   rec.append(reinterpret_cast<const char*>(&data_crc), 4);
-  write_stream(file_, rec, path_);
+  pending_ += rec;
 }
 
 void TensorBoardWriter::flush(bool durable) {
+  if (!pending_.empty()) {
+    std::string records;
+    records.swap(pending_);
+    write_stream(file_, records, path_);
+  }
   flush_stream(file_, path_, durable);
 }
 
@@ -147,14 +153,21 @@ void MetricsLogger::log(int64_t step, const std::map<std::string, double>& metri
   for (const auto& [k, v] : metrics) {
     if (std::isfinite(v)) j[k] = v;
     else j[k] = nullptr;  // JSON has no NaN/Inf
-    if (tb_) tb_->add_scalar(k, v, step);
   }
   std::string line = j.dump() + "\n";
+  std::lock_guard lock(mu_);
+  if (tb_)
+    for (const auto& [k, v] : metrics) tb_->add_scalar(k, v, step);
   write_stream(file_, line, jsonl_);
-  flush();
+  flush_locked(false);
 }
 
 void MetricsLogger::flush(bool durable) {
+  std::lock_guard lock(mu_);
+  flush_locked(durable);
+}
+
+void MetricsLogger::flush_locked(bool durable) {
   flush_stream(file_, jsonl_, durable);
   if (tb_) tb_->flush(durable);
 }
