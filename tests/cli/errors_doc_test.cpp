@@ -19,6 +19,8 @@ struct Row {
   int exit = -1;
 };
 
+void PrintTo(const Row& r, std::ostream* os) { *os << "docs/errors.md:" << r.line << " " << r.command; }
+
 std::string trim(std::string s) {
   s.erase(0, s.find_first_not_of(" \t"));
   s.erase(s.find_last_not_of(" \t") + 1);
