@@ -40,7 +40,7 @@ fi
 train_file=$(ls "$work"/data/*train*.parquet | head -1)
 args() {  # $1 run dir, $2 steps
   echo - "actor_rollout_ref.model.path=$work/model" "data.train_files=$train_file" data.train_batch_size=4 \
-    data.max_prompt_length=128 data.max_response_length=24 actor_rollout_ref.rollout.n=4 \
+    data.max_prompt_length=320 data.max_response_length=24 actor_rollout_ref.rollout.n=4 \
     actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.policy_loss=rpg_reinforce \
     actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.entropy_coeff=0.01 \
     actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.1 algorithm.adv_estimator=rpg_batch \
@@ -53,7 +53,7 @@ steps_done() { [ -f "$1/metrics.jsonl" ] && wc -l <"$1/metrics.jsonl" || echo 0;
 # Calibrate: seconds per step from a 3-step run.
 t0=$(date +%s.%N)
 # shellcheck disable=SC2046
-"$rpg" train $(args "$work/calib" 3) >/dev/null 2>"$work/calib.log"
+"$rpg" train $(args "$work/calib" 3) >/dev/null 2>"$work/calib.log" || { log "calibration run failed: $(tail -1 "$work/calib.log")"; exit 1; }
 per_step=$(echo "($(date +%s.%N) - $t0) / 3" | bc -l)
 steps=$(echo "s = $secs * 0.5 / $per_step; if (s < 6) 6 else s / 1" | bc)
 log "about ${per_step}s per step: $steps steps for ${secs}s"
@@ -70,7 +70,7 @@ while kill -0 "$pid" 2>/dev/null; do
   if [ "$n" -ge 1 ] && [ "$r" -gt 0 ]; then last_rss=$r; fi
   sleep 1
 done
-wait "$pid"
+wait "$pid" || { log "uninterrupted run failed: $(tail -1 "$work/whole.log")"; exit 1; }
 log "uninterrupted: $steps steps; RSS after step 1 ${first_rss} kB, at the end ${last_rss} kB"
 
 # The interrupted run.

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "rpg/core/rng.h"
@@ -139,26 +141,36 @@ TEST_F(Preemption, WithoutSaveOnPreemptNoCheckpointIsWritten) {
   expect_identical_to_whole();
 }
 
-// Starts `argv`; sends SIGTERM after `delay_ms` if still running; waits. Exit status, or
-// -signal.
-int run_and_term(const std::vector<std::string>& argv, int delay_ms) {
+// Lines in `file` (0 when absent).
+int count_lines(const fs::path& file) {
+  if (!fs::exists(file)) return 0;
+  const std::string text = read_file(file);
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// Starts `argv` (environment inherited); once `metrics` holds more than `after_steps`
+// lines, waits `delay_ms` more and sends SIGTERM (if still running); waits. Exit status,
+// or -signal. Anchored on progress, not on a timing estimate: the moment within the step
+// is random, the step is chosen.
+int run_and_term(const std::vector<std::string>& argv, const fs::path& metrics, int after_steps, int delay_ms) {
   const pid_t pid = fork();
   if (pid == 0) {
     std::vector<char*> a;
     std::vector<std::string> copy = argv;
     for (auto& s : copy) a.push_back(s.data());
     a.push_back(nullptr);
-    setenv("OMP_NUM_THREADS", "1", 1);
     if (!freopen("/dev/null", "w", stdout) || !freopen("/dev/null", "w", stderr)) _exit(126);
     execv(a[0], a.data());
     _exit(127);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
   int status = 0;
   bool sent = false;
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   while (true) {
     if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
-    if (!sent && std::chrono::steady_clock::now() >= deadline) {
+    if (!deadline && count_lines(metrics) > after_steps)
+      deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
+    if (!sent && deadline && std::chrono::steady_clock::now() >= *deadline) {
       kill(pid, SIGTERM);
       sent = true;
     }
@@ -167,27 +179,30 @@ int run_and_term(const std::vector<std::string>& argv, int delay_ms) {
 }
 
 TEST_F(Preemption, SigtermFromOutsideAtRandomMomentsThenResumeIsBitIdentical) {
+  // The uninterrupted run's time per step bounds the random delay within a step.
+  const auto whole = test::step_metrics(shared_->path() / "whole" / "metrics.jsonl");
+  ASSERT_EQ(whole.size(), static_cast<size_t>(kSteps));
   const auto t0 = std::chrono::steady_clock::now();
   {
     test::TempDir probe;
-    ASSERT_EQ(test::run_process(test::tiny_train_argv(*fixture_, *data_, probe / "run", kSteps, -1)).exit_code, 0);
+    ASSERT_EQ(test::run_process(test::tiny_train_argv(*fixture_, *data_, probe / "run", 2, -1)).exit_code, 0);
   }
-  const int whole_ms = static_cast<int>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+  const int step_ms = static_cast<int>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count() / 2);
   RandomStream rs(19);
   int preempted = 0, attempts = 0;
-  while (attempts++ < 40) {
-    const int delay = whole_ms * 20 / 100 + static_cast<int>(rs.next_u64() % static_cast<uint64_t>(whole_ms * 40 / 100 + 1));
-    const int code = run_and_term(argv(), delay);
+  while (attempts++ < 3 * kSteps) {
+    // SIGTERM at a random moment of the step after the next one finishes (or later).
+    const int done = test::loadable_checkpoints(run_).empty() ? 0 : test::loadable_checkpoints(run_).front().first;
+    const int delay = static_cast<int>(rs.next_u64() % static_cast<uint64_t>(step_ms + 1));
+    const int code = run_and_term(argv(), run_ / "metrics.jsonl", done, delay);
     if (code == 0) break;
-    // 75: preempted cleanly. -SIGTERM: the signal came before rpg installed its handler
-    // (loading libraries), when the default action is right: nothing was written yet.
-    ASSERT_TRUE(code == 75 || code == -SIGTERM) << "attempt " << attempts << ": exit " << code;
-    if (code == 75) ++preempted;
-    test::expect_only_complete_checkpoints(run_);
+    ASSERT_EQ(code, 75) << "attempt " << attempts << ": exit " << code;
+    ++preempted;
+    EXPECT_GT(test::expect_only_complete_checkpoints(run_), done) << "a preemption saved no new step";
     EXPECT_EQ(test::temporaries(run_), std::vector<std::string>{});
   }
-  ASSERT_LT(attempts, 40) << "never finished";
+  ASSERT_LT(attempts, 3 * kSteps) << "never finished";
   EXPECT_GE(preempted, 2) << "the test did not preempt the run enough";
   expect_identical_to_whole();
   std::cerr << "preempted " << preempted << " times in " << attempts << " runs\n";
