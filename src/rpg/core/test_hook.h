@@ -8,7 +8,8 @@
 // 1 in this process) it reaches kill_point(<point>). Points: `checkpoint_write` (a
 // checkpoint's train_state.safetensors half written, nothing published), `generation`
 // (after a decode step of the rollout engine), `optimizer_step` (half of the parameters
-// updated), `step_end` (a training step done, before its checkpoint).
+// updated). TERM / INT test preemption (core/signals.h): a list such as
+// `generation:20:TERM,checkpoint_write:1:TERM` sends a second signal later.
 //
 // RPG_TEST_FAIL_WRITE=<n> makes the n-th write call (counted from 1 in this process) of
 // core/io's writers fail as the OS would, with errno RPG_TEST_FAIL_ERRNO (ENOSPC or EIO;
