@@ -21,6 +21,8 @@ apt_packages=(
   python3 python3-venv
   libgtest-dev libgmock-dev libyaml-cpp-dev nlohmann-json3-dev
   clang-14 libclang-rt-14-dev libicu-dev
+  # gloo's headers for c10d's ProcessGroupGloo.hpp (src/rpg/dist; the torch wheel lacks them)
+  libgloo-dev
   # The HTML report's render test (tests/eval/report_render_test.cpp): headless Chromium
   # and a font, so the headings and chart captions have glyphs to draw.
   chromium fonts-dejavu-core

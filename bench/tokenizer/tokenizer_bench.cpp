@@ -67,6 +67,16 @@ int main(int argc, char** argv) {
   }
   size_t bytes = 0;
   for (auto& l : lines) bytes += l.size();
+  // Load time in this process (no interpreter, no libtorch): the whole from_dir, and the
+  // JSON parse of tokenizer.json alone.
+  double load = best_of(3, [&] { rpg::Tokenizer t = rpg::Tokenizer::from_dir(model); });
+  std::ifstream tj(model / "tokenizer.json");
+  std::stringstream tjs;
+  tjs << tj.rdbuf();
+  const std::string tj_text = tjs.str();
+  double parse = best_of(3, [&] { auto j = nlohmann::json::parse(tj_text); });
+  std::printf("load: Tokenizer::from_dir %.3f s (of which nlohmann::json::parse of tokenizer.json %.3f s, %.1f MB)\n",
+              load, parse, tj_text.size() / 1e6);
   rpg::Tokenizer tok = rpg::Tokenizer::from_dir(model);
   const int rounds = 3;
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());

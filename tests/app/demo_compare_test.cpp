@@ -54,5 +54,20 @@ TEST(DemoCompareTable, PlotHasOneLinePerMethodWithItsMeanCurve) {
   EXPECT_GT(a[2], a[0]);
 }
 
+TEST(DemoVerdict, SaysWhetherTheRunMetTheBar) {
+  // The AVX2 seed-0 result (0.2 -> 0.196) must not read as success.
+  const std::string flat = demo_verdict(0.2, 0.196);
+  EXPECT_NE(flat.find("gain -0.4 points"), std::string::npos) << flat;
+  EXPECT_NE(flat.find("did not clearly improve"), std::string::npos) << flat;
+  const std::string small = demo_verdict(0.30, 0.40);
+  EXPECT_NE(small.find("gain +10.0 points"), std::string::npos) << small;
+  EXPECT_NE(small.find("less than the demo's bar of +15"), std::string::npos) << small;
+  const std::string met = demo_verdict(0.346, 0.537);
+  EXPECT_NE(met.find("gain +19.1 points: RL improved held-out accuracy (the demo's bar is +15)"), std::string::npos)
+      << met;
+  EXPECT_NE(demo_verdict(0.30, 0.45).find("RL improved held-out accuracy (the demo's bar"), std::string::npos)
+      << "exactly the bar counts as met";
+}
+
 }  // namespace
 }  // namespace rpg::app

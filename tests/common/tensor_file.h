@@ -1,6 +1,6 @@
-// Exchanging tensors with Python oracles in tests: a minimal safetensors writer/reader
-// (F64, F32, BF16, F16, I64, I32, BOOL) for trusted, test-generated files only. Python reads
-// and writes them with safetensors.torch.{load_file,save_file}.
+// Exchanging tensors with Python oracles in tests (F64, F32, BF16, F16, I64, I32, BOOL),
+// through rpg's one safetensors writer/reader (rpg/model/tensor_file.h). Python reads and
+// writes them with safetensors.torch.{load_file,save_file}.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -238,7 +238,7 @@ TEST(ModelConfig, RejectsUnsupportedOrInvalidValuesNamingFileAndKey) {
   };
   std::vector<Bad> cases = {
       {R"({"model_type": "mistral", "vocab_size": 10})", "model_type: got 'mistral'"},
-      {base(R"("use_sliding_window": true)"), "use_sliding_window"},
+      {base(R"("use_sliding_window": true, "max_window_layers": 1)"), "use_sliding_window"},
       {base(R"("hidden_act": "gelu")"), "hidden_act"},
       {base(R"("attention_bias": true)"), "attention_bias"},
       {test::tiny_config_json("qwen2", R"("num_key_value_heads": 4)"), "num_key_value_heads"},

@@ -21,7 +21,15 @@ if kind == "lr":
 
     for j, sc in enumerate(case["schedules"]):
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        if sc["type"] == "constant":
+        if sc.get("fork_dir"):  # the authors' fork's own torch_functional (fork_modules.py)
+            import fork_modules
+            fork_F = fork_modules.core_algos(sc["fork_dir"]).verl_F
+            if sc["type"] == "constant":
+                sched = fork_F.get_constant_schedule_with_warmup(opt, num_warmup_steps=sc["warmup"])
+            else:
+                sched = fork_F.get_cosine_schedule_with_warmup(opt, num_warmup_steps=sc["warmup"],
+                                                               num_training_steps=sc["total"])
+        elif sc["type"] == "constant":
             sched = get_constant_schedule_with_warmup(opt, num_warmup_steps=sc["warmup"])
         else:
             sched = get_cosine_schedule_with_warmup(opt, num_warmup_steps=sc["warmup"], num_training_steps=sc["total"],

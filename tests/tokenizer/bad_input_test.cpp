@@ -55,6 +55,16 @@ TEST(TokenizerBadInput, MalformedTokenizerJson) {
       {[](json& j) { j["model"]["merges"].push_back(json::array({"zz", "q"})); }, "token not in vocab"},
       {[](json& j) { j["model"]["merges"].push_back(json::array({"q", "q"})); }, "merged token \"qq\" not in vocab"},
       {[](json& j) { j["model"]["merges"].push_back(42); }, "expected a pair of strings"},
+      // the streamed parts (model.vocab, model.merges are read without a DOM): every other shape
+      {[](json& j) { j["model"]["vocab"]["x"] = 1.5; }, "model.vocab[\"x\"]: expected an integer id"},
+      {[](json& j) { j["model"]["vocab"]["x"] = json::object({{"id", 1}}); }, "model.vocab[\"x\"]: expected an integer id"},
+      {[](json& j) { j["model"]["vocab"]["x"] = nullptr; }, "model.vocab[\"x\"]: expected an integer id"},
+      {[](json& j) { j["model"]["merges"].push_back(json::array({"a", "b", "c"})); }, "expected a pair of strings"},
+      {[](json& j) { j["model"]["merges"].push_back(json::array({"a"})); }, "expected a pair of strings"},
+      {[](json& j) { j["model"]["merges"].push_back(json::array({"a", 1})); }, "expected a pair of strings"},
+      {[](json& j) { j["model"]["merges"].push_back(json::array({json::array({"a"}), "b"})); }, "expected a pair of strings"},
+      {[](json& j) { j["model"]["merges"].push_back(json::object()); }, "expected a pair of strings"},
+      {[](json& j) { j["model"]["merges"].push_back(nullptr); }, "expected a pair of strings"},
       {[](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback: unsupported"},
       {[](json& j) { j["model"]["vocab"].erase("A"); }, "no token for byte 65"},
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+"; }, "unsupported split regex"},
@@ -79,6 +89,24 @@ TEST(TokenizerBadInput, MalformedTokenizerJson) {
   expect_format_error("{\"model\": ", "", "invalid JSON");
   expect_format_error("[1, 2]", "", "expected a JSON object");
   expect_format_error("", "", "invalid JSON");
+  // Cut inside the streamed parts.
+  expect_format_error(R"({"model": {"type": "BPE", "vocab": {"a": 1, )", "", "invalid JSON");
+  expect_format_error(R"({"model": {"type": "BPE", "vocab": {}, "merges": ["a b", ["a", )", "", "invalid JSON");
+}
+
+// A vocab key given twice: the last id wins, as when the file is parsed into a JSON object
+// (the streamed reader must not keep the first id as a token of its own).
+TEST(TokenizerBadInput, DuplicateVocabKeyLastWins) {
+  const std::string text = base().dump();
+  const size_t at = text.find("\"vocab\":{");
+  ASSERT_NE(at, std::string::npos);
+  std::string dup = text;
+  dup.insert(at + 9, "\"A\":999999,");
+  Tokenizer a = Tokenizer::from_json(text, "tiny"), b = Tokenizer::from_json(dup, "dup");
+  EXPECT_EQ(b.vocab_size(), a.vocab_size());
+  EXPECT_EQ(b.encode("A B"), a.encode("A B"));
+  EXPECT_EQ(b.token_to_id("A"), a.token_to_id("A"));
+  EXPECT_EQ(json::parse(dup)["model"]["vocab"]["A"], json::parse(text)["model"]["vocab"]["A"]);
 }
 
 TEST(TokenizerBadInput, MalformedConfigAndTemplate) {

@@ -17,10 +17,12 @@
 #include <cmath>
 #include <functional>
 #include <sstream>
+#include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/data/dataset.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/rollout/batch.h"
+#include "tensor_file.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -196,6 +198,47 @@ TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
   }
 }
 
+// Validation as verl and the fork run it (rpg_ray_trainer.fit): before the first step (also
+// after a resume), every test_freq steps and at the last step, laid out as val-core (acc
+// mean/maj/best at the largest n) and val-aux.
+TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
+  auto make = [&](int64_t steps) {
+    TrainConfig c = config("val_timing");
+    c.data.val_files = c.data.train_files;
+    c.data.max_response_length = 4;
+    c.actor_rollout_ref.rollout.val_kwargs.n = 2;
+    c.actor_rollout_ref.rollout.val_kwargs.do_sample = true;
+    c.actor_rollout_ref.rollout.val_kwargs.temperature = 1.0;
+    c.trainer.total_training_steps = steps;
+    c.trainer.test_freq = 2;
+    c.trainer.save_freq = 1;
+    return c;
+  };
+  auto validation_steps = [&] {
+    std::vector<int64_t> steps;
+    std::istringstream in(read_file(dir_->path() / "val_timing" / "metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line);
+      if (!j.contains("val-core/letters/acc/mean@2")) continue;
+      steps.push_back(j["step"].get<int64_t>());
+      EXPECT_TRUE(j.contains("val-core/letters/acc/best@2/mean")) << line;
+      EXPECT_TRUE(j.contains("val-aux/letters/acc/std@2")) << line;
+      EXPECT_TRUE(j.contains("val-aux/letters/score/mean@2")) << line;
+      EXPECT_FALSE(j.contains("val-core/letters/score/mean@2")) << line;
+    }
+    return steps;
+  };
+  {
+    Trainer t(make(3), scorers());
+    t.fit();
+  }
+  EXPECT_EQ(validation_steps(), (std::vector<int64_t>{0, 2, 3}));
+  Trainer resumed(make(5), scorers());
+  EXPECT_EQ(resumed.global_step(), 3);
+  resumed.fit();
+  EXPECT_EQ(validation_steps(), (std::vector<int64_t>{0, 2, 3, 3, 4, 5}));
+}
+
 // A damaged newest checkpoint (truncated state file) is reported and the previous complete
 // one is used.
 TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {
@@ -263,6 +306,257 @@ TEST_F(TrainerTest, ResumeRefusesAnIncompatibleConfig) {
   c.trainer.resume_mode = "disable";
   Trainer fresh(c, scorers());
   EXPECT_EQ(fresh.global_step(), 0);
+}
+
+// Fork semantics counts one training step per gen_batch_size prompts (the fork's dataloader
+// batch, ray_trainer.py:456-488): floor(8 / 4) x 3 epochs = 6; paper semantics counts
+// train_batch_size: floor(8 / 2) x 3 = 12.
+TEST_F(TrainerTest, ForkStepCountFollowsGenBatchSize) {
+  for (const std::string sem : {"fork", "paper"}) {
+    TrainConfig c = config("steps_" + sem);
+    c.rpg.semantics = sem;
+    c.actor_rollout_ref.actor.policy_loss = sem == "fork" ? "vanilla" : "rpg_reinforce";
+    c.data.train_batch_size = 2;
+    c.data.gen_batch_size = 4;
+    c.actor_rollout_ref.actor.ppo_mini_batch_size = 1;
+    c.trainer.total_epochs = 3;
+    Trainer t(c, scorers());
+    EXPECT_EQ(t.total_steps(), sem == "fork" ? 6 : 12) << sem;
+  }
+}
+
+// One training step in fork semantics gives the weights of the fork's own update loop
+// (tests/oracles/train_fork_step.py: dp_actor.update_policy transcribed with the fork's
+// core_algos / torch_functional, HF transformers forward, torch AdamW + the fork's LambdaLR)
+// on the same rollouts, fed to the oracle (not sampled): the recipes of a DAPO script, an
+// rpg_<kl> script, an rf_clip_ppo script and the rkl_rf script, with their KL coefficients
+// raised so that each KL term moves the weights, two mini-batches (the second off-policy) cut
+// into token-budget micro-batches (use_dynamic_bsz, as every script).
+TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
+  const fs::path fork_dir = RPG_FORK_DIR;
+  struct Case {
+    std::string recipe;
+    std::vector<std::string> extra;
+  };
+  const std::string p = "actor_rollout_ref.actor.";
+  const std::vector<Case> cases = {
+      {"run_dapo_7b", {}},
+      {"run_rpg_7b_ufkl1e-4", {p + "kl_loss_coef=0.5"}},
+      {"run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28", {}},
+      {"run_rpg_7b_rkl1e-4_rf", {"algorithm.kl_ctrl.kl_coef=0.05"}},
+  };
+  auto load = [&](const Case& k, int64_t budget) {
+    std::vector<std::string> o = {
+        "actor_rollout_ref.model.path=" + (fixture_ / "model").string(),
+        "data.train_files=" + (dir_->path() / "train.parquet").string(), "data.val_files=[]",
+        "data.train_batch_size=2", "data.gen_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=4", p + "ppo_mini_batch_size=1", "reward_model.overlong_buffer.len=4",
+        "algorithm.filter_groups.enable=false", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        // The fork's constant schedule has LR 0 at step 1 whatever the warm-up; its cosine one
+        // without warm-up starts at the full LR.
+        p + "optim.lr=1e-4", p + "optim.lr_warmup_steps=0", p + "optim.warmup_style=cosine", "trainer.device=cpu",
+        p + "ppo_max_token_len_per_gpu=" + std::to_string(budget),
+        "trainer.default_local_dir=" + (dir_->path() / ("fork_step_" + k.recipe + "_" + std::to_string(budget))).string()};
+    for (const auto& e : k.extra) o.push_back(e);
+    return load_config<TrainConfig>(test::source_dir() / "recipes" / "fork" / (k.recipe + ".yaml"), o).value;
+  };
+  // Every case samples the same rollouts (same seed, same initial weights): a probe step gives
+  // the padded width, the smallest token budget the fork accepts, so that each mini-batch of
+  // 4 rows is cut into 2+ micro-batches of unequal rows.
+  int64_t width = 0;
+  {
+    Trainer probe(load(cases[0], 4096), scorers());
+    probe.train_step();
+    width = probe.last_batch().get("attention_mask").size(1);
+  }
+  for (const auto& k : cases) {
+    const TrainConfig loaded = load(k, width);
+    Trainer t(loaded, scorers());
+    TrainerTesting::record_updates(t, true);
+    t.train_step();
+    const rollout::Batch& b = t.last_batch();
+    EXPECT_EQ(b.get("attention_mask").size(1), width);
+    test::TempDir tmp;
+    std::map<std::string, at::Tensor> batch;
+    for (const char* key : {"input_ids", "attention_mask", "position_ids", "responses", "token_level_scores", "group_index",
+                            "old_log_probs", "advantages"})
+      batch[key] = b.get(key).contiguous();
+    if (b.has("ref_log_probs")) batch["ref_log_probs"] = b.get("ref_log_probs").contiguous();
+    {
+      // The weights before each optimizer step, as the trainer had them (the gradient check).
+      const auto named = t.model().named_parameters();
+      const auto& ups = TrainerTesting::last_updates(t);
+      for (size_t u = 0; u < ups.size(); ++u)
+        for (size_t i = 0; i < named.size(); ++i) batch[str("before.", u, ".", named[i].first)] = ups[u].weights[i];
+    }
+    test::save_tensors(tmp / "batch.safetensors", batch);
+    const auto& cfg = loaded;
+    const auto& a = cfg.actor_rollout_ref.actor;
+    nlohmann::json c = {{"temperature", cfg.actor_rollout_ref.rollout.temperature},
+                        {"use_kl_in_reward", cfg.algorithm.use_kl_in_reward},
+                        {"kl_coef", cfg.algorithm.kl_ctrl.kl_coef},
+                        {"kl_loss_type", a.kl_loss_type},
+                        {"adv_estimator", cfg.algorithm.adv_estimator},
+                        {"lr", a.optim.lr},
+                        {"betas", a.optim.betas},
+                        {"weight_decay", a.optim.weight_decay},
+                        {"scheduler", a.optim.warmup_style.value_or(a.optim.lr_scheduler_type)},
+                        {"warmup", 0},
+                        {"total_steps", t.total_steps()},
+                        {"step", 1},
+                        {"mini_rows", a.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n},
+                        {"use_dynamic_bsz", a.use_dynamic_bsz},
+                        {"max_token_len", a.ppo_max_token_len_per_gpu},
+                        {"micro_size", a.ppo_micro_batch_size_per_gpu.value_or(1)},
+                        {"ppo_epochs", a.ppo_epochs},
+                        {"clip_ratio", a.clip_ratio},
+                        {"clip_ratio_low", a.clip_ratio_low.value_or(a.clip_ratio)},
+                        {"clip_ratio_high", a.clip_ratio_high.value_or(a.clip_ratio)},
+                        {"clip_ratio_c", a.clip_ratio_c},
+                        {"loss_agg_mode", a.loss_agg_mode},
+                        {"entropy_coeff", a.entropy_coeff},
+                        {"use_kl_loss", a.use_kl_loss},
+                        {"kl_loss_coef", a.kl_loss_coef},
+                        {"use_iterative_ref_model", a.use_iterative_ref_model},
+                        {"grad_clip", a.grad_clip}};
+    test::write_text(tmp / "case.json", c.dump());
+    test::run_oracle("train_fork_step.py", {fork_dir.string(), (fixture_ / "model").string(), (tmp / "case.json").string(),
+                                            (tmp / "batch.safetensors").string(), (tmp / "out.safetensors").string()});
+    const auto ref = test::load_tensors(tmp / "out.safetensors");
+    t.save_model((tmp / "after").string());
+    const auto got = test::load_tensors(tmp / "after" / "model.safetensors");
+    const auto before = test::load_tensors(fixture_ / "model" / "model.safetensors");
+    // Old log-probs and advantages first (HF forward vs rpg's, the fork's estimator).
+    EXPECT_LE((b.get("old_log_probs") - ref.at("old_log_probs")).abs().max().item<double>(), 1e-5) << k.recipe;
+    EXPECT_LE((b.get("advantages") - ref.at("advantages")).abs().max().item<double>(), 1e-5) << k.recipe;
+    // The accumulated gradient of each optimizer step (before clipping).
+    const auto& updates = TrainerTesting::last_updates(t);
+    ASSERT_EQ(updates.size(), 2u) << k.recipe;
+    double worst_grad = 0;
+    for (size_t u = 0; u < updates.size(); ++u) {
+      const auto named = t.model().named_parameters();
+      for (size_t i = 0; i < named.size(); ++i) {
+        const std::string key = str("g.", u, ".", named[i].first);
+        if (!ref.count(key)) continue;
+        const at::Tensor& g = ref.at(key);
+        const double rel = (updates[u].grads[i] - g).abs().max().item<double>() / std::max(g.abs().max().item<double>(), 1e-30);
+        worst_grad = std::max(worst_grad, rel);
+        EXPECT_LE(rel, 1e-4) << k.recipe << ": gradient of " << named[i].first << " at optimizer step " << u;
+      }
+    }
+    std::printf("%s: largest relative gradient difference %.3g\n", k.recipe.c_str(), worst_grad);
+    size_t compared = 0;
+    double worst = 0, worst_weight = 0, weight_scale = 0, diff2 = 0, update2 = 0;
+    std::string worst_name;
+    for (const auto& [key, w] : ref) {
+      if (key.rfind("w.", 0) != 0) continue;
+      const std::string name = key.substr(2);
+      ASSERT_TRUE(got.count(name)) << name;
+      ++compared;
+      const at::Tensor delta_ref = (w - before.at(name)).to(at::kDouble), delta = (got.at(name) - before.at(name)).to(at::kDouble);
+      // The step itself (after - before) is compared, so that a small lr cannot hide a wrong update.
+      const double scale = delta_ref.abs().max().item<double>();
+      const double rel = (delta - delta_ref).abs().max().item<double>() / std::max(scale, 1e-30);
+      if (rel > worst) worst = rel, worst_name = name;
+      EXPECT_GT(scale, 0.0) << k.recipe << ": " << name << " did not move";
+      worst_weight = std::max(worst_weight, (got.at(name) - w).abs().max().item<double>());
+      weight_scale = std::max(weight_scale, w.abs().max().item<double>());
+      diff2 += (delta - delta_ref).square().sum().item<double>();
+      update2 += delta_ref.square().sum().item<double>();
+    }
+    EXPECT_GT(compared, 0u);
+    const double update_rel = std::sqrt(diff2 / update2);
+    std::printf("%s: weights: max |w - w_fork| / max |w_fork| = %.3g; update: |dw - dw_fork|_2 / |dw_fork|_2 = %.3g, "
+                "largest elementwise / max |dw_fork| %.3g (%s)\n",
+                k.recipe.c_str(), worst_weight / weight_scale, update_rel, worst, worst_name.c_str());
+    EXPECT_LE(worst_weight, 1e-4 * weight_scale) << k.recipe;
+    EXPECT_LE(update_rel, 1e-2) << k.recipe;
+  }
+}
+
+// The fork's use_dynamic_bsz micro-batches equal verl's get_seqlen_balanced_partitions with
+// k = ceil(tokens / max_token_len) (tests/oracles/train_fork_partitions.py), rows and order,
+// on random lengths (ties included) and budgets.
+TEST(ForkMicroBatches, DynamicPartitionEqualsVerlsKarmarkarKarp) {
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::pair<std::vector<int64_t>, int64_t>> inputs;
+  uint64_t state = 12345;
+  auto next = [&](int64_t lo, int64_t hi) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(hi - lo + 1));
+  };
+  for (int c = 0; c < 40; ++c) {
+    const int64_t rows = next(1, 24), width = next(8, 64);
+    std::vector<int64_t> lengths;
+    for (int64_t r = 0; r < rows; ++r) lengths.push_back(c % 3 == 0 ? next(width - 2, width) : next(1, width));
+    int64_t total = 0;
+    for (auto l : lengths) total += l;
+    const int64_t max_tokens = std::max<int64_t>(width, next(width, std::max<int64_t>(width, total)));
+    inputs.emplace_back(lengths, max_tokens);
+    cases.push_back({{"lengths", lengths}, {"max_token_len", max_tokens}});
+  }
+  test::TempDir tmp;
+  test::write_text(tmp / "in.json", cases.dump());
+  test::run_oracle("train_fork_partitions.py", {(tmp / "in.json").string(), (tmp / "out.json").string()});
+  const auto want = nlohmann::json::parse(read_file(tmp / "out.json"));
+  size_t uneven = 0;
+  for (size_t c = 0; c < inputs.size(); ++c) {
+    const auto got = algo::fork_dynamic_micro_batches(inputs[c].first, inputs[c].second, inputs[c].second);
+    EXPECT_EQ(nlohmann::json(got), want[c]) << "case " << c << ": " << cases[c].dump();
+    for (const auto& p : got) uneven += p.size() != got[0].size();
+  }
+  EXPECT_GT(uneven, 0u);  // micro-batches of different row counts occur
+  EXPECT_THROW(algo::fork_dynamic_micro_batches({10, 10}, 15, 16), ValueError);  // budget < padded width
+}
+
+// verl steps its LambdaLR once per TRAINING step (fsdp_workers.py update_actor), not per
+// optimizer step: with 16 optimizer steps per training step (4 mini-batches x 4 ppo epochs)
+// the lr logged for steps 1..12 equals LambdaLR's lr after 0..11 scheduler steps, computed live
+// by verl's get_cosine_schedule_with_warmup / get_constant_schedule_with_warmup
+// (tests/oracles/train_optim.py); in fork semantics the fork's own schedule functions (its
+// constant schedule gives LR 0 at step 1 even without warm-up). Seen failing with the schedule
+// indexed by optimizer steps (step 2 logged 1e-4 instead of 3.3e-4).
+TEST_F(TrainerTest, LrAdvancesOncePerTrainingStepAsVerlsLambdaLr) {
+  struct Case {
+    std::string type;
+    int64_t warmup;
+    double min_lr_ratio;
+    bool fork;  // fork semantics: the fork's own schedule functions (its constant one has LR 0 at step 1)
+  };
+  const std::vector<Case> cases = {{"cosine", 3, 0.1, false}, {"constant", 0, 0.0, true}, {"cosine", 2, 0.0, true}};
+  const int64_t steps = 12;
+  nlohmann::json oracle = {{"kind", "lr"}, {"steps", steps}, {"schedules", nlohmann::json::array()}};
+  for (const auto& k : cases)
+    oracle["schedules"].push_back({{"type", k.type}, {"warmup", k.warmup}, {"total", steps},
+                                   {"min_lr_ratio", k.min_lr_ratio}, {"num_cycles", 0.5},
+                                   {"fork_dir", k.fork ? std::string(RPG_FORK_DIR) : std::string()}});
+  test::TempDir tmp;
+  test::write_text(tmp / "case.json", oracle.dump());
+  test::run_oracle("train_optim.py", {(tmp / "case.json").string(), "-", (tmp / "out.safetensors").string()});
+  const auto ref = test::load_tensors(tmp / "out.safetensors");
+  for (size_t j = 0; j < cases.size(); ++j) {
+    TrainConfig c = config(str("lr_", j));
+    auto& a = c.actor_rollout_ref.actor;
+    if (cases[j].fork) {
+      c.rpg.semantics = "fork";
+      a.policy_loss = "vanilla";
+    }
+    c.data.max_response_length = 2;
+    c.actor_rollout_ref.rollout.n = 2;
+    a.ppo_mini_batch_size = 1;  // 4 mini-batches
+    a.ppo_epochs = 4;           // x 4 epochs = 16 optimizer steps per training step
+    a.optim.lr = 1e-3;
+    a.optim.lr_scheduler_type = cases[j].type;
+    a.optim.lr_warmup_steps = cases[j].warmup;
+    a.optim.min_lr_ratio = cases[j].min_lr_ratio;
+    c.trainer.total_training_steps = steps;
+    Trainer t(c, scorers());
+    for (int64_t s = 0; s < steps; ++s) {
+      const Metrics m = t.train_step();
+      EXPECT_NEAR(m.at("actor/lr"), 1e-3 * ref.at(str("factors.", j))[s].item<double>(), 1e-18)
+          << cases[j].type << " warmup " << cases[j].warmup << (cases[j].fork ? " fork" : "") << ": step " << s + 1;
+    }
+  }
 }
 
 TEST(KlControl, AdaptiveCoefficientMatchesVerl) {
@@ -499,6 +793,7 @@ TEST_F(TrainerTest, StepLossAndGradientEqualTheAlgorithmModule) {
              c.actor_rollout_ref.actor.policy_loss = "vanilla";
              c.actor_rollout_ref.actor.kl_form = "rkl";
              c.actor_rollout_ref.actor.kl_loss_type = "rpg_rf_ufkl_clip_ppo";
+             c.rpg.semantics = "paper";  // else the fork's spelling selects fork semantics
            }, "rpg_reinforce", base()};
     k.lc.kl = algo::Divergence::UFKL;
     k.lc.clip = true;
@@ -569,6 +864,63 @@ TEST_F(TrainerTest, StepLossAndGradientEqualTheAlgorithmModule) {
       EXPECT_GT(m.at("actor/kl_loss"), 1e-7) << "the reference must differ from pi_old at step 2";
     } else if (k.lc.clip) {
       EXPECT_GT(m.at("actor/pg_clipfrac"), 0.0) << k.name << ": the clip never bound";
+    }
+  }
+}
+
+// use_kl_loss is honoured for every policy loss: a loss without a KL term of its own (the PPO
+// family, gspo, cispo) gets verl's kl_loss_coef * agg(kl_penalty(log_prob, ref)) added by the
+// trainer, towards the reference model. The expected gradient is the algorithm module's loss
+// plus the k1 term written here directly (sum(mask * (log_prob - ref)) / normaliser).
+TEST_F(TrainerTest, UseKlLossIsHonouredForEveryPolicyLoss) {
+  for (const std::string loss : {"vanilla", "ppo", "dapo", "rfpp", "rfppb", "rloo", "gspo", "cispo"}) {
+    TrainConfig c = config("verl_kl_" + loss);
+    auto& a = c.actor_rollout_ref.actor;
+    a.policy_loss = loss;
+    a.use_kl_loss = true;
+    a.kl_loss_coef = 0.5;
+    a.kl_loss_type = "kl";
+    a.ppo_micro_batch_size_per_gpu = 8;
+    c.algorithm.adv_estimator = "grpo";
+    Trainer t(c, scorers());
+    EXPECT_TRUE(t.has_reference_model()) << loss;
+    TrainerTesting::record_updates(t, true);
+    const Metrics m = t.train_step();
+    EXPECT_TRUE(m.count("actor/kl_loss")) << loss;
+    EXPECT_EQ(m.at("actor/kl_coef"), 0.5) << loss;
+    ASSERT_EQ(TrainerTesting::last_updates(t).size(), 2u) << loss;
+    for (const auto& r : TrainerTesting::last_updates(t)) {
+      auto mdl = model::CausalLM::from_pretrained(fixture_ / "model", {at::kFloat, at::kCPU});
+      {
+        c10::NoGradGuard no_grad;
+        auto ps = mdl.parameters();
+        for (size_t i = 0; i < ps.size(); ++i) ps[i].copy_(r.weights[i]);
+      }
+      mdl.set_requires_grad(true);
+      const rollout::Batch mini = t.last_batch().select(r.rows);
+      model::LogProbOptions lo;
+      lo.temperature = c.actor_rollout_ref.rollout.temperature;
+      auto lp = mdl.log_probs(mini.get("input_ids"), mini.get("attention_mask"), mini.get("position_ids"),
+                              mini.get("responses"), lo);
+      algo::PolicyLossInputs in;
+      in.log_probs = lp.log_probs;
+      in.old_log_probs = mini.get("old_log_probs");
+      in.ref_log_probs = mini.get("ref_log_probs");
+      in.rollout_log_probs = mini.get("rollout_log_probs");
+      in.advantages = mini.get("advantages");
+      in.response_mask = mini.get("response_mask");
+      in.normaliser = in.response_mask.sum().item<double>();  // token-mean over the mini-batch
+      algo::PolicyLossConfig lc;
+      lc.clip_ratio_low = 0.2;
+      lc.clip_ratio_high = 0.28;
+      const at::Tensor mask = in.response_mask.to(at::kFloat);
+      auto total = algo::compute_policy_loss(loss, in, lc).loss +
+                   0.5 * ((in.log_probs - in.ref_log_probs) * mask).sum() / in.normaliser;
+      total.backward();
+      HandUpdate h;
+      h.loss = total.item<double>();
+      for (const auto& p : mdl.parameters()) h.grads.push_back(p.grad());
+      expect_same_update(r, h, 1e-6, loss);
     }
   }
 }
@@ -723,8 +1075,104 @@ TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
 
 // The RPG fork's kl_loss_type spellings and verl's bypass_mode resolve to the same config as
 // rpg's own keys.
+// rpg.semantics=auto selects fork semantics from the fork's spellings; the fork's keys then
+// keep their fork meaning (kl_loss_type stays a kl_penalty form, policy_loss stays PPO), the
+// reward is math_dapo_fork unless reward_model.reward_kwargs.dapo_variant says otherwise, and
+// what the fork has no code for is refused naming the key. Every recipes/fork file resolves
+// to fork semantics and validates; the schedule-free ones are refused by check_trainable()
+// (rpg train), not by loading (rpg config show).
+TEST(TrainConfigResolve, ForkSpellingsSelectForkSemantics) {
+  auto load = [](std::vector<std::string> overrides) {
+    auto loaded = load_config<TrainConfig>({}, overrides);
+    loaded.value.resolve();
+    return loaded.value;
+  };
+  const std::string p = "actor_rollout_ref.actor.";
+  TrainConfig c = load({p + "kl_loss_type=rpg_rf_rkl", p + "use_iterative_ref_model=true", "algorithm.use_kl_in_reward=true"});
+  EXPECT_EQ(c.choices.semantics, Semantics::kFork);
+  EXPECT_EQ(c.rpg.semantics, "fork");
+  EXPECT_EQ(c.actor_rollout_ref.actor.policy_loss, "vanilla");
+  EXPECT_EQ(c.actor_rollout_ref.actor.kl_loss_type, "rpg_rf_rkl");
+  EXPECT_EQ(c.choices.dapo_variant, "math_dapo_fork");
+  EXPECT_FALSE(c.choices.kl_loss_uses_reference);
+  EXPECT_EQ(c.choices.algorithm_summary.rfind("fork semantics: PPO dual-clip", 0), 0u) << c.choices.algorithm_summary;
+  EXPECT_NE(c.choices.algorithm_summary.find("reward -= 0.001 * rpg_rf_rkl(pi_old, pi_old)"), std::string::npos)
+      << c.choices.algorithm_summary;
+  c.validate();
+  EXPECT_EQ(load({"reward_model.reward_manager=rpg"}).choices.semantics, Semantics::kFork);
+  EXPECT_EQ(load({}).choices.semantics, Semantics::kPaper);
+  EXPECT_EQ(load({}).choices.dapo_variant, "math_dapo");
+  EXPECT_EQ(load({"reward_model.reward_manager=rpg", "reward_model.reward_kwargs.dapo_variant=math_dapo"}).choices.dapo_variant,
+            "math_dapo");
+  EXPECT_EQ(load({"rpg.semantics=paper", p + "kl_loss_type=rpg_ufkl"}).actor_rollout_ref.actor.policy_loss, "rpg");
+  EXPECT_EQ(load({"rpg.semantics=fork", p + "kl_loss_type=rpg_ufkl", p + "use_kl_loss=true", p + "use_iterative_ref_model=false"})
+                .choices.kl_loss_uses_reference,
+            true);
+  auto error_of = [&](std::vector<std::string> overrides) -> std::string {
+    try {
+      load(overrides).validate();
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error_of({"rpg.semantics=fork", p + "policy_loss=rpg"}).find("actor_rollout_ref.actor.policy_loss: got 'rpg'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"rpg.semantics=fork", p + "use_kl_loss=true", p + "kl_loss_type=full"})
+                .find("actor_rollout_ref.actor.kl_loss_type: 'full'"),
+            std::string::npos);
+  EXPECT_NE(error_of({"rpg.semantics=fork", p + "loss_agg_mode=seq-mean-token-sum-norm"}).find("loss_agg_mode"),
+            std::string::npos);
+  EXPECT_NE(error_of({"rpg.semantics=forked"}).find("rpg.semantics: got 'forked'"), std::string::npos);
+  EXPECT_NE(error_of({"reward_model.reward_kwargs.dapo_variant=upstream"}).find("reward_model.reward_kwargs.dapo_variant"),
+            std::string::npos);
+  size_t recipes = 0, schedule_free = 0;
+  for (const auto& e : fs::directory_iterator(test::source_dir() / "recipes" / "fork")) {
+    if (e.path().extension() != ".yaml") continue;
+    ++recipes;
+    auto loaded = load_config<TrainConfig>(e.path(), {});
+    loaded.value.resolve();
+    const TrainConfig& r = loaded.value;
+    EXPECT_EQ(r.choices.semantics, Semantics::kFork) << e.path();
+    EXPECT_EQ(r.choices.dapo_variant, "math_dapo_fork") << e.path();
+    r.validate();
+    if (r.actor_rollout_ref.actor.optim.optim_type == "schedulefree") {
+      ++schedule_free;
+      try {
+        r.check_trainable();
+        ADD_FAILURE() << e.path() << ": schedulefree accepted";
+      } catch (const ConfigError& err) {
+        EXPECT_NE(std::string(err.what()).find("actor_rollout_ref.actor.optim.optim_type: 'schedulefree'"), std::string::npos)
+            << err.what();
+      }
+    } else {
+      r.check_trainable();
+    }
+  }
+  EXPECT_EQ(recipes, 60u);
+  EXPECT_EQ(schedule_free, 30u);
+}
+
+// The layout of verl's / the fork's _validate: val-core holds the core variable's (acc)
+// mean/maj/best at the largest n, everything else is val-aux.
+TEST(ValidationLayout, CoreAndAuxAsVerl) {
+  const std::map<std::string, double> table = {
+      {"acc/mean@4", 0}, {"acc/std@4", 0}, {"acc/best@2/mean", 0}, {"acc/best@4/mean", 0}, {"acc/best@4/std", 0},
+      {"acc/maj@4/mean", 0}, {"acc/pass@4", 0}, {"score/mean@4", 0}, {"num_problems", 0}};
+  const std::map<std::string, std::string> want = {
+      {"acc/mean@4", "val-core"}, {"acc/std@4", "val-aux"}, {"acc/best@2/mean", "val-aux"},
+      {"acc/best@4/mean", "val-core"}, {"acc/best@4/std", "val-core"}, {"acc/maj@4/mean", "val-core"},
+      {"acc/pass@4", "val-aux"}, {"score/mean@4", "val-aux"}, {"num_problems", "val-aux"}};
+  for (const auto& [name, section] : want)
+    EXPECT_EQ(validation_metric_key("aime25", name, table), section + "/aime25/" + name);
+  // Without acc the core variable is the reward (rpg: score).
+  EXPECT_EQ(validation_metric_key("x", "score/mean@2", {{"score/mean@2", 0}}), "val-core/x/score/mean@2");
+}
+
+// Under rpg.semantics=paper the fork's kl_loss_type spellings name the paper's losses.
 TEST(TrainConfigResolve, RpgForkSpellingsMeanOurKeys) {
   auto resolved = [](std::vector<std::string> overrides) {
+    overrides.insert(overrides.begin(), "rpg.semantics=paper");
     auto loaded = load_config<TrainConfig>({}, overrides);
     loaded.value.resolve();
     loaded.value.resolve();  // idempotent

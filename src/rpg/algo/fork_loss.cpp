@@ -1,6 +1,8 @@
 #include "rpg/algo/fork_loss.h"
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 #include <ATen/core/grad_mode.h>
 
 #include "rpg/core/error.h"
@@ -183,6 +185,89 @@ std::vector<std::vector<int64_t>> fork_fixed_micro_batches(int64_t rows, int64_t
   for (int64_t start = 0; start < rows; start += micro_batch_size) {
     out.emplace_back();
     for (int64_t i = start; i < std::min(rows, start + micro_batch_size); ++i) out.back().push_back(i);
+  }
+  return out;
+}
+
+namespace {
+
+// karmarkar_karp's Set and State with their Python orderings (seqlen_balancing.py).
+struct KkSet {
+  int64_t sum = 0;
+  std::vector<std::pair<int64_t, int64_t>> items;  // (index, length), in insertion order
+  bool operator<(const KkSet& o) const {
+    if (sum != o.sum) return sum < o.sum;
+    if (items.size() != o.items.size()) return items.size() < o.items.size();
+    return items < o.items;
+  }
+};
+
+struct KkState {
+  std::vector<KkSet> sets;  // descending
+  int64_t spread() const { return sets.front().sum - sets.back().sum; }
+  void sort_sets() {
+    std::stable_sort(sets.begin(), sets.end(), [](const KkSet& a, const KkSet& b) { return b < a; });
+  }
+  // Python's State.__lt__ (a min-heap pops the "smallest"): larger spread first, then the
+  // larger first set.
+  bool before(const KkState& o) const {
+    if (spread() != o.spread()) return spread() > o.spread();
+    return o.sets.front() < sets.front();
+  }
+};
+
+}  // namespace
+
+std::vector<std::vector<int64_t>> fork_dynamic_micro_batches(const std::vector<int64_t>& lengths,
+                                                             int64_t max_token_len, int64_t padded_width) {
+  if (max_token_len < padded_width)
+    throw ValueError(str("ppo_max_token_len_per_gpu: ", max_token_len, " is less than the padded sequence length ",
+                         padded_width, " (the fork asserts max_token_len >= max_seq_len)"));
+  int64_t total = 0;
+  for (int64_t l : lengths) total += l;
+  const int64_t k = (total + max_token_len - 1) / max_token_len;
+  if (k < 1 || k > static_cast<int64_t>(lengths.size()))
+    throw ValueError(str("dynamic micro-batches: ", k, " partitions for ", lengths.size(), " rows"));
+  std::vector<std::pair<int64_t, int64_t>> sorted;  // (length, index), ascending as Python sorts tuples
+  for (size_t i = 0; i < lengths.size(); ++i) sorted.emplace_back(lengths[i], static_cast<int64_t>(i));
+  std::sort(sorted.begin(), sorted.end());
+  // The states are totally ordered (every set holds distinct indices), so a priority queue
+  // pops them in the order heapq does.
+  std::vector<KkState> heap;
+  for (const auto& [len, idx] : sorted) {
+    KkState st;
+    st.sets.resize(static_cast<size_t>(k));
+    st.sets[0].sum = len;
+    st.sets[0].items.emplace_back(idx, len);
+    st.sort_sets();
+    heap.push_back(std::move(st));
+  }
+  auto pop_first = [&heap] {
+    size_t best = 0;
+    for (size_t i = 1; i < heap.size(); ++i)
+      if (heap[i].before(heap[best])) best = i;
+    KkState st = std::move(heap[best]);
+    heap.erase(heap.begin() + static_cast<std::ptrdiff_t>(best));
+    return st;
+  };
+  while (heap.size() > 1) {
+    KkState a = pop_first();
+    KkState b = pop_first();
+    for (size_t i = 0; i < static_cast<size_t>(k); ++i) {
+      const KkSet& other = b.sets[static_cast<size_t>(k) - 1 - i];
+      for (const auto& it : other.items) a.sets[i].items.push_back(it);
+      a.sets[i].sum += other.sum;
+    }
+    a.sort_sets();
+    heap.push_back(std::move(a));
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& set : heap.front().sets) {
+    std::vector<int64_t> rows;
+    for (const auto& it : set.items) rows.push_back(it.first);
+    if (rows.empty()) throw ValueError("dynamic micro-batches: an empty partition");
+    std::sort(rows.begin(), rows.end());
+    out.push_back(std::move(rows));
   }
   return out;
 }

@@ -81,4 +81,13 @@ at::Tensor fork_mini_batch_loss(const PolicyLossInputs& in, const ForkLossConfig
 // mini_batch.split(micro_batch_size): consecutive slices, the last one possibly shorter.
 std::vector<std::vector<int64_t>> fork_fixed_micro_batches(int64_t rows, int64_t micro_batch_size);
 
+// The fork's use_dynamic_bsz micro-batches (verl.utils.seqlen_balancing.rearrange_micro_batches
+// as of the fork, world size 1): k = ceil(sum(lengths) / max_token_len) micro-batches, the
+// rows partitioned by the largest differencing method (karmarkar_karp, equal_size=False),
+// each micro-batch's rows ascending, micro-batches in karmarkar_karp's order (largest sum
+// first). `lengths` are the rows' attention-mask sums; the fork asserts max_token_len >=
+// padded_width (ValueError here).
+std::vector<std::vector<int64_t>> fork_dynamic_micro_batches(const std::vector<int64_t>& lengths,
+                                                             int64_t max_token_len, int64_t padded_width);
+
 }  // namespace rpg::algo

@@ -21,7 +21,7 @@ PolicyLossOutput rpg_reinforce_loss(const PolicyLossInputs&, const PolicyLossCon
 
 namespace {
 
-constexpr bool kRef = true, kOld = true;
+constexpr bool kRef = true, kOld = true, kOwnKl = true;
 
 void register_policy_losses(Registry<PolicyLossEntry>& r) {
   r.add("ppo", {ppo_clip_loss, !kRef, kOld, "PPO clip (eps_low/eps_high) with dual-clip c"});
@@ -30,13 +30,13 @@ void register_policy_losses(Registry<PolicyLossEntry>& r) {
   r.add("rfpp", {ppo_clip_loss, !kRef, kOld, "ppo; REINFORCE++ is its advantage + KL in the reward"});
   r.add("rfppb", {ppo_clip_loss, !kRef, kOld, "ppo; REINFORCE++-baseline"});
   r.add("rloo", {ppo_clip_loss, !kRef, kOld, "ppo; RLOO is its advantage estimator"});
-  r.add("grpo", {grpo_loss, kRef, kOld, "ppo + beta * k3(pi_ref/pi_theta), no importance weight (Sec. 2.2)"});
-  r.add("grpo_corrected", {grpo_corrected_loss, kRef, kOld, "ppo + beta * w * k3(pi_ref/pi_theta) (Sec. 2.2)"});
+  r.add("grpo", {grpo_loss, kRef, kOld, "ppo + beta * k3(pi_ref/pi_theta), no importance weight (Sec. 2.2)", kOwnKl});
+  r.add("grpo_corrected", {grpo_corrected_loss, kRef, kOld, "ppo + beta * w * k3(pi_ref/pi_theta) (Sec. 2.2)", kOwnKl});
   r.add("gspo", {gspo_loss, !kRef, kOld, "sequence-level importance ratio (Zheng et al. 2025)"});
   r.add("cispo", {cispo_loss, !kRef, kOld, "clipped stop-gradient IS weight x log-prob (MiniMax-M1)"});
-  r.add("rpg", {rpg_loss, !kRef, kOld, "fully differentiable RPG surrogate, KL to pi_old (Tables 1, 4; Alg. 1)"});
+  r.add("rpg", {rpg_loss, !kRef, kOld, "fully differentiable RPG surrogate, KL to pi_old (Tables 1, 4; Alg. 1)", kOwnKl});
   r.add("rpg_reinforce",
-        {rpg_reinforce_loss, !kRef, kOld, "REINFORCE-style RPG surrogate, KL to pi_old (Table 2; Alg. 2)"});
+        {rpg_reinforce_loss, !kRef, kOld, "REINFORCE-style RPG surrogate, KL to pi_old (Table 2; Alg. 2)", kOwnKl});
 }
 
 }  // namespace

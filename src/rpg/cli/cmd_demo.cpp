@@ -69,6 +69,7 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
   auto r = app::run_demo(o);
   std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): SFT " << r.before << " -> RL " << r.after
             << " (" << (r.after - r.before) * 100.0 << " points)\n"
+            << app::demo_verdict(r.before, r.after) << "\n"
             << "run directory: " << out << "\nreport: " << r.report.string() << "\n";
   return 0;
 }

@@ -4,12 +4,13 @@
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
 #include "rpg/eval/generate.h"
+#include "rpg/tokenizer/tokenizer.h"
 
 namespace rpg::cli {
 
 int run_generate(const std::string& full_name, const std::vector<std::string>& args) {
   eval::GenerateOptions o;
-  std::string model, data, output;
+  std::string model, data, output, template_kwargs;
   int64_t seed = 0;
   bool no_chat_template = false, no_progress = false;
   ArgParser parser(full_name,
@@ -31,6 +32,9 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
       .option("--max-kv-tokens", &o.engine.max_kv_tokens, "KV-cache budget in tokens, 0 = none (default 0)", "N")
       .option("--limit", &o.limit, "use only the first N rows of --data", "N")
       .flag("--no-chat-template", &no_chat_template, "encode the prompt text as is")
+      .option("--chat-template-kwargs", &template_kwargs,
+              "JSON object of chat-template variables, as verl's data.apply_chat_template_kwargs "
+              "(e.g. '{\"enable_thinking\": false}' for Qwen3)", "JSON")
       .option("--dtype", &o.dtype, "auto | float32 | bfloat16 | float16 (default auto)", "TYPE")
       .option("--device", &o.device, "auto | cpu | cuda (default auto)", "DEV")
       .flag("--no-progress", &no_progress, "no progress bar")
@@ -43,6 +47,7 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
   o.output = output;
   o.sampling.seed = static_cast<uint64_t>(seed);
   o.chat_template = !no_chat_template;
+  o.chat_template_kwargs = parse_chat_template_kwargs(template_kwargs, "--chat-template-kwargs");
   o.progress = !no_progress;
   auto s = eval::run_generate(o);
   log_info(str("generated ", s.responses, " responses for ", s.prompts, " prompts: ", s.stats.generated_tokens,

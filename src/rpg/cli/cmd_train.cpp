@@ -1,5 +1,6 @@
 // `rpg train` and `rpg eval`: argument parsing only; the work is in rpg/train and rpg/eval.
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "rpg/cli/commands.h"
@@ -9,8 +10,10 @@
 #include "rpg/core/signals.h"
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
+#include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
 #include "rpg/train/checkpoint.h"
+#include "rpg/train/data_parallel.h"
 #include "rpg/train/trainer.h"
 
 namespace rpg::cli {
@@ -27,19 +30,29 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
       .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
   if (!parser.parse(args)) return 0;
   signals::install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit 75
+  // Under torchrun / srun / rpg launch (a bad environment is an error naming the variable):
+  // join the data-parallel group (timeout: actor_rollout_ref.nccl_timeout) before any work,
+  // so a missing rank is reported first; trainer.nnodes / n_gpus_per_node are checked.
+  const auto layout = dist::layout_from_env();
   TrainConfig config = load_train_config(file, overrides);
+  train::dp::join_world(config, layout);
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
-  train::RunDirLock lock(run_dir);  // one writer per run directory, taken before anything is touched
-  train::Trainer trainer(std::move(config), reward::builtin_scorers());
-  write_file_atomic(run_dir / "config.yaml", resolved);
+  // One writer per run directory (the main rank writes it), taken before anything is touched.
+  std::optional<train::RunDirLock> lock;
+  if (dist::is_main()) lock.emplace(run_dir);
+  reward::ScorerOptions scoring;
+  scoring.dapo_variant = config.choices.dapo_variant;  // reward_model.reward_kwargs.dapo_variant / rpg.semantics
+  train::Trainer trainer(std::move(config), reward::builtin_scorers(scoring));
+  if (dist::is_main()) write_file_atomic(run_dir / "config.yaml", resolved);
   trainer.fit();
+  dist::shutdown_world();
   return 0;
 }
 
 int run_eval(const std::string& full_name, const std::vector<std::string>& args) {
-  std::string model, output, responses, dtype = "auto", device = "auto";
+  std::string model, output, responses, dtype = "auto", device = "auto", template_kwargs, scored_output;
   std::vector<std::string> files;
   rollout::SamplingParams sampling;
   rollout::EngineOptions engine;
@@ -63,6 +76,11 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       .option("--max-num-seqs", &engine.max_num_seqs, "sequences decoded together (default 64)", "N")
       .option("--output", &output, "also write the metrics as JSON here", "FILE")
       .flag("--strict-box", &strict_box, "DAPO strict-box mode: judge only the last \\boxed{}")
+      .option("--chat-template-kwargs", &template_kwargs,
+              "JSON object of chat-template variables, as verl's data.apply_chat_template_kwargs "
+              "(e.g. '{\"enable_thinking\": false}' for Qwen3)", "JSON")
+      .option("--scored-output", &scored_output,
+              "write every response with its score, acc and extracted prediction here (JSON lines)", "FILE")
       .option("--dtype", &dtype, "auto | float32 | bfloat16 | float16", "TYPE")
       .option("--device", &device, "auto | cpu | cuda", "DEV")
       .flag("--no-progress", &no_progress, "no progress bar");
@@ -76,21 +94,27 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   if (!responses.empty()) {
     if (!model.empty() || !files.empty())
       throw UsageError(str(full_name, ": --responses scores a file; do not also give --model or --data"));
+    if (!template_kwargs.empty())
+      throw UsageError(str(full_name, ": --chat-template-kwargs renders prompts; --responses does not generate"));
     auto result = eval::evaluate_responses(responses, reward::builtin_scorers(so));
     write_output(result.metrics);
+    if (!scored_output.empty()) eval::write_scored_responses(scored_output, result);
     return 0;
   }
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (files.empty()) throw UsageError(str(full_name, ": at least one --data FILE is required"));
   sampling.seed = static_cast<uint64_t>(seed);
+  auto kwargs = parse_chat_template_kwargs(template_kwargs, "--chat-template-kwargs");
   std::vector<data::Row> rows;
   for (const auto& f : files) {
     auto part = data::read_parquet(f);
     rows.insert(rows.end(), part.begin(), part.end());
   }
   auto policy = rollout::load_policy(model, dtype, device);
-  auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress);
+  auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress,
+                               /*chat_template=*/true, kwargs);
   write_output(result.metrics);
+  if (!scored_output.empty()) eval::write_scored_responses(scored_output, result);
   log_info(str("evaluated ", rows.size(), " rows x ", sampling.n, " responses: ", result.stats.generated_tokens,
                " tokens in ", result.stats.seconds, " s"));
   return 0;

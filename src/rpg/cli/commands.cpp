@@ -24,6 +24,8 @@ const std::vector<Command>& commands() {
       {"eval", "mean@n / pass@k / maj@n of a model on Parquet datasets, scored like verl", run_eval},
       {"demo", "a real RL run on the CPU from scratch: SFT warm start, RPG-REINFORCE, held-out eval", run_demo},
       {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", run_train},
+      {"plan", "print the memory per rank a training configuration needs (docs/scaling.md)", run_plan},
+      {"launch", "run N ranks of a command on this node (torchrun's environment, output prefixed by rank)", run_launch},
       {"report", "HTML report of a run (summary, charts) or of several runs compared (Table 3 layout)", run_report},
       {"model info", "architecture, parameter count, dtype and memory of a model directory", run_model_info},
       {"tokenize", "ids and pieces of a text under a model directory's tokenizer", run_tokenize},

@@ -90,11 +90,15 @@ void OutputFile::write(std::string_view data) {
   else pending_.append(data);
 }
 
-void OutputFile::close() {
+void OutputFile::flush() {
   if (!pending_.empty()) {
     write_fd(fd_, pending_, path_);
     pending_.clear();
   }
+}
+
+void OutputFile::close() {
+  flush();
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) throw_errno("cannot write", path_);

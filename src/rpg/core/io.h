@@ -42,6 +42,8 @@ class OutputFile {
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
   void write(std::string_view data);
+  // Hands what is gathered to the OS now (a kill test's "half written" point).
+  void flush();
   void close();
 
  private:

@@ -68,6 +68,22 @@ size_t for_each_codepoint(std::string_view s, F&& f, InvalidUtf8 invalid = Inval
   return i;
 }
 
+// The right-to-left walk, for rstrip-like scans: returns the smallest b in [begin, end]
+// such that every code point of s[b, end) satisfies pred(char32_t). Ill-formed bytes stop
+// the walk (they are never stripped), as kStop does for for_each_codepoint.
+template <class Pred>
+size_t rstrip_codepoints(std::string_view s, size_t begin, size_t end, Pred&& pred) {
+  while (end > begin) {
+    size_t k = end - 1;
+    while (k > begin && is_utf8_continuation(static_cast<unsigned char>(s[k]))) --k;
+    char32_t cp = 0;
+    size_t bad = 0;
+    if (decode_utf8(s, k, cp, bad) != end - k || !pred(cp)) break;
+    end = k;
+  }
+  return end;
+}
+
 // Replaces every ill-formed subpart by U+FFFD. Returns true when s was already valid
 // (then `out` is left untouched so the caller can keep using s).
 bool sanitize_utf8(std::string_view s, std::string& out);

@@ -14,7 +14,8 @@ namespace rpg::eval {
 
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling_in, const rollout::EngineOptions& engine_options,
-                    const reward::ScorerRegistry& scorers, bool progress, bool chat_template) {
+                    const reward::ScorerRegistry& scorers, bool progress, bool chat_template,
+                    const nlohmann::ordered_json& chat_template_kwargs) {
   for (const auto& r : rows) (void)scorers.find(r.data_source);  // unknown data_source: fail before generating
   const rollout::SamplingParams sampling = rollout::with_stop_tokens(sampling_in, policy);
 
@@ -23,7 +24,7 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
   for (const auto& r : rows) {
     std::vector<ChatMessage> messages;
     for (const auto& m : r.prompt) messages.push_back({m.role, m.content});
-    prompts.push_back(rollout::render_prompt(policy.tokenizer, messages, chat_template));
+    prompts.push_back(rollout::render_prompt(policy.tokenizer, messages, chat_template, chat_template_kwargs));
   }
   rollout::RolloutEngine engine(policy.model, engine_options);
   engine.validate_request(prompts, sampling);
@@ -58,9 +59,29 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
     s.acc = scores[i].acc;
     s.pred = scores[i].pred;
     out.responses.push_back(std::move(s));
+    out.ground_truths.push_back(row.reward_model.ground_truth);
+    out.sources.push_back(responses[i].prompt_index);
   }
   out.metrics = compute_metrics(out.responses);
   return out;
+}
+
+void write_scored_responses(const std::filesystem::path& path, const EvalResult& result) {
+  std::string text;
+  for (size_t i = 0; i < result.responses.size(); ++i) {
+    const ScoredResponse& s = result.responses[i];
+    nlohmann::ordered_json j;
+    j["data_source"] = s.data_source;
+    j["row"] = i < result.sources.size() ? nlohmann::ordered_json(result.sources[i]) : nlohmann::ordered_json();
+    j["problem"] = s.problem;
+    j["ground_truth"] = i < result.ground_truths.size() ? result.ground_truths[i] : std::string();
+    j["response"] = i < result.texts.size() ? result.texts[i] : std::string();
+    j["score"] = s.score;
+    j["acc"] = s.acc;
+    j["pred"] = s.pred ? nlohmann::ordered_json(*s.pred) : nlohmann::ordered_json();
+    text += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  }
+  write_file_atomic(path, text);
 }
 
 EvalResult evaluate_responses(const std::filesystem::path& path, const reward::ScorerRegistry& scorers) {
@@ -92,6 +113,8 @@ EvalResult evaluate_responses(const std::filesystem::path& path, const reward::S
     s.pred = scores[i].pred;
     out.responses.push_back(std::move(s));
     out.texts.push_back(lines[i].response);
+    out.ground_truths.push_back(lines[i].ground_truth);
+    out.sources.push_back(static_cast<int64_t>(i));
   }
   out.metrics = compute_metrics(out.responses);
   return out;

@@ -21,13 +21,22 @@ struct EvalResult {
   rollout::GenerateStats stats;   // generation throughput
   std::vector<ScoredResponse> responses;
   std::vector<std::string> texts;  // decoded responses, in the order of `responses`
+  std::vector<std::string> ground_truths;  // in the order of `responses`
+  std::vector<int64_t> sources;    // per response: its row (evaluate) or input line (evaluate_responses), 0-based
 };
 
-// Stop tokens of the policy are added to `sampling`. Throws ValueError for an unknown
+// For people reading results: one JSON line per response of `result`, in order, with
+// data_source, row (see EvalResult::sources), problem, ground_truth, response, score, acc
+// and pred (the extracted prediction, null when none). Written atomically.
+void write_scored_responses(const std::filesystem::path& path, const EvalResult& result);
+
+// Prompts are rendered by rollout::render_prompt with `chat_template_kwargs` (verl's
+// data.apply_chat_template_kwargs). Stop tokens of the policy are added to `sampling`. Throws ValueError for an unknown
 // data_source before generating anything.
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling, const rollout::EngineOptions& engine,
-                    const reward::ScorerRegistry& scorers, bool progress = true, bool chat_template = true);
+                    const reward::ScorerRegistry& scorers, bool progress = true, bool chat_template = true,
+                    const nlohmann::ordered_json& chat_template_kwargs = nlohmann::ordered_json::object());
 
 // Scores a responses file written by `rpg generate` (JSON lines with data_source,
 // ground_truth, prompt and response) without generating: the same metrics as evaluate().

@@ -38,7 +38,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   for (const auto& r : rows) {
     std::vector<ChatMessage> messages;
     for (const auto& m : r.prompt) messages.push_back({m.role, m.content});
-    prompt_ids.push_back(rollout::render_prompt(policy.tokenizer, messages, o.chat_template));
+    prompt_ids.push_back(rollout::render_prompt(policy.tokenizer, messages, o.chat_template, o.chat_template_kwargs));
     std::vector<TokenId> ids(prompt_ids.back().begin(), prompt_ids.back().end());
     prompt_texts.push_back(policy.tokenizer.decode(ids));
   }

@@ -96,15 +96,7 @@ class Lexer {
 
   // Python's str.rstrip(): returns the end of src_[from, end) without trailing whitespace.
   size_t rstrip_pos(size_t from, size_t end) const {
-    while (end > from) {
-      size_t k = end - 1;
-      while (k > from && (static_cast<unsigned char>(src_[k]) & 0xC0) == 0x80) --k;
-      char32_t c;
-      size_t bad;
-      if (decode_utf8(src_, k, c, bad) == 0 || !py_space(c)) break;
-      end = k;
-    }
-    return end;
+    return rstrip_codepoints(src_, from, end, py_space);
   }
   size_t lstrip_pos(size_t from) const {
     std::string_view rest = std::string_view(src_).substr(std::min(from, src_.size()));

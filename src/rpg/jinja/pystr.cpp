@@ -20,16 +20,7 @@ std::string py_strip(const std::string& s, const Value* chars, bool left, bool r
   auto strip_me = [&](char32_t c) { return ws ? py_space(c) : std::find(set.begin(), set.end(), c) != set.end(); };
   size_t b = 0, e = s.size();
   if (left) b = for_each_codepoint(s, [&](const CodePoint& c) { return strip_me(c.cp); }, InvalidUtf8::kStop);
-  if (right) {
-    while (e > b) {
-      size_t k = e - 1;
-      while (k > b && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
-      char32_t c;
-      size_t bad;
-      if (decode_utf8(s, k, c, bad) == 0 || !strip_me(c)) break;
-      e = k;
-    }
-  }
+  if (right) e = rstrip_codepoints(s, b, e, strip_me);
   return s.substr(b, e - b);
 }
 

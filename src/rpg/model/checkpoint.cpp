@@ -18,29 +18,14 @@
 #include "rpg/core/io.h"
 #include "rpg/model/impl.h"
 #include "rpg/model/safetensors.h"
+#include "rpg/model/tensor_file.h"
 
 namespace rpg::model {
 namespace st = safetensors;
 namespace fs = std::filesystem;
 namespace {
 
-std::optional<at::ScalarType> torch_dtype(st::DType d) {
-  switch (d) {
-    case st::DType::kF32: return at::kFloat;
-    case st::DType::kBF16: return at::kBFloat16;
-    case st::DType::kF16: return at::kHalf;
-    default: return std::nullopt;
-  }
-}
-
-st::DType file_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return st::DType::kF32;
-    case at::kBFloat16: return st::DType::kBF16;
-    case at::kHalf: return st::DType::kF16;
-    default: throw ValueError(str("cannot save dtype ", c10::toString(t), ": expected Float, BFloat16 or Half"));
-  }
-}
+bool is_weight_dtype(st::DType d) { return d == st::DType::kF32 || d == st::DType::kBF16 || d == st::DType::kF16; }
 
 std::string hf_dtype_name(at::ScalarType t) {
   switch (t) {
@@ -142,7 +127,7 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
     if (t.shape != shape)
       throw FormatError(str(it->second.file->map->path(), ": tensor '", name, "' has shape ", shape_str(t.shape),
                             ", expected ", shape_str(shape), " from config.json"));
-    if (!torch_dtype(t.dtype))
+    if (!is_weight_dtype(t.dtype))
       throw FormatError(str(it->second.file->map->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t.dtype),
                             ", expected F32, BF16 or F16"));
   }
@@ -197,7 +182,9 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
 
 void CausalLM::save_pretrained(const fs::path& dir, const SaveOptions& options) const {
   at::ScalarType dtype = options.dtype ? *options.dtype : impl_->dtype;
-  st::DType fdt = file_dtype(dtype);
+  if (dtype != at::kFloat && dtype != at::kBFloat16 && dtype != at::kHalf)
+    throw ValueError(str("cannot save dtype ", c10::toString(dtype), ": expected Float, BFloat16 or Half"));
+  const st::DType fdt = *file_dtype(dtype);
   if (options.max_shard_bytes < 1)
     throw ValueError(str("save_pretrained max_shard_bytes: got ", options.max_shard_bytes, ", expected >= 1"));
   auto named = named_parameters();
@@ -238,16 +225,12 @@ void CausalLM::save_pretrained(const fs::path& dir, const SaveOptions& options) 
     char fname[64];
     if (n == 1) std::snprintf(fname, sizeof fname, "model.safetensors");
     else std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-    fs::path path = out.path() / fname;
-    OutputFile f(path);
-    f.write(st::serialize_header(shards[i].infos, {{"format", "pt"}}));
+    std::vector<std::pair<std::string, at::Tensor>> shard;
     for (size_t k = 0; k < shards[i].tensors.size(); ++k) {
-      // One tensor converted at a time: saving never needs a second copy of the model.
-      at::Tensor t = shards[i].tensors[k].detach().to(at::kCPU, dtype).contiguous();
-      f.write(std::string_view(static_cast<const char*>(t.data_ptr()), t.nbytes()));
+      shard.emplace_back(shards[i].infos[k].name, shards[i].tensors[k]);
       weight_map[shards[i].infos[k].name] = fname;
     }
-    f.close();
+    write_tensor_file(out.path() / fname, shard, {.dtype = dtype, .metadata = {{"format", "pt"}}, .after_tensor = {}});
   }
   if (n > 1) {
     nlohmann::ordered_json idx;
@@ -268,6 +251,81 @@ void CausalLM::save_pretrained(const fs::path& dir, const SaveOptions& options) 
     }
   }
   out.commit();
+}
+
+namespace {
+const std::vector<std::pair<at::ScalarType, st::DType>>& dtype_map() {
+  static const std::vector<std::pair<at::ScalarType, st::DType>> m = {
+      {at::kFloat, st::DType::kF32}, {at::kDouble, st::DType::kF64}, {at::kBFloat16, st::DType::kBF16},
+      {at::kHalf, st::DType::kF16},  {at::kLong, st::DType::kI64},   {at::kInt, st::DType::kI32},
+      {at::kBool, st::DType::kBool}};
+  return m;
+}
+}  // namespace
+
+std::optional<at::ScalarType> torch_dtype(st::DType d) {
+  for (const auto& [a, s] : dtype_map())
+    if (s == d) return a;
+  return std::nullopt;
+}
+
+std::optional<st::DType> file_dtype(at::ScalarType t) {
+  for (const auto& [a, s] : dtype_map())
+    if (a == t) return s;
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> as_list(const std::map<std::string, at::Tensor>& tensors) {
+  return {tensors.begin(), tensors.end()};
+}
+
+void write_tensor_file(const fs::path& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const TensorFileOptions& options) {
+  std::vector<st::TensorInfo> infos;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    const at::ScalarType type = options.dtype ? *options.dtype : t.scalar_type();
+    const auto fdt = file_dtype(type);
+    if (!fdt) throw ValueError(str(path.string(), ": tensor '", name, "' has dtype ", c10::toString(type),
+                                   ", which rpg does not write (F64, F32, BF16, F16, I64, I32, BOOL)"));
+    st::TensorInfo info;
+    info.name = name;
+    info.dtype = *fdt;
+    info.shape = t.sizes().vec();
+    info.begin = offset;
+    info.end = offset + static_cast<uint64_t>(t.numel()) * st::dtype_size(*fdt);
+    offset = info.end;
+    infos.push_back(std::move(info));
+  }
+  // core/io's writer: errors name the file and errno; fault-injection point (test_hook.h).
+  OutputFile f(path);
+  f.write(st::serialize_header(infos, options.metadata));
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const at::Tensor& t = tensors[k].second;
+    at::Tensor c = t.detach().to(at::kCPU, options.dtype ? *options.dtype : t.scalar_type()).contiguous();
+    f.write(std::string_view(static_cast<const char*>(c.data_ptr()), c.nbytes()));
+    if (options.after_tensor) {
+      f.flush();
+      options.after_tensor(k + 1);
+    }
+  }
+  f.close();
+}
+
+std::map<std::string, at::Tensor> read_tensor_file(const fs::path& path) {
+  st::MappedFile file(path);
+  const st::Header h = st::parse(file.data(), file.size(), path.string());
+  std::map<std::string, at::Tensor> out;
+  for (const auto& info : h.tensors) {
+    const auto type = torch_dtype(info.dtype);
+    if (!type)
+      throw FormatError(str(path.string(), ": tensor '", info.name, "' has dtype ", st::dtype_name(info.dtype),
+                            ", which rpg does not read (F64, F32, BF16, F16, I64, I32, BOOL)"));
+    at::Tensor t = at::empty(info.shape, at::TensorOptions().dtype(*type));
+    std::memcpy(t.data_ptr(), file.data() + h.data_start + info.begin, info.end - info.begin);
+    out.emplace(info.name, std::move(t));
+  }
+  return out;
 }
 
 }  // namespace rpg::model

@@ -149,13 +149,34 @@ ModelConfig ModelConfig::from_json(std::string_view text, const std::string& sou
   if (r.boolean("mlp_bias", false)) r.fail("mlp_bias", "got true, expected false (MLP bias is not supported)");
   if (c.family != Family::kQwen2 && r.boolean("attention_bias", false))
     r.fail("attention_bias", "got true, expected false (attention bias is not supported for this model_type)");
-  if (r.boolean("use_sliding_window", false))
-    r.fail("use_sliding_window", "got true, expected false (sliding-window attention is not supported)");
-  if (const json* lt = r.find("layer_types")) {
-    if (!lt->is_array()) r.fail("layer_types", str("got ", lt->dump(), ", expected a list"));
-    for (const auto& t : *lt)
-      if (t != "full_attention")
-        r.fail("layer_types", str("got ", t.dump(), ", expected only \"full_attention\" layers"));
+  // Training runs without dropout: a checkpoint that asks for attention dropout would
+  // train differently here than under transformers.
+  if (const json* d = r.find("attention_dropout"); d && (!d->is_number() || d->get<double>() != 0.0))
+    r.fail("attention_dropout", str("got ", d->dump(), ", expected 0 (attention dropout is not supported)"));
+  // Sliding-window attention, as transformers resolves it for qwen2 / qwen3 (llama ignores
+  // these keys): an explicit `layer_types` list wins; otherwise layers from
+  // `max_window_layers` on slide when `use_sliding_window` is true and `sliding_window` is
+  // set. Only all-"full_attention" layouts are supported.
+  if (c.family != Family::kLlama) {
+    if (const json* lt = r.find("layer_types")) {
+      if (!lt->is_array()) r.fail("layer_types", str("got ", lt->dump(), ", expected a list"));
+      for (const auto& t : *lt)
+        if (t != "full_attention")
+          r.fail("layer_types", str("got ", t.dump(), ", expected only \"full_attention\" layers "
+                                    "(sliding-window attention is not supported)"));
+    } else if (r.boolean("use_sliding_window", false) &&
+               (!root.contains("sliding_window") || !root["sliding_window"].is_null())) {  // absent: 4096
+      int64_t first = 28;  // transformers' default
+      if (const json* m = r.find("max_window_layers")) {
+        if (!m->is_number_integer() || m->get<int64_t>() < 0)
+          r.fail("max_window_layers", str("got ", m->dump(), ", expected a non-negative integer"));
+        first = m->get<int64_t>();
+      }
+      if (first < c.num_hidden_layers)
+        r.fail("use_sliding_window",
+               str("got true with max_window_layers ", first, " < num_hidden_layers ", c.num_hidden_layers,
+                   ": layers ", first, ".. would use sliding-window attention, which is not supported"));
+    }
   }
   if (int64_t pt = r.positive_int("pretraining_tp", 1); pt != 1)
     r.fail("pretraining_tp", str("got ", pt, ", expected 1"));

@@ -124,7 +124,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
         a.seq = next_seq;
         a.slot = free_slots.back();
         free_slots.pop_back();
-        a.rng = RandomStream(mix_key(params.seed, static_cast<uint64_t>(prompt_index),
+        a.rng = RandomStream(mix_key(params.seed, params.prompt_index_offset + static_cast<uint64_t>(prompt_index),
                                      static_cast<uint64_t>(next_seq % params.n)));
         a.start = Clock::now();
         Response& r = out[static_cast<size_t>(next_seq)];

@@ -66,10 +66,12 @@ SamplingParams with_stop_tokens(SamplingParams params, const Policy& policy) {
 }
 
 std::vector<int64_t> render_prompt(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
-                                   bool use_chat_template) {
+                                   bool use_chat_template, const nlohmann::ordered_json& template_kwargs) {
   std::string text;
   if (use_chat_template) {
-    text = tokenizer.apply_chat_template(messages, /*add_generation_prompt=*/true);
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
+    text = tokenizer.apply_chat_template(list, /*add_generation_prompt=*/true, template_kwargs);
   } else {
     for (const auto& m : messages) text += m.content;
   }

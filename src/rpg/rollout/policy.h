@@ -35,9 +35,11 @@ Policy load_policy(const std::filesystem::path& dir, const std::string& dtype = 
 // `params` with the policy's stop tokens added (each once).
 SamplingParams with_stop_tokens(SamplingParams params, const Policy& policy);
 
-// apply_chat_template(messages, add_generation_prompt=true), then encode without special
-// tokens (verl's RLHFDataset). Without a chat template the messages' contents are joined.
+// apply_chat_template(messages, add_generation_prompt=true, **template_kwargs), then encode
+// without special tokens (verl's RLHFDataset with data.apply_chat_template_kwargs).
+// Without a chat template the messages' contents are joined (and the kwargs unused).
 std::vector<int64_t> render_prompt(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
-                                   bool use_chat_template = true);
+                                   bool use_chat_template = true,
+                                   const nlohmann::ordered_json& template_kwargs = nlohmann::ordered_json::object());
 
 }  // namespace rpg::rollout

@@ -19,6 +19,10 @@ struct SamplingParams {
   std::vector<int64_t> stop_token_ids;  // EOS and any extra stop ids
   int64_t n = 1;                        // responses per prompt
   uint64_t seed = 0;
+  // Added to a prompt's position in the random-stream key (not to Response::prompt_index):
+  // a data-parallel rank generating prompts [b, e) of a batch passes b, so its responses are
+  // those of a one-process run over the whole batch.
+  uint64_t prompt_index_offset = 0;
   bool ignore_eos = false;  // keep generating through stop tokens
   // Throws ValueError naming the field for any value out of range.
   void validate() const;

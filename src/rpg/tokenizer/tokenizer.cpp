@@ -415,7 +415,144 @@ void set_token(Tokenizer::Impl& t, TokenId id, const std::string& token, std::st
   t.id_token[id] = token;
 }
 
-void load_model(Tokenizer::Impl& t, const json& m) {
+// tokenizer.json read in one pass without a DOM for its two big parts: model.vocab (an
+// object of ~150k entries) and model.merges (an array of ~150k pairs) are streamed into
+// flat vectors; every other part becomes a DOM as json::parse would build it (model.vocab
+// / model.merges are left null there). Entries that are not what a byte-level BPE file
+// holds fail with the same messages as the DOM path. A vocab that is not an object or
+// merges that are not an array are left to the DOM and its checks.
+class TokenizerJsonSax {
+ public:
+  struct Merge {
+    std::string a, b;
+    bool from_string;  // "a b" (else ["a", "b"]), for error messages
+  };
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  std::vector<Merge> merges;
+  bool have_vocab = false, have_merges = false;
+
+  TokenizerJsonSax(json& root, const std::string& origin) : dom_(root), origin_(origin) {}
+
+  bool null() { return mode_ != Mode::kNone ? other() : dom_.null(); }
+  bool boolean(bool v) { return mode_ != Mode::kNone ? other() : dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return mode_ != Mode::kNone ? integer(v) : dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    return mode_ != Mode::kNone ? integer(static_cast<int64_t>(v)) : dom_.number_unsigned(v);
+  }
+  bool number_float(json::number_float_t v, const std::string& text) {
+    return mode_ != Mode::kNone ? other() : dom_.number_float(v, text);
+  }
+  bool binary(json::binary_t& v) { return mode_ != Mode::kNone ? other() : dom_.binary(v); }
+  bool string(std::string& v) {
+    if (mode_ == Mode::kNone) return dom_.string(v);
+    if (mode_ == Mode::kMerges && pair_depth_ == 0) {
+      size_t sp = v.find(' ');
+      if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
+        bad(origin_, str("model.merges[", merges.size(), "]: expected \"left right\", got ", json(v).dump()));
+      merges.push_back({v.substr(0, sp), v.substr(sp + 1), true});
+      return true;
+    }
+    if (mode_ == Mode::kMerges && pair_.size() < 2) {
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    return other();
+  }
+  bool start_object(std::size_t n) {
+    if (mode_ != Mode::kNone) return other();
+    if (at_model_key("vocab") && !have_vocab) {
+      mode_ = Mode::kVocab;
+      have_vocab = true;
+      return true;
+    }
+    frames_.push_back({true, {}});
+    return dom_.start_object(n);
+  }
+  bool key(std::string& k) {
+    if (mode_ == Mode::kVocab) {
+      key_ = std::move(k);
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    frames_.back().key = k;
+    return dom_.key(k);
+  }
+  bool end_object() {
+    if (mode_ == Mode::kVocab) {
+      mode_ = Mode::kNone;
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    frames_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    if (mode_ == Mode::kMerges && pair_depth_ == 0) {
+      pair_depth_ = 1;
+      pair_.clear();
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    if (at_model_key("merges") && !have_merges) {
+      mode_ = Mode::kMerges;
+      have_merges = true;
+      return true;
+    }
+    frames_.push_back({false, {}});
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    if (mode_ == Mode::kMerges) {
+      if (pair_depth_ == 0) {
+        mode_ = Mode::kNone;
+        return true;
+      }
+      if (pair_.size() != 2) other();
+      merges.push_back({std::move(pair_[0]), std::move(pair_[1]), false});
+      pair_depth_ = 0;
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    frames_.pop_back();
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t pos, const std::string& token, const nlohmann::detail::exception& e) {
+    return dom_.parse_error(pos, token, e);
+  }
+
+ private:
+  enum class Mode { kNone, kVocab, kMerges };
+  struct Frame {
+    bool object;
+    std::string key;
+  };
+  // The next value is root.model.<name>.
+  bool at_model_key(const char* name) const {
+    return frames_.size() == 2 && frames_[0].object && frames_[0].key == "model" && frames_[1].object &&
+           frames_[1].key == name;
+  }
+  bool integer(int64_t id) {
+    if (mode_ != Mode::kVocab) return other();
+    if (id < 0 || id > (1 << 28)) bad(origin_, str("model.vocab[", json(key_).dump(), "]: id ", id, " out of range"));
+    vocab.emplace_back(std::move(key_), id);
+    return true;
+  }
+  // Anything else inside the streamed parts.
+  [[noreturn]] bool other() {
+    if (mode_ == Mode::kVocab) bad(origin_, str("model.vocab[", json(key_).dump(), "]: expected an integer id"));
+    bad(origin_, str("model.merges[", merges.size(), "]: expected a pair of strings"));
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const std::string& origin_;
+  std::vector<Frame> frames_;
+  Mode mode_ = Mode::kNone;
+  std::string key_;
+  int pair_depth_ = 0;
+  std::vector<std::string> pair_;
+};
+
+void load_model(Tokenizer::Impl& t, const json& m, const TokenizerJsonSax& streamed) {
   const std::string w = "model";
   if (!m.is_object()) bad(t.origin, "model: expected an object");
   std::string type = m.contains("type") ? get_string(m["type"], t.origin, "model.type") : "BPE";
@@ -426,18 +563,32 @@ void load_model(Tokenizer::Impl& t, const json& m) {
     if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
       bad(t.origin, str("model.", k, ": unsupported"));
   t.ignore_merges = opt_bool(m, "ignore_merges", false, t.origin, w);
-  const json& vocab = field(m, "vocab", t.origin, w);
-  if (!vocab.is_object()) bad(t.origin, "model.vocab: expected an object");
-  t.token_ids.reserve(vocab.size() * 2);
-  t.bytes_ids.reserve(vocab.size() * 2);
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    if (!it.value().is_number_integer()) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: expected an integer id"));
-    int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > (1 << 28)) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: id ", id, " out of range"));
-    std::string bytes = token_to_bytes(it.key());
-    set_token(t, static_cast<TokenId>(id), it.key(), bytes, IdKind::kModel);
-    t.token_ids[it.key()] = static_cast<TokenId>(id);
+  auto add_vocab = [&t](const std::string& token, int64_t id) {
+    std::string bytes = token_to_bytes(token);
+    set_token(t, static_cast<TokenId>(id), token, bytes, IdKind::kModel);
+    t.token_ids[token] = static_cast<TokenId>(id);
     t.bytes_ids.emplace(std::move(bytes), static_cast<TokenId>(id));
+  };
+  if (streamed.have_vocab) {
+    t.token_ids.reserve(streamed.vocab.size() * 2);
+    t.bytes_ids.reserve(streamed.vocab.size() * 2);
+    // A key given twice: the last id wins, as in a parsed JSON object.
+    std::unordered_map<std::string_view, size_t> last;
+    for (size_t i = 0; i < streamed.vocab.size(); ++i) last[streamed.vocab[i].first] = i;
+    const bool dups = last.size() != streamed.vocab.size();
+    for (size_t i = 0; i < streamed.vocab.size(); ++i)
+      if (!dups || last[streamed.vocab[i].first] == i) add_vocab(streamed.vocab[i].first, streamed.vocab[i].second);
+  } else {
+    const json& vocab = field(m, "vocab", t.origin, w);
+    if (!vocab.is_object()) bad(t.origin, "model.vocab: expected an object");
+    t.token_ids.reserve(vocab.size() * 2);
+    t.bytes_ids.reserve(vocab.size() * 2);
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      if (!it.value().is_number_integer()) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: expected an integer id"));
+      int64_t id = it.value().get<int64_t>();
+      if (id < 0 || id > (1 << 28)) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: id ", id, " out of range"));
+      add_vocab(it.key(), id);
+    }
   }
   const auto& bm = byte_map();
   for (int b = 0; b < 256; ++b) {
@@ -445,6 +596,22 @@ void load_model(Tokenizer::Impl& t, const json& m) {
     tok::append_utf8(s, bm.to_char[b]);
     auto it = t.token_ids.find(s);
     t.byte_id[b] = it == t.token_ids.end() ? -1 : it->second;
+  }
+  auto add_merge = [&t](size_t r, const std::string& a, const std::string& b, const auto& shown) {
+    auto ia = t.token_ids.find(a), ib = t.token_ids.find(b), ic = t.token_ids.find(a + b);
+    if (ia == t.token_ids.end() || ib == t.token_ids.end())
+      bad(t.origin, str("model.merges[", r, "]: token not in vocab: ", shown()));
+    if (ic == t.token_ids.end())
+      bad(t.origin, str("model.merges[", r, "]: merged token ", json(a + b).dump(), " not in vocab"));
+    t.merges.insert(ia->second, ib->second, {static_cast<int32_t>(r), ic->second});
+  };
+  if (streamed.have_merges) {
+    t.merges.reserve(streamed.merges.size());
+    for (size_t r = 0; r < streamed.merges.size(); ++r) {
+      const auto& e = streamed.merges[r];
+      add_merge(r, e.a, e.b, [&] { return e.from_string ? json(e.a + " " + e.b).dump() : json::array({e.a, e.b}).dump(); });
+    }
+    return;
   }
   const json& merges = field(m, "merges", t.origin, w);
   if (!merges.is_array()) bad(t.origin, "model.merges: expected an array");
@@ -466,12 +633,7 @@ void load_model(Tokenizer::Impl& t, const json& m) {
     } else {
       bad(t.origin, str("model.merges[", r, "]: expected a pair of strings"));
     }
-    auto ia = t.token_ids.find(a), ib = t.token_ids.find(b), ic = t.token_ids.find(a + b);
-    if (ia == t.token_ids.end() || ib == t.token_ids.end())
-      bad(t.origin, str("model.merges[", r, "]: token not in vocab: ", e.dump()));
-    if (ic == t.token_ids.end())
-      bad(t.origin, str("model.merges[", r, "]: merged token ", json(a + b).dump(), " not in vocab"));
-    t.merges.insert(ia->second, ib->second, {static_cast<int32_t>(r), ic->second});
+    add_merge(r, a, b, [&] { return e.dump(); });
   }
 }
 
@@ -540,9 +702,15 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
                                std::string_view tokenizer_config_json, const std::string& config_origin) {
   auto t = std::make_shared<Impl>();
   t->origin = origin;
-  json root = parse_json(tokenizer_json, origin);
+  json root;
+  TokenizerJsonSax sax(root, origin);
+  try {
+    json::sax_parse(tokenizer_json.begin(), tokenizer_json.end(), &sax);
+  } catch (const json::exception& e) {
+    bad(origin, str("invalid JSON: ", e.what()));
+  }
   if (!root.is_object()) bad(origin, "expected a JSON object");
-  load_model(*t, field(root, "model", origin, "root"));
+  load_model(*t, field(root, "model", origin, "root"), sax);
   if (root.contains("truncation") && !root["truncation"].is_null()) bad(origin, "truncation: unsupported");
   if (root.contains("padding") && !root["padding"].is_null()) bad(origin, "padding: unsupported");
   load_normalizer(*t, root.value("normalizer", json()), "normalizer");
@@ -689,25 +857,11 @@ static void split_added(const Tokenizer::Impl& t, const TokenTrie& trie, std::st
     if (start == std::string_view::npos) break;
     const AddedTok& tk = t.added[static_cast<size_t>(index)];
     size_t b = start, e = start + len;
-    if (tk.lstrip) {
-      while (b > emitted) {
-        size_t k = b - 1;
-        while (k > emitted && (static_cast<unsigned char>(text[k]) & 0xC0) == 0x80) --k;
-        char32_t c;
-        size_t badlen;
-        if (tok::decode_utf8(text, k, c, badlen) == 0 || !tok::is_space(c)) break;
-        b = k;
-      }
-    }
-    if (tk.rstrip) {
-      while (e < text.size()) {
-        char32_t c;
-        size_t badlen;
-        size_t l = tok::decode_utf8(text, e, c, badlen);
-        if (l == 0 || !tok::is_space(c)) break;
-        e += l;
-      }
-    }
+    // An added token's lstrip / rstrip absorb the whitespace beside it (ill-formed bytes stop).
+    if (tk.lstrip) b = rstrip_codepoints(text, emitted, b, tok::is_space);
+    if (tk.rstrip)
+      e += for_each_codepoint(
+          text.substr(e), [](const CodePoint& c) { return tok::is_space(c.cp); }, InvalidUtf8::kStop);
     if (b > emitted) gap(text.substr(emitted, b - emitted));
     out.push_back(tk.id);
     emitted = pos = e;
@@ -874,5 +1028,33 @@ std::optional<TokenId> Tokenizer::pad_id() const { return impl_->id_of(impl_->pa
 const std::string& Tokenizer::bos_token() const { return impl_->bos; }
 const std::string& Tokenizer::eos_token() const { return impl_->eos; }
 const std::string& Tokenizer::pad_token() const { return impl_->pad; }
+
+nlohmann::ordered_json parse_chat_template_kwargs(std::string_view text, const std::string& what) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) return nlohmann::ordered_json::object();
+  nlohmann::ordered_json j;
+  try {
+    j = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw ValueError(str(what, ": not valid JSON (", e.what(), ")"));
+  }
+  check_chat_template_kwargs(j, what);
+  return j;
+}
+
+void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std::string& what) {
+  if (kwargs.is_null()) return;
+  if (!kwargs.is_object())
+    throw ValueError(str(what, ": got ", kwargs.dump(), ", expected a JSON object such as {\"enable_thinking\": false}"));
+  // transformers' PreTrainedTokenizerBase.apply_chat_template parameters other than tools /
+  // documents, and render_jinja_template's own arguments.
+  static const char* const kReserved[] = {
+      "conversation", "messages", "chat_template", "add_generation_prompt", "continue_final_message", "tokenize",
+      "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+      "tokenizer_kwargs", "conversations"};
+  for (const char* r : kReserved)
+    if (kwargs.contains(r))
+      throw ValueError(str(what, ": key '", r,
+                           "' is a parameter of apply_chat_template, not a template variable (not supported here)"));
+}
 
 }  // namespace rpg

@@ -110,4 +110,16 @@ class Tokenizer {
   std::shared_ptr<Impl> impl_;
 };
 
+// verl's `data.apply_chat_template_kwargs` (rpg's `--chat-template-kwargs`): a JSON object
+// that verl passes as `tokenizer.apply_chat_template(messages, ..., **kwargs)`, so each key
+// becomes a template variable (overriding bos_token and the other special tokens; "tools"
+// and "documents" reach the template under those names), e.g. {"enable_thinking": false}.
+// Parses `text` (empty = {}) and checks it with check_chat_template_kwargs.
+nlohmann::ordered_json parse_chat_template_kwargs(std::string_view text, const std::string& what);
+// Throws ValueError naming `what` for a non-object, or for a key that transformers takes as
+// one of apply_chat_template's own parameters (add_generation_prompt, tokenize,
+// chat_template, continue_final_message, ...) or that collides with the conversation:
+// those would not reach the template as variables (verl would fail or change the call).
+void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std::string& what);
+
 }  // namespace rpg

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <initializer_list>
+#include <sstream>
 
 #include "rpg/algo/advantage.h"
+#include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/error.h"
+#include "rpg/reward/registry.h"
 
 namespace rpg {
 namespace {
@@ -113,7 +116,9 @@ void ActorConfig::validate() const {
   in_range(optim.min_lr_ratio, 0, 1, /*hi_open=*/false, p + "optim.min_lr_ratio");
   above(optim.num_cycles, 0.0, p + "optim.num_cycles");
   minus_one_or_at_least(optim.total_training_steps, 1, p + "optim.total_training_steps", "set by the trainer");
-  require_one_of(optim.optim_type, {"adamw", "schedule_free_adamw"}, p + "optim.optim_type");
+  // "schedulefree" (the fork's spelling) loads, so that every fork script's config can be shown;
+  // TrainConfig::check_trainable() refuses to train with it.
+  require_one_of(optim.optim_type, {"adamw", "schedule_free_adamw", "schedulefree"}, p + "optim.optim_type");
   require_one_of(optim.warmup_style.value_or(optim.lr_scheduler_type), {"constant", "cosine"},
                  p + (optim.warmup_style ? "optim.warmup_style" : "optim.lr_scheduler_type"));
 }
@@ -173,15 +178,26 @@ void TrainConfig::validate() const {
             "bypass_mode=true)");
   }
   {
-    // A reference model is used only by grpo's KL loss and by KL in the reward; rpg and
-    // rpg_reinforce regularise towards pi_old, which is the policy at the start of each step.
+    // A reference model is used by a KL loss towards pi_ref (grpo*, verl's term appended to a
+    // PPO-family loss) and by KL in the reward; rpg and rpg_reinforce regularise towards pi_old,
+    // which is the policy at the start of each step.
     const auto& a = actor_rollout_ref.actor;
-    const bool loss_uses_reference = a.use_kl_loss && algo::policy_loss_registry().get(a.policy_loss).needs_reference;
+    const auto& e = algo::policy_loss_registry().get(a.policy_loss);
+    const bool loss_uses_reference = a.use_kl_loss && (e.needs_reference || !e.own_kl_term);
     require(a.ref_kl_target == 0 || loss_uses_reference || algorithm.use_kl_in_reward,
             "actor_rollout_ref.actor.ref_kl_target",
             str("no reference policy is in use (policy_loss ", a.policy_loss, " regularises towards pi_old; a reference "
-                "is used by a KL loss towards pi_ref (grpo*) and algorithm.use_kl_in_reward)"));
+                "is used by a KL loss towards pi_ref (grpo*, use_kl_loss with a PPO-family loss) and "
+                "algorithm.use_kl_in_reward)"));
   }
+  {
+    const auto& names = reward::dapo_variant_names();
+    const auto& v = reward_model.reward_kwargs.dapo_variant;
+    if (v && std::find(names.begin(), names.end(), *v) == names.end())
+      throw ConfigError(str("reward_model.reward_kwargs.dapo_variant: got '", *v, "', expected math_dapo or math_dapo_fork"));
+  }
+  require_one_of(rpg.semantics, {"auto", "fork", "paper"}, "rpg.semantics");
+  if (rpg.semantics == "fork") check_fork_semantics();
   at_least<int64_t>(reward_model.overlong_buffer.len, 0, "reward_model.overlong_buffer.len");
   at_least(reward_model.overlong_buffer.penalty_factor, 0.0, "reward_model.overlong_buffer.penalty_factor");
   require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len > 0,
@@ -201,16 +217,115 @@ void TrainConfig::validate() const {
   at_least<int64_t>(trainer.seed, 0, "trainer.seed");
   at_least<int64_t>(trainer.sample_log_freq, 0, "trainer.sample_log_freq");
   at_least<int64_t>(trainer.sample_log_count, 0, "trainer.sample_log_count");
+  at_least<int64_t>(trainer.nnodes, 1, "trainer.nnodes");
+  at_least<int64_t>(trainer.n_gpus_per_node, 1, "trainer.n_gpus_per_node");
+  at_least<int64_t>(actor_rollout_ref.nccl_timeout, 1, "actor_rollout_ref.nccl_timeout");
+  require(dist.zero_stage != 2, "dist.zero_stage",
+          "2 (sharded gradients) is not implemented yet; use 0 (replicated) or 1 (sharded optimizer state)");
+  require(dist.zero_stage == 0 || dist.zero_stage == 1, "dist.zero_stage", str("must be 0 or 1, got ", dist.zero_stage));
+}
+
+namespace {
+
+std::string number(double x) {
+  std::ostringstream o;
+  o << x;
+  return o.str();
+}
+
+// The one line stating what `rpg train` computes with this config.
+std::string algorithm_summary(const TrainConfig& c) {
+  const auto& a = c.actor_rollout_ref.actor;
+  const auto& alg = c.algorithm;
+  const std::string low = number(a.clip_ratio_low.value_or(a.clip_ratio)),
+                    high = number(a.clip_ratio_high.value_or(a.clip_ratio));
+  std::string adv = alg.adv_estimator;
+  if (adv == "grpo") adv = alg.norm_adv_by_std_in_grpo ? "group-normalised advantage (grpo)" : "group-mean advantage (grpo, no std)";
+  else if (adv == "rpg" || adv == "drgrpo") adv = "group-mean advantage (" + adv + ")";
+  else adv = "advantage " + adv;
+  std::string in_reward = "no KL in the reward";
+  if (c.choices.semantics == Semantics::kFork) {
+    const std::string ref = a.use_iterative_ref_model ? "pi_old" : "pi_ref";
+    std::string kl = a.use_kl_loss ? str("KL loss ", number(a.kl_loss_coef), " * ", a.kl_loss_type, "(pi_theta, ", ref,
+                                         ") outside the clip (", a.loss_agg_mode, ")")
+                                   : str("no KL loss (use_kl_loss=False)");
+    if (alg.use_kl_in_reward)
+      in_reward = str("reward -= ", number(alg.kl_ctrl.kl_coef), " * ", a.kl_loss_type, "(pi_old, ", ref, ")");
+    return str("fork semantics: PPO dual-clip (eps ", low, "/", high, ", c ", number(a.clip_ratio_c), "), ", adv, ", ",
+               kl, ", ", in_reward, ", ", a.optim.optim_type, " lr ", number(a.optim.lr), ", reward ",
+               c.choices.dapo_variant);
+  }
+  std::string loss = "policy_loss " + a.policy_loss;
+  if (a.policy_loss == "rpg" || a.policy_loss == "rpg_reinforce")
+    loss += str(" (", a.kl_form, a.rpg_style_clip ? ", RPG-Style Clip" : ", no clip", ", beta ",
+                a.use_kl_loss ? number(a.kl_loss_coef) : std::string("0 (use_kl_loss=False)"), ")");
+  else if (a.use_kl_loss)
+    loss += str(" + KL loss ", number(a.kl_loss_coef), " * ", a.kl_loss_type, "(pi_theta, pi_ref)");
+  else
+    loss += " (no KL loss)";
+  if (alg.use_kl_in_reward) in_reward = str("reward -= ", number(alg.kl_ctrl.kl_coef), " * ", alg.kl_penalty, "(pi_old, pi_ref)");
+  return str("paper semantics: ", loss, ", ", adv, ", ", in_reward, ", ", a.optim.optim_type, " lr ",
+             number(a.optim.lr), ", reward ", c.choices.dapo_variant);
+}
+
+}  // namespace
+
+void TrainConfig::check_fork_semantics() const {
+  {
+    // What the authors' fork has no code for is refused, never silently changed.
+    const auto& a = actor_rollout_ref.actor;
+    const std::string p = "actor_rollout_ref.actor.";
+    const std::string why = " (rpg.semantics=fork computes what the authors' fork computes; set rpg.semantics=paper)";
+    require(a.policy_loss == "vanilla" || a.policy_loss == "ppo", p + "policy_loss",
+            str("got '", a.policy_loss, "': the fork's actor always runs PPO dual-clip (dp_actor.py:336) and selects "
+                "its KL by kl_loss_type", why));
+    require(a.loss_agg_mode != "seq-mean-token-sum-norm", p + "loss_agg_mode",
+            str("'seq-mean-token-sum-norm' does not exist in the fork", why));
+    require((!a.use_kl_loss && !algorithm.use_kl_in_reward) || algo::fork_kl_penalty_registry().contains(a.kl_loss_type),
+            p + "kl_loss_type", str("'", a.kl_loss_type, "' is not one of the fork's kl_penalty forms", why));
+    require(a.old_log_prob_source == "recompute", p + "old_log_prob_source",
+            str("the fork always recomputes the old log-probs", why));
+    require(a.ref_kl_target == 0, p + "ref_kl_target", str("the fork has no KL-target reference refresh", why));
+    require(!algorithm.rollout_correction.rollout_is, "algorithm.rollout_correction.rollout_is",
+            str("the fork has no rollout correction", why));
+    require(a.optim.min_lr_ratio == 0 && a.optim.num_cycles == 0.5,
+            p + (a.optim.min_lr_ratio != 0 ? "optim.min_lr_ratio" : "optim.num_cycles"),
+            str("the fork's fsdp_workers.py passes neither min_lr_ratio nor num_cycles to its cosine schedule", why));
+  }
+}
+
+void TrainConfig::check_trainable() const {
+  const auto& o = actor_rollout_ref.actor.optim;
+  require(o.optim_type != "schedulefree", "actor_rollout_ref.actor.optim.optim_type",
+          "'schedulefree' (the authors' fork: schedulefree.AdamWScheduleFree with verl's LambdaLR warm-up on top, old "
+          "log-probs at x, sampling/training/validation at y) is not implemented in rpg train; use adamw, or "
+          "schedule_free_adamw (rpg's schedule-free AdamW with its own warm-up) with rpg.semantics=paper");
 }
 
 std::vector<std::string> TrainConfig::resolve() {
   std::vector<std::string> notices;
   auto& a = actor_rollout_ref.actor;
+  if (rpg.semantics == "auto") {
+    // The fork's spellings: its kl_loss_type names, its optimizer name and its reward manager.
+    std::vector<std::string> why;
+    if (a.kl_loss_type.rfind("rpg_", 0) == 0) why.push_back("actor_rollout_ref.actor.kl_loss_type=" + a.kl_loss_type);
+    if (a.optim.optim_type == "schedulefree") why.push_back("actor_rollout_ref.actor.optim.optim_type=schedulefree");
+    if (reward_model.reward_manager == "rpg") why.push_back("reward_model.reward_manager=rpg");
+    rpg.semantics = why.empty() ? "paper" : "fork";
+    if (!why.empty()) {
+      std::string list;
+      for (const auto& w : why) list += (list.empty() ? "" : ", ") + w;
+      notices.push_back(str("rpg.semantics=fork: the config uses the authors' fork's spellings (", list,
+                            "); set rpg.semantics=paper for the paper's algorithms under these keys"));
+    }
+  }
+  choices.semantics = rpg.semantics == "fork" ? Semantics::kFork : Semantics::kPaper;
+  if (choices.semantics == Semantics::kFork) check_fork_semantics();
   // The RPG fork (complex-reasoning/RPG, verl/trainer/ppo/core_algos.py) selects its loss by
   // kl_loss_type: rpg_<kl> = the fully differentiable surrogate, rpg_rf_<kl> = REINFORCE
   // style, rpg_rf_<kl>_clip_ppo = REINFORCE style with RPG-Style Clip (Algorithm 2).
   const std::string t = a.kl_loss_type;
-  if (t.rfind("rpg_", 0) == 0) {
+  if (choices.semantics == Semantics::kPaper && t.rfind("rpg_", 0) == 0) {
     const std::string key = "actor_rollout_ref.actor.kl_loss_type";
     std::string rest = t.substr(4), loss = "rpg";
     std::optional<bool> clip;
@@ -252,8 +367,19 @@ std::vector<std::string> TrainConfig::resolve() {
       choice<FilterMetric>(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
   choices.resume_mode =
       choice<ResumeMode>(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
-  choices.kl_loss_uses_reference = a.use_kl_loss && algo::policy_loss_registry().contains(a.policy_loss) &&
-                                   algo::policy_loss_registry().get(a.policy_loss).needs_reference;
+  const bool known_loss = algo::policy_loss_registry().contains(a.policy_loss);
+  if (choices.semantics == Semantics::kFork) {
+    // dp_actor.py:316-318: with use_iterative_ref_model the reference IS old_log_probs.
+    choices.kl_loss_uses_reference = a.use_kl_loss && !a.use_iterative_ref_model;
+    choices.append_kl_loss = false;  // the fork loss has its own KL term
+  } else if (known_loss) {
+    const auto& e = algo::policy_loss_registry().get(a.policy_loss);
+    choices.append_kl_loss = a.use_kl_loss && !e.own_kl_term;
+    choices.kl_loss_uses_reference = a.use_kl_loss && (e.needs_reference || choices.append_kl_loss);
+  }
+  choices.dapo_variant = reward_model.reward_kwargs.dapo_variant.value_or(
+      choices.semantics == Semantics::kFork ? "math_dapo_fork" : "math_dapo");
+  choices.algorithm_summary = algorithm_summary(*this);
   return notices;
 }
 

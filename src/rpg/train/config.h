@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "rpg/train/chat_kwargs.h"
+
 namespace rpg {
 
 // The string-valued keys as enums, converted once by TrainConfig::resolve(); code compares
@@ -19,6 +21,13 @@ enum class ComputeDtype { kFloat32, kBFloat16 };
 enum class KlControlType { kFixed, kAdaptive };
 enum class FilterMetric { kAcc, kScore };
 enum class ResumeMode { kAuto, kDisable, kResumePath };
+// rpg.semantics: what `rpg train` computes (docs/fork-vs-paper.md).
+//   kPaper: the paper's algorithms under rpg's names (policy_loss rpg / rpg_reinforce, ...).
+//   kFork:  what the authors' verl fork (complex-reasoning/RPG @ ec8e30bd) computes for the
+//           same keys: PPO dual-clip + kl_loss_coef * agg(kl_penalty) outside the clip
+//           (algo/fork_loss.h), in-reward KL with actor.kl_loss_type, per-micro-batch
+//           weighting, steps = floor(N / gen_batch_size) x epochs, reward math_dapo_fork.
+enum class Semantics { kPaper, kFork };
 
 struct ResolvedChoices {
   Truncation truncation = Truncation::kError;
@@ -27,8 +36,19 @@ struct ResolvedChoices {
   KlControlType kl_ctrl = KlControlType::kFixed;
   FilterMetric filter_metric = FilterMetric::kAcc;
   ResumeMode resume_mode = ResumeMode::kAuto;
-  // The policy loss's registry entry asks for pi_ref (and use_kl_loss is on).
+  // A reference model's log-probs are needed by the KL loss (use_kl_loss on and the loss's KL
+  // is towards pi_ref: grpo*, verl's KL term appended to a PPO-family loss, the fork's KL loss
+  // without use_iterative_ref_model).
   bool kl_loss_uses_reference = false;
+  // use_kl_loss with a loss that has no KL term of its own (ppo, vanilla, dapo, rfpp, rfppb,
+  // rloo, gspo, cispo): the trainer adds verl's kl_loss_coef * agg(kl_penalty(log_prob, ref)).
+  bool append_kl_loss = false;
+  Semantics semantics = Semantics::kPaper;
+  // The DAPO rule of math_dapo / aime* / amc* (reward::ScorerOptions::dapo_variant):
+  // reward_model.reward_kwargs.dapo_variant, else math_dapo_fork in fork semantics, math_dapo in paper.
+  std::string dapo_variant = "math_dapo";
+  // One line stating the algorithm that runs (logged once by the trainer).
+  std::string algorithm_summary;
 };
 
 struct DataConfig {
@@ -47,6 +67,7 @@ struct DataConfig {
   bool filter_overlong_prompts = false;
   int64_t train_max_samples = -1;
   int64_t val_max_samples = -1;
+  ChatTemplateKwargs apply_chat_template_kwargs;  // template variables, e.g. {enable_thinking: false}
 
   template <class V>
   void visit(V& v) {
@@ -65,6 +86,8 @@ struct DataConfig {
     v("filter_overlong_prompts", filter_overlong_prompts, "drop prompts longer than max_prompt_length");
     v("train_max_samples", train_max_samples, "use at most this many training rows (-1: all)");
     v("val_max_samples", val_max_samples, "use at most this many validation rows (-1: all)");
+    v("apply_chat_template_kwargs", apply_chat_template_kwargs,
+      "chat-template variables for every prompt, e.g. {enable_thinking: false} (Qwen3)");
     v.ignored("tokenizer", "the tokenizer is read from the model directory");
     v.ignored("use_shm", "no shared-memory model copy");
     v.ignored("dataloader_num_workers", "data loading is in-process");
@@ -251,6 +274,7 @@ struct ActorRolloutRefConfig {
   ModelConfig model;
   ActorConfig actor;
   RolloutConfig rollout;
+  int64_t nccl_timeout = 600;  // seconds (verl's default): the data-parallel process group's timeout
 
   template <class V>
   void visit(V& v) {
@@ -259,7 +283,7 @@ struct ActorRolloutRefConfig {
     v.section("rollout", rollout);
     v.ignored("ref", "the reference policy shares the actor's settings");
     v.ignored("hybrid_engine", "rollout and training always share weights in rpg");
-    v.ignored("nccl_timeout", "rpg runs in one process, with no NCCL process groups");
+    v("nccl_timeout", nccl_timeout, "seconds before a data-parallel collective (or the rendezvous) fails");
   }
 };
 
@@ -356,14 +380,28 @@ struct OverlongBufferConfig {
   }
 };
 
+// verl's reward_model.reward_kwargs (keyword arguments of the reward manager); rpg reads one.
+struct RewardKwargsConfig {
+  std::optional<std::string> dapo_variant;  // math_dapo | math_dapo_fork; null: by rpg.semantics
+
+  template <class V>
+  void visit(V& v) {
+    v("dapo_variant", dapo_variant,
+      "DAPO rule of math_dapo/aime*/amc*: math_dapo (verl 0.9.1, \\boxed{} fallback) | math_dapo_fork (the "
+      "authors' fork, 'Answer:' only); null: math_dapo_fork in fork semantics, math_dapo in paper semantics");
+  }
+};
+
 struct RewardModelConfig {
   OverlongBufferConfig overlong_buffer;
   std::string reward_manager = "dapo";
+  RewardKwargsConfig reward_kwargs;
 
   template <class V>
   void visit(V& v) {
     v.section("overlong_buffer", overlong_buffer);
-    v("reward_manager", reward_manager, "naive | dapo (rule-based scorers only)");
+    v("reward_manager", reward_manager, "naive | dapo | rpg (rule-based scorers only; rpg = the authors' fork)");
+    v.section("reward_kwargs", reward_kwargs, "reward manager options");
     v.ignored("enable", "rpg scores with rules, not a reward model");
     v.ignored("model", "rpg scores with rules, not a reward model");
     v.ignored("max_length", "rpg scores with rules, not a reward model");
@@ -388,6 +426,8 @@ struct TrainerConfig {
   int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
   int64_t sample_log_freq = 10;        // rpg: log sample generations every this many steps (0: never)
   int64_t sample_log_count = 4;        // rpg: how many responses each time
+  // verl's cluster shape; null: not checked. Checked against the launcher's (torchrun/srun/rpg launch).
+  std::optional<int64_t> nnodes, n_gpus_per_node;
 
   template <class V>
   void visit(V& v) {
@@ -408,10 +448,35 @@ struct TrainerConfig {
     v("max_consecutive_skips", max_consecutive_skips, "stop after this many skipped (non-finite) updates in a row");
     v("sample_log_freq", sample_log_freq, "write sample generations to samples.jsonl every N steps (0: never)");
     v("sample_log_count", sample_log_count, "responses per sample log");
-    for (const char* key : {"n_gpus_per_node", "nnodes", "logger", "log_val_generations", "balance_batch",
+    v("nnodes", nnodes, "nodes launched (checked against the launcher when set and more than one process runs)");
+    v("n_gpus_per_node", n_gpus_per_node, "processes per node (checked like nnodes)");
+    for (const char* key : {"logger", "log_val_generations", "balance_batch",
                             "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
                             "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})
       v.ignored(key, "Ray/cluster setting");
+  }
+};
+
+// rpg's data-parallel settings (docs/scaling.md).
+struct DistConfig {
+  int64_t zero_stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded over the ranks
+
+  template <class V>
+  void visit(V& v) {
+    v("zero_stage", zero_stage, "0 (replicated optimizer state) | 1 (optimizer state sharded over the ranks)");
+  }
+};
+
+// Keys of rpg's own (no verl counterpart).
+struct RpgConfig {
+  std::string semantics = "auto";  // auto | fork | paper
+
+  template <class V>
+  void visit(V& v) {
+    v("semantics", semantics,
+      "fork (compute what the authors' verl fork computes for these keys) | paper (the paper's algorithms "
+      "under rpg's names) | auto (fork when the config uses the fork's spellings: kl_loss_type=rpg_*, "
+      "optim_type=schedulefree, reward_manager=rpg; else paper). docs/fork-vs-paper.md");
   }
 };
 
@@ -422,6 +487,8 @@ struct TrainConfig {
   AlgorithmConfig algorithm;
   RewardModelConfig reward_model;
   TrainerConfig trainer;
+  DistConfig dist;  // rpg: data-parallel settings
+  RpgConfig rpg;
   // Not a config key: filled by resolve().
   ResolvedChoices choices;
 
@@ -432,6 +499,8 @@ struct TrainConfig {
     v.section("algorithm", algorithm);
     v.section("reward_model", reward_model);
     v.section("trainer", trainer);
+    v.section("dist", dist);
+    v.section("rpg", rpg, "rpg's own settings");
     v.ignored("critic", "rpg trains no critic");
     v.ignored("ray_init", "no Ray");
     v.ignored("ray_kwargs", "no Ray");
@@ -439,12 +508,19 @@ struct TrainConfig {
     v.ignored("global_profiler", "use RPG_PROFILE");
   }
   void validate() const;
-  // Rewrites aliases into the canonical keys, so the resolved config shows what runs: the RPG
+  // Decides rpg.semantics (auto -> fork | paper). In paper semantics, rewrites aliases into the
+  // canonical keys, so the resolved config shows what runs: the RPG
   // fork's kl_loss_type spellings (rpg_ufkl, rpg_rf_ufkl_clip_ppo, ...) into policy_loss,
   // kl_form and rpg_style_clip; verl's rollout_correction.bypass_mode into
   // old_log_prob_source. Converts the string keys to `choices`. Idempotent; returns one
   // notice per rewrite. ConfigError for a spelling we do not implement.
   std::vector<std::string> resolve();
+  // Fork semantics: ConfigError naming the key for what the authors' fork has no code for
+  // (another policy_loss, seq-mean-token-sum-norm, a kl_loss_type the fork lacks, rollout
+  // old log-probs, ref_kl_target, rollout correction).
+  void check_fork_semantics() const;
+  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree.
+  void check_trainable() const;
 };
 
 }  // namespace rpg

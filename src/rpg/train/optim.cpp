@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "rpg/core/error.h"
@@ -284,11 +285,15 @@ double clip_grad_norm(const NamedTensors& params, double max_norm) {
 
 double LrSchedule::factor(int64_t step) const {
   const double s = static_cast<double>(step);
+  if (type == "constant" && fork_constant)
+    return std::min(1.0, s / static_cast<double>(std::max<int64_t>(1, warmup_steps)));
   if (step < warmup_steps) return s / static_cast<double>(std::max<int64_t>(1, warmup_steps));
   if (type == "constant") return 1.0;
   if (type == "cosine") {
-    const double progress = (s - static_cast<double>(warmup_steps)) /
-                            static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps));
+    // Clamped: past total_steps the LR stays at its floor instead of climbing again.
+    const double progress = std::clamp((s - static_cast<double>(warmup_steps)) /
+                                           static_cast<double>(std::max<int64_t>(1, total_steps - warmup_steps)),
+                                       0.0, 1.0);
     const double x = std::cos(M_PI * num_cycles * 2.0 * progress);
     return std::max(min_lr_ratio, x * (1.0 - min_lr_ratio) * 0.5 + (1.0 + min_lr_ratio) * 0.5);
   }

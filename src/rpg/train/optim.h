@@ -75,13 +75,18 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, Named
 double clip_grad_norm(const NamedTensors& params, double max_norm);
 
 // LR multipliers of verl's schedules (verl.utils.torch_functional), as a function of the
-// number of optimizer steps already taken (0 for the first step).
+// number of TRAINING steps already taken (0 for the first step): verl steps its LambdaLR once
+// per training step (fsdp_workers.py update_actor), so every optimizer step (mini-batch,
+// ppo epoch) of one training step uses the same LR. Cosine progress is clamped to [0, 1].
 struct LrSchedule {
   std::string type = "constant";  // constant | cosine
   int64_t warmup_steps = 0;
   int64_t total_steps = 0;        // cosine only
   double min_lr_ratio = 0.0;      // cosine only
   double num_cycles = 0.5;        // cosine only
+  // The authors' fork's get_constant_schedule_with_warmup: min(1, step / max(1, warmup)), so
+  // the first step has LR 0 even without warm-up (verl 0.9.1: 1 when warmup = 0).
+  bool fork_constant = false;
   double factor(int64_t step) const;
 };
 

@@ -11,6 +11,7 @@
 #include "rpg/core/log.h"
 #include "rpg/core/rng.h"
 #include "rpg/reward/overlong.h"
+#include "rpg/train/data_parallel.h"
 #include "rpg/train/trainer_impl.h"
 
 namespace rpg::train {
@@ -44,7 +45,10 @@ void Trainer::Impl::move_compute_grads() {
 at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  for (const auto& rows : micro_batches(b)) {
+  const auto micro = micro_batches(b);
+  const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
+  for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
+    const auto& rows = micro[mb_index];
     rollout::Batch mb = b.select(rows);
     model::LogProbOptions lo;
     lo.temperature = temperature;
@@ -53,12 +57,29 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
                         .log_probs);
   }
   // Micro-batches may reorder rows (token packing); put them back.
-  at::Tensor out = at::empty_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
+  at::Tensor out = at::zeros_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
   size_t k = 0;
-  for (const auto& rows : micro_batches(b)) {
-    out.index_copy_(0, at::tensor(rows, at::kLong), parts[k++]);
+  for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
+    out.index_copy_(0, at::tensor(micro[mb_index], at::kLong), parts[k++]);
   }
+  dp::sum_rows(out);  // data-parallel: every rank's rows (the others' are zeros here)
   return out;
+}
+
+int64_t Trainer::Impl::mini_batch_rows() const {
+  return cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n;
+}
+
+std::vector<std::vector<int64_t>> Trainer::Impl::fork_micro_batches(const rollout::Batch& mini) const {
+  const auto& a = cfg.actor_rollout_ref.actor;
+  if (a.use_dynamic_bsz) {
+    const at::Tensor& am = mini.get("attention_mask");
+    at::Tensor lengths = am.sum(1).to(at::kLong).contiguous();
+    std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
+    return algo::fork_dynamic_micro_batches(l, a.ppo_max_token_len_per_gpu, am.size(1));
+  }
+  // mini_batch.split(ppo_micro_batch_size_per_gpu); without one, the whole mini-batch.
+  return algo::fork_fixed_micro_batches(mini.rows(), a.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
 }
 
 std::vector<std::vector<int64_t>> Trainer::Impl::micro_batches(const rollout::Batch& b) const {
@@ -101,7 +122,7 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
   sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(step),
                     static_cast<uint64_t>(gen.rounds));
   const auto t_gen = Clock::now();
-  r.responses = engine.generate(ids, sp);
+  r.responses = dp::generate(engine, ids, sp);  // data-parallel: shared out, all-gathered
   gen.gen_seconds += seconds_since(t_gen);
   gen.gen_tokens += engine.last_stats().generated_tokens;
 
@@ -226,7 +247,22 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
   const at::Tensor& mask = sb.batch.get("response_mask");
   AdvantageResult out;
   out.token_level_rewards = sb.token_level_scores;
-  if (cfg.algorithm.use_kl_in_reward) {
+  if (cfg.algorithm.use_kl_in_reward && fork) {
+    // rpg_ray_trainer.py:195-199 -> ray_trainer.apply_kl_penalty with kl_penalty =
+    // actor.kl_loss_type: the fork's kl_penalty(old_log_probs, ref) (the RPG forms clamped to
+    // +-10; with use_iterative_ref_model ref = old_log_probs).
+    const at::Tensor fm = mask.to(at::kFloat);
+    const at::Tensor kld = algo::fork_kl_penalty(lp.old_log_probs, lp.ref_log_probs,
+                                                 cfg.actor_rollout_ref.actor.kl_loss_type) * fm;
+    out.token_level_rewards = sb.token_level_scores - kl_in_reward_coef * kld;
+    // masked_mean over each row (the fork's: sum / (count + 1e-8)), then the mean over rows.
+    const double current_kl = (kld.sum(1) / (fm.sum(1) + 1e-8)).mean().item<double>();
+    m["actor/reward_kl_penalty"] = current_kl;
+    m["actor/reward_kl_penalty_coeff"] = kl_in_reward_coef;
+    const auto& kc = cfg.algorithm.kl_ctrl;
+    if (adaptive_kl_ctrl)
+      kl_in_reward_coef = adaptive_kl_coef(kl_in_reward_coef, current_kl, kc.target_kl, kc.horizon, sb.batch.rows());
+  } else if (cfg.algorithm.use_kl_in_reward) {
     const auto estimator = kl_penalty;
     out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs, mask,
                                                      kl_in_reward_coef, estimator);
@@ -255,8 +291,9 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   const algo::PolicyLossConfig& lc = loss_cfg;
   UpdateStats stats;
-  // The LR the first update of the step uses (schedule-free AdamW: its own warm-up).
-  stats.lr = optimizer->lr_of_next_step(actor.optim.lr * schedule.factor(optimizer->step_count()));
+  // The LR every update of this step uses: the schedule advances once per training step, as
+  // verl's LambdaLR (schedule-free AdamW: its own warm-up over optimizer steps).
+  stats.lr = optimizer->lr_of_next_step(actor.optim.lr * schedule.factor(step));
   const int64_t rows_per_mini =
       std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
   const auto t_update = Clock::now();
@@ -264,7 +301,7 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
     std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
     std::iota(row_order.begin(), row_order.end(), 0);
-    if (actor.shuffle && e > 0)
+    if (actor.shuffle && e > 0 && !fork)  // the fork splits the same batch every epoch
       row_order = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), step, e));
     for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
       std::vector<int64_t> mini_rows(row_order.begin() + start,
@@ -280,20 +317,25 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
                        const algo::PolicyLossConfig& lc, UpdateStats& stats) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   rollout::Batch mini = batch.select(mini_rows);
-  const double normaliser = algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
+  const double normaliser = fork ? 0.0 : algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
   UpdateRecord record;
   if (recording) {
     record.rows = mini_rows;
     for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
   }
   sync_compute_weights();
-  for (const auto& rows : micro_batches(mini)) {
+  const auto micro = fork ? fork_micro_batches(mini) : micro_batches(mini);
+  const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
+  const auto metrics_before = dp::metric_sizes(stats.loss_metrics);
+  for (size_t mb = first_micro; mb < end_micro; ++mb) {
+    const auto& rows = micro[mb];
     auto out = micro_batch_loss(mini.select(rows), lc, normaliser);
     out.loss.backward();
     move_compute_grads();
     if (recording) record.loss += out.loss.item<double>();
     for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
   }
+  dp::reduce_update(policy.model.parameters(), stats.loss_metrics, metrics_before);  // data-parallel: sum over ranks
   if (recording) {
     for (const auto& p : policy.model.parameters())
       record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
@@ -334,7 +376,25 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
   in.response_mask = mb.get("response_mask");
   in.entropy = actor.entropy_coeff != 0.0 ? lp.entropy : lp.entropy.detach();
   in.normaliser = normaliser;
-  return algo::compute_policy_loss(actor.policy_loss, in, lc);
+  if (fork) {
+    // dp_actor.update_policy: the micro-batch's own aggregation, times rows / mini-batch rows
+    // (dynamic bsz) or 1 / gradient_accumulation.
+    auto out = algo::fork_micro_batch_loss(in, fork_loss);
+    out.loss = out.loss * algo::fork_micro_batch_weight(mb.rows(), mini_batch_rows(), actor.use_dynamic_bsz,
+                                                        actor.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
+    return out;
+  }
+  auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
+  if (cfg.choices.append_kl_loss) {
+    // verl's dp_actor: kl_loss_coef * agg(kl_penalty(log_prob, ref_log_prob, kl_loss_type)),
+    // added outside the policy loss for a loss without a KL term of its own.
+    auto kl = algo::agg_loss(algo::kl_estimate(in.log_probs, in.ref_log_probs, lc.kl_loss_type), in.response_mask,
+                             lc.loss_agg_mode, normaliser, lc.loss_scale_factor);
+    out.loss = out.loss + actor.kl_loss_coef * kl;
+    out.metrics["actor/kl_loss"] = kl.detach();
+    out.metrics["actor/kl_coef"] = at::scalar_tensor(actor.kl_loss_coef, at::kDouble);
+  }
+  return out;
 }
 
 void Trainer::Impl::refresh_reference(Metrics& m) {

@@ -26,6 +26,7 @@
 #include "rpg/core/signals.h"
 #include "rpg/data/dataset.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/train/data_parallel.h"
 #include "rpg/eval/report.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/rollout/batch.h"
@@ -98,6 +99,7 @@ Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
   recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
   filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
   adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
+  fork = cfg.choices.semantics == Semantics::kFork;
 }
 
 void Trainer::Impl::set_epoch(int64_t e) {
@@ -123,6 +125,7 @@ std::vector<const Prompt*> Trainer::Impl::next_prompts(int64_t k) {
 algo::PolicyLossConfig Trainer::Impl::loss_config() const {
   const auto& a = cfg.actor_rollout_ref.actor;
   algo::PolicyLossConfig l;
+  if (fork) return l;  // fork semantics: fork_loss (its kl_loss_type is one of the fork's forms)
   l.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
   l.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
   l.clip_ratio_c = a.clip_ratio_c;
@@ -170,6 +173,7 @@ nlohmann::json Trainer::Impl::fingerprint() const {
 }
 
 void Trainer::Impl::save_checkpoint() {
+  if (!dp::writes_run_dir()) return dp::join_checkpoint(*optimizer);  // data-parallel: rank 0 writes (gathers) the state
   AtomicDir out(run_dir.checkpoint(step));
   optimizer->use_eval_weights();
   model::SaveOptions so;
@@ -270,7 +274,8 @@ void Trainer::Impl::load_data() {
   for (const auto& r : rows) (void)scorers.find(r.data_source);
   for (size_t i = 0; i < rows.size(); ++i) {
     Prompt p;
-    p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]));
+    p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]), true,
+                                   cfg.data.apply_chat_template_kwargs.value);
     p.data_source = rows[i].data_source;
     p.ground_truth = rows[i].reward_model.ground_truth;
     const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
@@ -289,7 +294,9 @@ void Trainer::Impl::load_data() {
     throw ConfigError(str("data.train_batch_size / data.gen_batch_size (", std::max(cfg.data.train_batch_size, gen_batch),
                           ") exceed the ", prompts.size(), " usable training prompts"));
   if (!cfg.data.val_files.empty()) val_rows = read_rows(cfg.data.val_files, cfg.data.val_max_samples, "data.val_files");
-  steps_per_epoch = static_cast<int64_t>(prompts.size()) / cfg.data.train_batch_size;
+  // The fork's dataloader yields gen_batch_size prompts per batch and counts one training step
+  // per batch (ray_trainer.py:456-488); paper semantics counts train_batch_size.
+  steps_per_epoch = static_cast<int64_t>(prompts.size()) / (fork ? gen_batch : cfg.data.train_batch_size);
   total_steps = cfg.trainer.total_training_steps.value_or(steps_per_epoch * cfg.trainer.total_epochs);
   set_epoch(0);
 }
@@ -304,9 +311,10 @@ void Trainer::Impl::build_optimizer() {
   oo.weight_decay = o.weight_decay;
   const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, total_steps);
   oo.warmup_steps = warmup;
-  optimizer = make_optimizer(oo, policy.model.named_parameters());
+  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
+  schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
 }
 
 void Trainer::Impl::build_models() {
@@ -314,7 +322,11 @@ void Trainer::Impl::build_models() {
   const auto& path = cfg.actor_rollout_ref.model.path;
   kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
   needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
-  if (needs_reference && !(actor.use_iterative_ref_model && actor.ref_update_freq == 1)) {
+  // Fork semantics: use_iterative_ref_model means ref = old_log_probs (dp_actor.py:316-318,
+  // rpg_ray_trainer.py), whatever ref_update_freq says; otherwise the fixed initial policy.
+  const bool resident = fork ? !actor.use_iterative_ref_model
+                             : !(actor.use_iterative_ref_model && actor.ref_update_freq == 1);
+  if (needs_reference && resident) {
     reference = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()}));
     reference->set_requires_grad(false);
@@ -329,15 +341,15 @@ void Trainer::Impl::build_models() {
 
 void Trainer::Impl::open_run_dir() {
   run_dir = RunDir(cfg.trainer.default_local_dir);
-  run_dir.remove_partial();
+  if (dp::writes_run_dir()) run_dir.remove_partial();  // data-parallel: rank 0 owns the directory
   resume();
-  logger = std::make_unique<MetricsLogger>(run_dir.root(), /*tensorboard=*/true, step + 1);
-  jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
+  logger = std::make_unique<MetricsLogger>(dp::metrics_dir(run_dir.root()), /*tensorboard=*/true, step + 1);
+  if (dp::writes_run_dir()) jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
 }
 
 void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>& samples) {
   logger->log(step, m);
-  if (cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
+  if (dp::writes_run_dir() && cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
     std::string lines;
     for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     append_file(run_dir.root() / "samples.jsonl", lines);
@@ -347,6 +359,8 @@ void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>
 Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   for (const auto& notice : config.resolve()) log_info(notice);
   config.validate();
+  config.check_trainable();
+  log_info(config.choices.algorithm_summary);  // the one line stating what runs
   if (config.actor_rollout_ref.model.path.empty())
     throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
   impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
@@ -357,6 +371,20 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
   (void)algo::policy_loss_registry().get(cfg.actor_rollout_ref.actor.policy_loss);
   s.loss_cfg = s.loss_config();  // the loss's string keys parsed once
+  if (s.fork) {
+    const auto& a = cfg.actor_rollout_ref.actor;
+    auto& f = s.fork_loss;
+    f.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
+    f.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
+    f.clip_ratio_c = a.clip_ratio_c;
+    f.loss_agg_mode = algo::parse_loss_agg_mode(a.loss_agg_mode);
+    f.entropy_coeff = a.entropy_coeff;
+    f.use_kl_loss = a.use_kl_loss;
+    f.kl_loss_coef = a.kl_loss_coef;
+    f.kl_loss_type = a.kl_loss_type;
+    f.use_iterative_ref_model = a.use_iterative_ref_model;
+    algo::validate(f);
+  }
   s.kl_penalty = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
   s.load_data();
   s.build_optimizer();
@@ -376,6 +404,35 @@ const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
 void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
 const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
+
+std::string validation_metric_key(const std::string& source, const std::string& name,
+                                  const std::map<std::string, double>& table) {
+  // ray_trainer._validate: per data source, the core variable is acc when present (else the
+  // reward: rpg's score); n_max is the largest "@n" among that variable's metrics.
+  auto var_of = [](const std::string& n) {
+    const auto slash = n.find('/');
+    return slash == std::string::npos ? std::string() : n.substr(0, slash);
+  };
+  auto at_n = [](const std::string& n) -> int64_t {
+    const auto at = n.rfind('@');
+    if (at == std::string::npos) return -1;
+    return std::atoll(n.c_str() + at + 1);  // int(name.split("@")[-1].split("/")[0])
+  };
+  bool has_acc = false;
+  for (const auto& [n, v] : table) has_acc = has_acc || var_of(n) == "acc";
+  const std::string core = has_acc ? "acc" : "score";
+  const std::string var = var_of(name);
+  bool is_core = false;
+  if (var == core) {
+    int64_t n_max = -1;
+    for (const auto& [n, v] : table)
+      if (var_of(n) == var) n_max = std::max(n_max, at_n(n));
+    const std::string metric = name.substr(var.size() + 1);
+    const bool prefix = metric.rfind("mean", 0) == 0 || metric.rfind("maj", 0) == 0 || metric.rfind("best", 0) == 0;
+    is_core = prefix && metric.find(str("@", n_max)) != std::string::npos;
+  }
+  return str(is_core ? "val-core/" : "val-aux/", source, "/", name);
+}
 
 std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
   auto get = [&](const char* key) {
@@ -407,6 +464,7 @@ Metrics Trainer::train_step() {
   sb.batch.set("old_log_probs", lp.old_log_probs);
   if (lp.ref_log_probs.defined()) sb.batch.set("ref_log_probs", lp.ref_log_probs);
   sb.batch.set("advantages", adv.advantages);
+  sb.batch.set("token_level_scores", sb.token_level_scores);
   const UpdateStats up = s.update_actor(sb.batch);
   ++s.step;
   s.refresh_reference(m);
@@ -426,10 +484,11 @@ Metrics Trainer::validate() {
   if (s.val_rows.empty()) return m;
   s.optimizer->use_eval_weights();
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
-                               s.scorers, /*progress=*/false);
+                               s.scorers, /*progress=*/false, /*chat_template=*/true,
+                               s.cfg.data.apply_chat_template_kwargs.value);
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
-    for (const auto& [name, value] : table) m[str("val-core/", source, "/", name)] = value;
+    for (const auto& [name, value] : table) m[validation_metric_key(source, name, table)] = value;
   s.logger->log(s.step, m);
   return m;
 }
@@ -446,8 +505,11 @@ void Trainer::save_model(const std::string& dir) {
 void Trainer::fit() {
   Impl& s = *impl_;
   const auto& t = s.cfg.trainer;
-  if (t.val_before_train && !s.val_rows.empty() && s.step == 0) {
-    for (const auto& [k, val] : validate()) log_info(str("before training: ", k, " = ", val));
+  // As verl and the fork (rpg_ray_trainer.fit): validation before the first step of this
+  // process (also after a resume), every test_freq steps and at the last step.
+  if (t.val_before_train && !s.val_rows.empty() && s.step < s.total_steps) {
+    for (const auto& [k, val] : validate())
+      if (k.rfind("val-core/", 0) == 0) log_info(str("before training: ", k, " = ", val));
   }
   ProgressBar bar("train", s.total_steps, "step");
   bar.advance(s.step);
@@ -473,8 +535,9 @@ void Trainer::fit() {
     log_info(step_summary(s.step, s.total_steps, m));
     bar.advance(1, str("score=", m["critic/score/mean"], " acc=", m["acc/mean"], " len=", m["response_length/mean"]));
     if (s.step < s.total_steps) stop_if_signalled();
-    if (t.test_freq > 0 && s.step % t.test_freq == 0 && !s.val_rows.empty()) {
-      for (const auto& [k, val] : validate()) log_info(str("step ", s.step, ": ", k, " = ", val));
+    if (t.test_freq > 0 && (s.step % t.test_freq == 0 || s.step == s.total_steps) && !s.val_rows.empty()) {
+      for (const auto& [k, val] : validate())
+        if (k.rfind("val-core/", 0) == 0) log_info(str("step ", s.step, ": ", k, " = ", val));
     }
     if (t.save_freq > 0 && s.step % t.save_freq == 0 && s.step < s.total_steps) s.save_checkpoint();
   }

@@ -46,6 +46,12 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
 // (actor/kl_loss, else actor/rpg_kl, else actor/reward_kl_penalty, else actor/ppo_kl).
 std::string step_summary(int64_t step, int64_t total, const Metrics& m);
 
+// The key of one validation metric as verl's _validate lays it out: "val-core/<source>/<name>"
+// for the core variable's (acc, else score) mean / maj / best at the largest n, else
+// "val-aux/<source>/<name>". `table` is the source's whole metric table.
+std::string validation_metric_key(const std::string& source, const std::string& name,
+                                  const std::map<std::string, double>& table);
+
 class Trainer {
  public:
   // Loads the model, tokenizer and datasets; throws ConfigError / FormatError / IoError
@@ -55,14 +61,16 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  // Validates before training if configured, runs every remaining step, validates every
-  // test_freq steps, checkpoints every save_freq steps and at the end. A new Trainer on
+  // Validates before training if configured (also after a resume), runs every remaining step,
+  // validates every test_freq steps and at the last step, checkpoints every save_freq steps
+  // and at the end. A new Trainer on
   // the same trainer.default_local_dir resumes from the newest complete checkpoint
   // (resume_mode auto) and produces the same weights as an uninterrupted run.
   void fit();
   // One RL step; returns its metrics (verl's names: critic/score/mean, actor/pg_loss, ...).
   Metrics train_step();
-  // Generates on the validation files with val_kwargs; metrics "val-core/<source>/acc/mean@n".
+  // Generates on the validation files with val_kwargs; metrics laid out as verl's:
+  // "val-core/<source>/acc/mean@n" (and maj@n, best@n), the rest under "val-aux/".
   Metrics validate();
   // Writes the policy (evaluation weights for schedule-free AdamW) as a Hugging Face model
   // directory, atomically.
@@ -77,7 +85,7 @@ class Trainer {
   const model::CausalLM& model() const;
   // The last step's batch in verl's layout: input_ids, attention_mask, position_ids, responses,
   // response_mask, rollout_log_probs, group_index, old_log_probs, ref_log_probs (when a
-  // reference is used), advantages.
+  // reference is used), advantages, token_level_scores (outcome scores on the last token).
   const rollout::Batch& last_batch() const;
  private:
   friend struct TrainerTesting;  // trainer_testing.h: hooks for tests that rebuild an update

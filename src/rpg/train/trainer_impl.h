@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/metrics.h"
 #include "rpg/data/dataset.h"
@@ -122,6 +123,10 @@ struct Trainer::Impl {
   double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
   bool needs_reference = false;
   algo::PolicyLossConfig loss_cfg;
+  // rpg.semantics=fork: the actor update, the in-reward KL, micro-batching, step count and
+  // reward follow the authors' fork (algo/fork_loss.h).
+  bool fork = false;
+  algo::ForkLossConfig fork_loss;
   algo::KlEstimator kl_penalty = algo::KlEstimator::K1;  // algorithm.kl_penalty
   bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
   bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
@@ -160,6 +165,11 @@ struct Trainer::Impl {
   bool resume();
   void load_checkpoint(const fs::path& dir);
   std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b) const;
+  // Fork semantics: the micro-batches dp_actor.update_policy cuts one mini-batch into (token
+  // budget partitions with use_dynamic_bsz, else consecutive ppo_micro_batch_size_per_gpu rows).
+  std::vector<std::vector<int64_t>> fork_micro_batches(const rollout::Batch& mini) const;
+  // The fork's optimizer-step rows: ppo_mini_batch_size * rollout.n.
+  int64_t mini_batch_rows() const;
   // ---- construction -----------------------------------------------------------------------
   // Training prompts rendered like verl's RLHFDataset (over-long ones filtered or truncated),
   // validation rows, and the step count.

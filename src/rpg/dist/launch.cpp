@@ -1,0 +1,233 @@
+#include "rpg/dist/launch.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+
+#include "rpg/core/error.h"
+
+extern char** environ;
+
+namespace rpg::dist {
+namespace {
+
+volatile std::sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+struct Stream {
+  int fd = -1;
+  FILE* sink = nullptr;
+  std::string partial;
+};
+
+struct Rank {
+  int index = 0;  // global rank
+  pid_t pid = -1;
+  bool running = true;
+  int status = 0;
+  Stream out, err;
+};
+
+void emit(FILE* sink, int rank, const std::string& line) {
+  std::string s = str("[rank ", rank, "] ", line, "\n");
+  std::fwrite(s.data(), 1, s.size(), sink);
+  std::fflush(sink);
+}
+
+// Reads what is there; writes every complete line; `eof` flushes the rest.
+void drain(Stream& s, int rank) {
+  char buf[65536];
+  ssize_t n = read(s.fd, buf, sizeof buf);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (n > 0) {
+    s.partial.append(buf, static_cast<size_t>(n));
+    size_t start = 0, nl;
+    while ((nl = s.partial.find('\n', start)) != std::string::npos) {
+      emit(s.sink, rank, s.partial.substr(start, nl - start));
+      start = nl + 1;
+    }
+    s.partial.erase(0, start);
+    return;
+  }
+  if (!s.partial.empty()) emit(s.sink, rank, s.partial);
+  s.partial.clear();
+  close(s.fd);
+  s.fd = -1;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return str("exited with code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = sigabbrev_np(WTERMSIG(status));
+    return str("was killed by signal ", WTERMSIG(status), name ? str(" (SIG", name, ")") : "");
+  }
+  return "stopped";
+}
+
+}  // namespace
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw IoError(str("launch: socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    close(fd);
+    throw IoError(str("launch: cannot find a free port: ", std::strerror(e)));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+void launch(const LaunchOptions& o) {
+  if (o.nproc < 1) throw UsageError(str("launch: --nproc must be >= 1, got ", o.nproc));
+  if (o.nnodes < 1) throw UsageError(str("launch: --nnodes must be >= 1, got ", o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw UsageError(str("launch: --node-rank ", o.node_rank, " is not in [0, ", o.nnodes, ")"));
+  if (o.argv.empty()) throw UsageError("launch: no command to run (give it after --)");
+  if (o.nnodes > 1 && o.master_port == 0)
+    throw UsageError("launch: --master-port is required with --nnodes > 1 (every node must use the same)");
+  const int port = o.master_port == 0 ? free_port() : o.master_port;
+  const int world = o.nnodes * o.nproc;
+
+  // The environment every rank shares: ours minus the launcher variables we set.
+  static const char* kOwn[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                               "NODE_RANK", "GROUP_RANK", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"};
+  std::vector<std::string> base;
+  bool has_omp = false;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    std::string name = kv.substr(0, kv.find('='));
+    bool own = false;
+    for (const char* k : kOwn) own = own || name == k;
+    if (!own) base.push_back(kv);
+    has_omp = has_omp || name == "OMP_NUM_THREADS";
+  }
+  // As torchrun: one OpenMP thread per rank unless the user chose.
+  if (!has_omp && o.nproc > 1) base.push_back(str("OMP_NUM_THREADS=", 1));
+
+  struct sigaction sa{}, old_int{}, old_term{};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  g_signal = 0;
+
+  std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
+  for (int k = 0; k < o.nproc; ++k) {
+    Rank& r = ranks[static_cast<size_t>(k)];
+    r.index = o.node_rank * o.nproc + k;
+    std::vector<std::string> env = base;
+    for (auto [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
+             {"RANK", std::to_string(r.index)},
+             {"WORLD_SIZE", std::to_string(world)},
+             {"LOCAL_RANK", std::to_string(k)},
+             {"LOCAL_WORLD_SIZE", std::to_string(o.nproc)},
+             {"MASTER_ADDR", o.master_addr},
+             {"MASTER_PORT", std::to_string(port)},
+             {"NODE_RANK", std::to_string(o.node_rank)}})
+      env.push_back(str(name, "=", value));
+    std::vector<char*> envp, args;
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> argv = o.argv;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+
+    int out[2], err[2];
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+      throw IoError(str("launch: pipe: ", std::strerror(errno)));
+    const pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) throw IoError(str("launch: fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      dup2(out[1], 1);
+      dup2(err[1], 2);
+      execve(args[0], args.data(), envp.data());
+      dprintf(2, "rpg: error: launch: cannot run %s: %s\n", args[0], std::strerror(errno));
+      _exit(127);
+    }
+    close(out[1]);
+    close(err[1]);
+    r.pid = pid;
+    r.out = {out[0], stdout, {}};
+    r.err = {err[0], stderr, {}};
+  }
+
+  std::optional<size_t> failed;
+  int forwarded = 0;
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  auto signal_others = [&](int sig, std::optional<size_t> except) {
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (ranks[i].running && (!except || i != *except)) kill(ranks[i].pid, sig);
+  };
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<Stream*> streams;
+    std::vector<int> owners;
+    for (auto& r : ranks)
+      for (Stream* s : {&r.out, &r.err})
+        if (s->fd >= 0) fds.push_back({s->fd, POLLIN, 0}), streams.push_back(s), owners.push_back(r.index);
+    bool any_running = false;
+    for (auto& r : ranks) any_running = any_running || r.running;
+    if (fds.empty() && !any_running) break;
+    int n = poll(fds.data(), fds.size(), fds.empty() ? 50 : 100);
+    if (n > 0)
+      for (size_t i = 0; i < fds.size(); ++i)
+        if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) drain(*streams[i], owners[i]);
+    // Reap.
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      Rank& r = ranks[i];
+      if (!r.running) continue;
+      int status = 0;
+      pid_t w = waitpid(r.pid, &status, WNOHANG);
+      if (w != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!ok && !failed && !forwarded) {
+        failed = i;
+        std::fprintf(stderr, "rpg: launch: rank %d %s; stopping the other ranks\n", r.index, describe_status(status).c_str());
+        signal_others(SIGTERM, i);
+        kill_at = std::chrono::steady_clock::now() + o.grace;
+      }
+    }
+    if (g_signal && !forwarded) {
+      forwarded = g_signal;
+      signal_others(forwarded, std::nullopt);
+      kill_at = std::chrono::steady_clock::now() + o.grace;
+    }
+    if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
+      signal_others(SIGKILL, std::nullopt);
+      kill_at.reset();
+    }
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  if (failed) {
+    const Rank& r = ranks[*failed];
+    throw Error(str("launch: rank ", r.index, " ", describe_status(r.status), " (of ", world, " ranks; the others were stopped)"));
+  }
+  if (forwarded) throw Error(str("launch: interrupted by signal ", forwarded, "; the ranks were stopped"));
+}
+
+}  // namespace rpg::dist

@@ -1,0 +1,81 @@
+// A process group on PyTorch's c10d: a TCPStore on MASTER_ADDR:MASTER_PORT (rank 0 hosts
+// it) for the rendezvous, ProcessGroupGloo for CPU tensors (ProcessGroupNCCL for CUDA
+// tensors when built with RPG_CUDA; not wired yet). The collectives block until done.
+//
+// Faults: every collective runs under `timeout`. When one fails (a peer's connection
+// reset, a timeout), the group finds out which rank is at fault through the store before
+// throwing DistError: each rank keeps a heartbeat counter in the store (a background
+// thread, every `heartbeat`) and, on failure, publishes the collective it failed in. A
+// rank whose heartbeat stopped is "lost" (died or stopped); a live rank that never
+// reported the failing collective "did not reach" it (hung or diverged); if rank 0 (the
+// store's host) is gone, the store is unreachable and rank 0 is named. After a failure
+// the group is broken: later calls throw at once, and its c10d objects are deliberately
+// not destroyed (their destructors can block on dead peers).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rpg/core/error.h"
+#include "rpg/dist/layout.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace rpg::dist {
+
+// A collective failed: the message names the lost rank when it could be found.
+class DistError : public Error {
+ public:
+  DistError(const std::string& message, int lost_rank) : Error(message), lost_rank_(lost_rank) {}
+  int lost_rank() const { return lost_rank_; }  // -1 when unknown
+
+ private:
+  int lost_rank_;
+};
+
+enum class ReduceOp { Sum, Max, Min };
+
+struct GroupOptions {
+  // verl's default for trainer.nccl_timeout is 600 s.
+  std::chrono::milliseconds timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds heartbeat{std::chrono::milliseconds(500)};
+};
+
+class ProcessGroup {
+ public:
+  // Joins the group described by `layout` (every rank must call it); blocks until all
+  // world_size ranks are connected or `options.timeout` passes (DistError naming the
+  // ranks that never arrived).
+  static std::unique_ptr<ProcessGroup> init(const RankLayout& layout, const GroupOptions& options = {});
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  const RankLayout& layout() const;
+
+  // In place on every rank; tensors must be contiguous and on the CPU (Gloo).
+  void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
+  void broadcast(at::Tensor& tensor, int root);
+  // Every rank's `tensor` (same shape everywhere), concatenated along dim 0 in rank order.
+  at::Tensor all_gather(const at::Tensor& tensor);
+  // `input`'s dim 0 is split into size() equal chunks; rank r gets the reduction of
+  // every rank's chunk r.
+  at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op = ReduceOp::Sum);
+  void barrier();
+
+  // Number of collectives issued so far (named in fault messages).
+  long collectives() const;
+
+ private:
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rpg::dist

@@ -1,0 +1,302 @@
+// `rpg train` data-parallel (ZeRO-0) over 2 ranks on loopback equals the 1-process run with
+// the same seed and global batch: identical responses and rewards (samples.jsonl), every
+// non-timing metric and the final weights within 1e-6 relative. Also: 2 "nodes" of one
+// rank each, and a 2-rank checkpoint resumed by 1 rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+#include "rpg/dist/launch.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace rpg::dist {
+namespace {
+
+using test::run_process;
+
+// name -> values (as double) of a safetensors file's F32 / BF16 tensors.
+std::map<std::string, std::vector<double>> read_tensors(const fs::path& file) {
+  const std::string bytes = read_file(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  std::map<std::string, std::vector<double>> out;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string dtype = info["dtype"];
+    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>(), end = 8 + n + info["data_offsets"][1].get<size_t>();
+    std::vector<double>& v = out[name];
+    for (size_t p = begin; p < end; p += dtype == "F32" ? 4 : 2) {
+      uint32_t bits = 0;
+      if (dtype == "F32") std::memcpy(&bits, bytes.data() + p, 4);
+      else if (dtype == "BF16") { uint16_t h; std::memcpy(&h, bytes.data() + p, 2); bits = uint32_t{h} << 16; }
+      else throw std::runtime_error("unexpected dtype " + dtype);
+      float f;
+      std::memcpy(&f, &bits, 4);
+      v.push_back(f);
+    }
+  }
+  return out;
+}
+
+// Every metric of every step except wall-clock ones (timing_s/*, perf/*), in step order.
+std::vector<std::map<std::string, double>> step_metrics(const fs::path& metrics) {
+  std::vector<std::map<std::string, double>> out;
+  std::istringstream in(read_file(metrics));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    std::map<std::string, double> m;
+    for (const auto& [k, v] : j.items())
+      if (v.is_number() && !k.starts_with("timing_s/") && !k.starts_with("perf/")) m[k] = v.get<double>();
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+class DataParallelTrain : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    fixture_ = test::oracle_output_dir("tiny_chat_model.py");
+    dir_ = new test::TempDir();
+    std::string jsonl;
+    for (int i = 0; i < 8; ++i)
+      jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
+    test::write_text(*dir_ / "p.jsonl", jsonl);
+    data_ = (*dir_ / "p.parquet").string();
+    const auto r = run_process({test::rpg_binary().string(), "data", "prepare", (*dir_ / "p.jsonl").string(), data_,
+                                "--data-source", "math_dapo"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // The reference: one process.
+    one_ = *dir_ / "one";
+    auto one = run_process(train_argv({}, one_, 3), {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  // 4 prompts x 2 responses per step; 2 mini-batches of 2 prompts (4 rows), micro-batches of
+  // 2 rows: each rank generates 2 prompts and runs 1 of every mini-batch's 2 micro-batches.
+  // With two addends the gradient sum rounds as in one process, so weights come out
+  // bit-identical; with more micro-batches per rank the sum is reassociated, and Adam
+  // (lr 1e-2, updates near eps) turns that into ~1e-4 relative weight differences after 3
+  // steps (measured) -- rounding, not a different update.
+  static std::vector<std::string> train_argv(const std::vector<std::string>& launch, const fs::path& run, int steps) {
+    std::vector<std::string> argv = {test::rpg_binary().string()};
+    if (!launch.empty()) {
+      argv.push_back("launch");
+      argv.insert(argv.end(), launch.begin(), launch.end());
+      argv.push_back("--");
+    }
+    for (const std::string& a :
+         {std::string("train"), std::string("-"), "actor_rollout_ref.model.path=" + (fixture_ / "model").string(),
+          "data.train_files=" + data_, std::string("data.train_batch_size=4"), std::string("data.max_prompt_length=256"),
+          std::string("data.max_response_length=8"), std::string("actor_rollout_ref.rollout.n=2"),
+          std::string("actor_rollout_ref.actor.ppo_mini_batch_size=2"),
+          std::string("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"),
+          std::string("actor_rollout_ref.actor.policy_loss=rpg_reinforce"),
+          std::string("actor_rollout_ref.actor.optim.lr=1e-2"), std::string("actor_rollout_ref.actor.entropy_coeff=0.01"),
+          std::string("actor_rollout_ref.actor.use_kl_loss=true"), std::string("actor_rollout_ref.actor.kl_loss_coef=0.1"),
+          std::string("algorithm.adv_estimator=rpg_batch"), "trainer.total_training_steps=" + std::to_string(steps),
+          std::string("trainer.save_freq=1"), std::string("trainer.device=cpu"),
+          std::string("trainer.sample_log_freq=1"), std::string("trainer.sample_log_count=100"),
+          "trainer.default_local_dir=" + run.string()})
+      argv.push_back(a);
+    return argv;
+  }
+
+  static void expect_equal_runs(const fs::path& want, const fs::path& got, int steps) {
+    // Responses and rewards: identical.
+    EXPECT_TRUE(read_file(want / "samples.jsonl") == read_file(got / "samples.jsonl"))
+        << "samples.jsonl differs: " << want << " vs " << got;
+    const auto wm = step_metrics(want / "metrics.jsonl"), gm = step_metrics(got / "metrics.jsonl");
+    ASSERT_EQ(wm.size(), static_cast<size_t>(steps));
+    ASSERT_EQ(gm.size(), wm.size());
+    for (size_t s = 0; s < wm.size(); ++s) {
+      ASSERT_EQ(gm[s].size(), wm[s].size()) << "step " << s + 1;
+      for (const auto& [k, v] : wm[s]) {
+        ASSERT_TRUE(gm[s].count(k)) << k;
+        EXPECT_NEAR(gm[s].at(k), v, 1e-6 * std::max(1.0, std::abs(v))) << "step " << s + 1 << " " << k;
+      }
+    }
+    const std::string model = "global_step_" + std::to_string(steps) + "/actor/model.safetensors";
+    const auto wt = read_tensors(want / model), gt = read_tensors(got / model);
+    ASSERT_EQ(wt.size(), gt.size());
+    for (const auto& [name, w] : wt) {
+      const auto& g = gt.at(name);
+      ASSERT_EQ(g.size(), w.size()) << name;
+      double scale = 0, diff = 0;
+      for (size_t i = 0; i < w.size(); ++i) scale = std::max(scale, std::abs(w[i])), diff = std::max(diff, std::abs(w[i] - g[i]));
+      EXPECT_LE(diff, 1e-6 * scale) << name;
+    }
+  }
+
+  static fs::path fixture_;
+  static std::string data_;
+  static test::TempDir* dir_;
+  static fs::path one_;
+};
+fs::path DataParallelTrain::fixture_;
+std::string DataParallelTrain::data_;
+test::TempDir* DataParallelTrain::dir_ = nullptr;
+fs::path DataParallelTrain::one_;
+
+TEST_F(DataParallelTrain, TwoRanksEqualOneRank) {
+  const fs::path two = *dir_ / "two";
+  auto r = run_process(train_argv({"--nproc", "2"}, two, 3));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_equal_runs(one_, two, 3);
+  // Rank 1 wrote no checkpoint of its own, only its metrics.
+  EXPECT_TRUE(fs::exists(two / "rank_1" / "metrics.jsonl"));
+  EXPECT_FALSE(fs::exists(two / "rank_1" / "global_step_1"));
+}
+
+TEST_F(DataParallelTrain, TwoNodesEqualOneRank) {
+  const fs::path run = *dir_ / "two_nodes";
+  const std::string port = std::to_string(free_port());
+  std::vector<std::future<test::ProcessResult>> nodes;
+  for (int n = 0; n < 2; ++n)
+    nodes.push_back(std::async(std::launch::async, [&, n] {
+      return run_process(train_argv({"--nproc", "1", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-port",
+                                     port},
+                                    run, 3),
+                         {"OMP_NUM_THREADS=1"});
+    }));
+  for (auto& f : nodes) {
+    auto r = f.get();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  expect_equal_runs(one_, run, 3);
+}
+
+// A checkpoint of a 2-rank run is the whole (replicated) state: 1 rank resumes it.
+TEST_F(DataParallelTrain, TwoRankCheckpointResumesOnOneRank) {
+  const fs::path run = *dir_ / "resumed";
+  auto two = run_process(train_argv({"--nproc", "2"}, run, 3));
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  // Drop the last checkpoint and the last step's logs: the 1-rank run redoes step 3.
+  fs::remove_all(run / "global_step_3");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "2");
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// And a 1-rank checkpoint resumed by 2 ranks.
+TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoRanks) {
+  const fs::path run = *dir_ / "grown";
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  fs::remove_all(run / "global_step_3");
+  fs::remove_all(run / "global_step_2");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
+  auto two = run_process(train_argv({"--nproc", "2"}, run, 3));
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// ZeRO-1 (dist.zero_stage=1): each of 2 ranks keeps and steps the optimizer state of half the
+// flattened parameters, then all-gathers them; the run equals the 1-rank replicated one, and
+// its checkpoint (the state gathered to rank 0) holds the same optimizer tensors. The
+// launch-shape keys are given as they are launched (1 node of 2).
+TEST_F(DataParallelTrain, ZeroOneTwoRanksEqualOneRank) {
+  const fs::path run = *dir_ / "zero1";
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.insert(argv.end(), {"dist.zero_stage=1", "trainer.nnodes=1", "trainer.n_gpus_per_node=2"});
+  auto r = run_process(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_equal_runs(one_, run, 3);
+  const auto want = read_tensors(one_ / "global_step_3" / "train_state.safetensors");
+  const auto got = read_tensors(run / "global_step_3" / "train_state.safetensors");
+  ASSERT_EQ(got.size(), want.size());
+  size_t optim = 0;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    if (name.rfind("optim.", 0) == 0) ++optim;
+    const auto& g = got.at(name);
+    ASSERT_EQ(g.size(), w.size()) << name;
+    double scale = 0, diff = 0;
+    for (size_t i = 0; i < w.size(); ++i) scale = std::max(scale, std::abs(w[i])), diff = std::max(diff, std::abs(w[i] - g[i]));
+    EXPECT_LE(diff, 1e-6 * scale) << name;
+  }
+  EXPECT_GT(optim, 0u);
+}
+
+// A 2-rank ZeRO-1 checkpoint resumed by 1 rank (replicated optimizer) equals the uninterrupted run.
+TEST_F(DataParallelTrain, ZeroOneCheckpointResumesOnOneRank) {
+  const fs::path run = *dir_ / "zero1_resumed";
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.push_back("dist.zero_stage=1");
+  auto two = run_process(argv);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  fs::remove_all(run / "global_step_3");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "2");
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// And a 1-rank checkpoint resumed by 2 ZeRO-1 ranks (each keeps its half of the state).
+TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoZeroOneRanks) {
+  const fs::path run = *dir_ / "zero1_grown";
+  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  fs::remove_all(run / "global_step_3");
+  fs::remove_all(run / "global_step_2");
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
+  auto argv = train_argv({"--nproc", "2"}, run, 3);
+  argv.push_back("dist.zero_stage=1");
+  auto two = run_process(argv);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// PyTorch's torchrun (its agent hosts the store) runs the 2 ranks: the same run.
+TEST_F(DataParallelTrain, TorchrunEqualsOneRank) {
+  const fs::path run = *dir_ / "torchrun";
+  auto argv = train_argv({}, run, 3);
+  argv.insert(argv.begin(), {test::python().string(), "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", std::to_string(free_port()), "--no-python"});
+  auto r = run_process(argv);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+// SIGKILL rank 1 in the middle of its third optimizer step (step 2): rank 0 fails naming it,
+// rank 1's launcher names it, and a restart resumes from the newest complete checkpoint
+// (step 1) and ends as the uninterrupted run.
+TEST_F(DataParallelTrain, KilledRankIsNamedAndTheRunResumes) {
+  const fs::path run = *dir_ / "killed";
+  const std::string port = std::to_string(free_port());
+  std::vector<std::future<test::ProcessResult>> nodes;
+  for (int n = 0; n < 2; ++n)
+    nodes.push_back(std::async(std::launch::async, [&, n] {
+      std::vector<std::string> env = {"OMP_NUM_THREADS=1"};
+      if (n == 1) env.push_back("RPG_TEST_KILL_AT=optimizer_step:3");
+      return run_process(train_argv({"--nproc", "1", "--nnodes", "2", "--node-rank", std::to_string(n), "--master-port",
+                                     port},
+                                    run, 3),
+                         env);
+    }));
+  auto r0 = nodes[0].get(), r1 = nodes[1].get();
+  EXPECT_EQ(r1.exit_code, 1);
+  EXPECT_TRUE(r1.err.find("rpg: error: launch: rank 1 was killed by signal 9 (SIGKILL)") != std::string::npos) << r1.err;
+  EXPECT_EQ(r0.exit_code, 1);
+  EXPECT_TRUE(r0.err.find("rpg: error: dist: rank 1 is lost") != std::string::npos) << r0.err;
+  EXPECT_TRUE(fs::exists(run / "global_step_1" / "train_state.json"));
+  EXPECT_FALSE(fs::exists(run / "global_step_2"));
+  auto again = run_process(train_argv({"--nproc", "2"}, run, 3));
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  expect_equal_runs(one_, run, 3);
+}
+
+}  // namespace
+}  // namespace rpg::dist
