@@ -99,10 +99,11 @@ TEST_F(FailingWrites, EveryWriteOfATrainingRunFailsCleanlyAndTheRerunIsBitIdenti
     // The rerun resumes from that checkpoint and finishes identically.
     r = test::run_process(test::tiny_train_argv(fixture_, data_, run, kSteps, 1));
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    if (newest > 0)
+    if (newest > 0) {
       EXPECT_NE(r.err.find("resumed from " + run_s + "/global_step_" + std::to_string(newest) + " at step"),
                 std::string::npos)
           << r.err;
+    }
     EXPECT_EQ(r.err.find("skipping damaged"), std::string::npos) << r.err;
     EXPECT_EQ(read_file(run / ("global_step_" + std::to_string(kSteps)) / "actor" / "model.safetensors"), want_model);
     EXPECT_EQ(test::step_metrics(run / "metrics.jsonl"), want_metrics);
