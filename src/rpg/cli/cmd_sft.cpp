@@ -4,6 +4,7 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/signals.h"
 #include "rpg/train/sft.h"
 
 namespace rpg::cli {
@@ -37,6 +38,7 @@ int run_sft(const std::string& full_name, const std::vector<std::string>& args) 
       .flag("--no-progress", &no_progress, "no progress bar")
       .epilog("example: rpg sft --model /models/tiny --data synth/train_sft.jsonl --output runs/sft --epochs 2");
   if (!parser.parse(args)) return 0;
+  signals::install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit 75
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (data.empty()) throw UsageError(str(full_name, ": --data FILE is required"));
   if (output.empty()) throw UsageError(str(full_name, ": --output OUT_DIR is required"));

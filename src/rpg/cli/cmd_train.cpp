@@ -1,15 +1,18 @@
 // `rpg train` and `rpg eval`: argument parsing only; the work is in rpg/train and rpg/eval.
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
+#include "rpg/core/signals.h"
 #include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/train/checkpoint.h"
 #include "rpg/train/data_parallel.h"
 #include "rpg/train/trainer.h"
 
@@ -26,6 +29,7 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
       .rest("KEY=VALUE", &overrides, "overrides, e.g. actor_rollout_ref.actor.policy_loss=rpg_reinforce")
       .epilog("example: rpg train recipes/rpg_reinforce_ufkl.yaml actor_rollout_ref.model.path=/models/qwen3-4b");
   if (!parser.parse(args)) return 0;
+  signals::install_stop_handlers();  // SIGTERM/SIGINT: finish the step, checkpoint, exit 75
   // Under torchrun / srun / rpg launch (a bad environment is an error naming the variable):
   // join the data-parallel group (timeout: actor_rollout_ref.nccl_timeout) before any work,
   // so a missing rank is reported first; trainer.nnodes / n_gpus_per_node are checked.
@@ -35,6 +39,9 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
+  // One writer per run directory (the main rank writes it), taken before anything is touched.
+  std::optional<train::RunDirLock> lock;
+  if (dist::is_main()) lock.emplace(run_dir);
   reward::ScorerOptions scoring;
   scoring.dapo_variant = config.choices.dapo_variant;  // reward_model.reward_kwargs.dapo_variant / rpg.semantics
   train::Trainer trainer(std::move(config), reward::builtin_scorers(scoring));

@@ -19,6 +19,7 @@
 #include "rpg/core/build_info.h"
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
+#include "rpg/core/signals.h"
 
 namespace {
 
@@ -147,6 +148,10 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
     return dispatch(args);
+  } catch (const rpg::Preempted& e) {
+    std::cout.flush();
+    std::fprintf(stderr, "rpg: preempted: %s\n", e.what());
+    return rpg::kPreemptedExitCode;
   } catch (const rpg::UsageError& e) {
     return fail(2, e.what());
   } catch (const rpg::Error& e) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "rpg/core/error.h"
+#include "rpg/core/test_hook.h"
 
 namespace fs = std::filesystem;
 
@@ -22,10 +23,86 @@ std::string unique_suffix() {
 }
 
 [[noreturn]] void throw_errno(std::string_view what, const fs::path& path) {
-  throw IoError(str(what, " ", path.string(), ": ", std::strerror(errno)));
+  throw IoError(str(what, " ", path.string(), ": ", errno_text(errno)));
 }
 
 }  // namespace
+
+std::string errno_text(int err) {
+  const char* name = ::strerrorname_np(err);
+  return name ? str(std::strerror(err), " (", name, ")") : std::string(std::strerror(err));
+}
+
+void write_fd(int fd, std::string_view data, const fs::path& path) {
+  if (const int fault = test_hook::write_fault(path.string())) {
+    const size_t half = data.size() / 2;
+    for (size_t done = 0; done < half;) {
+      const ssize_t n = ::write(fd, data.data() + done, half - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    throw IoError(str("cannot write ", path.string(), ": ", errno_text(fault)));
+  }
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno("cannot write", path);
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+void write_stream(std::FILE* f, std::string_view data, const fs::path& path) {
+  if (const int fault = test_hook::write_fault(path.string())) {
+    std::fwrite(data.data(), 1, data.size() / 2, f);
+    std::fflush(f);
+    throw IoError(str("cannot write ", path.string(), ": ", errno_text(fault)));
+  }
+  if (std::fwrite(data.data(), 1, data.size(), f) != data.size()) throw_errno("cannot write", path);
+}
+
+void flush_stream(std::FILE* f, const fs::path& path, bool durable) {
+  if (std::fflush(f) != 0) throw_errno("cannot write", path);
+  if (durable && ::fsync(::fileno(f)) != 0) throw_errno("cannot fsync", path);
+}
+
+OutputFile::OutputFile(fs::path path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw_errno("cannot create", path_);
+}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void OutputFile::write(std::string_view data) {
+  if (pending_.size() + data.size() < kBuffer) {
+    pending_.append(data);
+    return;
+  }
+  if (!pending_.empty()) {
+    write_fd(fd_, pending_, path_);
+    pending_.clear();
+  }
+  if (data.size() >= kBuffer) write_fd(fd_, data, path_);
+  else pending_.append(data);
+}
+
+void OutputFile::flush() {
+  if (!pending_.empty()) {
+    write_fd(fd_, pending_, path_);
+    pending_.clear();
+  }
+}
+
+void OutputFile::close() {
+  flush();
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) throw_errno("cannot write", path_);
+}
 
 std::string read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -55,20 +132,12 @@ void write_file_atomic(const fs::path& path, std::string_view data) {
   tmp += unique_suffix();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw_errno("cannot create", tmp);
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int saved = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = saved;
-      throw_errno("cannot write", path);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
+  try {
+    write_fd(fd, data, path);
+  } catch (const IoError&) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int saved = errno;
@@ -115,7 +184,11 @@ void AtomicDir::commit() {
     if (ec) throw IoError(str("cannot move aside ", final_.string(), ": ", ec.message()));
   }
   fs::rename(tmp_, final_, ec);
-  if (ec) throw IoError(str("cannot rename ", tmp_.string(), " to ", final_.string(), ": ", ec.message()));
+  if (ec) {
+    std::error_code ignored;
+    if (!old.empty()) fs::rename(old, final_, ignored);  // the previous version stays published
+    throw IoError(str("cannot rename ", tmp_.string(), " to ", final_.string(), ": ", ec.message()));
+  }
   committed_ = true;
   fsync_path(final_.parent_path().empty() ? fs::path(".") : final_.parent_path());
   if (!old.empty()) fs::remove_all(old, ec);

@@ -3,6 +3,7 @@
 // the target, is fsynced, then renamed over it.
 #pragma once
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -15,6 +16,42 @@ std::string read_file(const std::filesystem::path& path);
 // Writes `data` to `path` atomically (temp file in the same directory, fsync, rename,
 // fsync of the directory). Creates missing parent directories. Throws IoError.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+
+// "No space left on device (ENOSPC)": strerror plus the errno's name, for one-line errors.
+std::string errno_text(int err);
+
+// The one place rpg's writers hand bytes to the OS: writes all of `data` to the open
+// descriptor `fd` of `path` (short writes and EINTR retried). Throws IoError
+// "cannot write <path>: <errno_text>". Fault-injection point RPG_TEST_FAIL_WRITE
+// (core/test_hook.h): the failing call first writes half of `data`, as a disk that fills
+// mid-write does, then fails.
+void write_fd(int fd, std::string_view data, const std::filesystem::path& path);
+// The same for a stdio stream (the bytes go to its buffer; flush_stream reports late
+// errors).
+void write_stream(std::FILE* f, std::string_view data, const std::filesystem::path& path);
+void flush_stream(std::FILE* f, const std::filesystem::path& path, bool durable = false);
+
+// A file created (or truncated) for writing through write_fd. Small pieces (a safetensors
+// header, small tensors) are gathered into writes of >= 4 MiB; larger ones are written
+// directly. close() writes the rest and reports errors; the destructor closes silently.
+// Used inside an AtomicDir for large files.
+class OutputFile {
+ public:
+  explicit OutputFile(std::filesystem::path path);
+  ~OutputFile();
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  void write(std::string_view data);
+  // Hands what is gathered to the OS now (a kill test's "half written" point).
+  void flush();
+  void close();
+
+ private:
+  static constexpr size_t kBuffer = size_t{4} << 20;
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::string pending_;
+};
 
 // fsyncs a file or directory. Throws IoError.
 void fsync_path(const std::filesystem::path& path);

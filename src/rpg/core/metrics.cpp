@@ -93,6 +93,7 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
+  if (file_ && !pending_.empty()) std::fwrite(pending_.data(), 1, pending_.size(), file_);  // best effort
   if (file_) std::fclose(file_);
 }
 
@@ -116,13 +117,16 @@ void TensorBoardWriter::write_record(const std::string& event) {
   rec.append(reinterpret_cast<const char*>(&len_crc), 4);
   rec += event;
   rec.append(reinterpret_cast<const char*>(&data_crc), 4);
-  if (std::fwrite(rec.data(), 1, rec.size(), file_) != rec.size())
-    throw IoError(str("cannot write ", path_.string(), ": ", std::strerror(errno)));
+  pending_ += rec;
 }
 
 void TensorBoardWriter::flush(bool durable) {
-  if (std::fflush(file_) != 0) throw IoError(str("cannot write ", path_.string(), ": ", std::strerror(errno)));
-  if (durable) fsync(fileno(file_));
+  if (!pending_.empty()) {
+    std::string records;
+    records.swap(pending_);
+    write_stream(file_, records, path_);
+  }
+  flush_stream(file_, path_, durable);
 }
 
 MetricsLogger::MetricsLogger(const std::filesystem::path& dir, bool tensorboard, int64_t resume_step)
@@ -149,17 +153,22 @@ void MetricsLogger::log(int64_t step, const std::map<std::string, double>& metri
   for (const auto& [k, v] : metrics) {
     if (std::isfinite(v)) j[k] = v;
     else j[k] = nullptr;  // JSON has no NaN/Inf
-    if (tb_) tb_->add_scalar(k, v, step);
   }
   std::string line = j.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size())
-    throw IoError(str("cannot write ", jsonl_.string(), ": ", std::strerror(errno)));
-  flush();
+  std::lock_guard lock(mu_);
+  if (tb_)
+    for (const auto& [k, v] : metrics) tb_->add_scalar(k, v, step);
+  write_stream(file_, line, jsonl_);
+  flush_locked(false);
 }
 
 void MetricsLogger::flush(bool durable) {
-  if (std::fflush(file_) != 0) throw IoError(str("cannot write ", jsonl_.string(), ": ", std::strerror(errno)));
-  if (durable) fsync(fileno(file_));
+  std::lock_guard lock(mu_);
+  flush_locked(durable);
+}
+
+void MetricsLogger::flush_locked(bool durable) {
+  flush_stream(file_, jsonl_, durable);
   if (tb_) tb_->flush(durable);
 }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -35,11 +36,13 @@ class TensorBoardWriter {
   void write_record(const std::string& event);
   std::filesystem::path path_;
   std::FILE* file_ = nullptr;
+  std::string pending_;  // records since the last flush: one write per flush
 };
 
 // Appends one line per step to `<dir>/metrics.jsonl` and the same scalars to TensorBoard.
 // Resuming at step s first drops every line with step >= s, so a crash between a log
-// write and a checkpoint never leaves duplicate or orphaned steps.
+// write and a checkpoint never leaves duplicate or orphaned steps. Thread-safe: lines from
+// several threads never interleave (tests/core/threads_test.cpp).
 class MetricsLogger {
  public:
   MetricsLogger(const std::filesystem::path& dir, bool tensorboard, int64_t resume_step = 0);
@@ -47,8 +50,10 @@ class MetricsLogger {
   void flush(bool durable = false);
 
  private:
+  void flush_locked(bool durable);
   std::filesystem::path jsonl_;
   std::FILE* file_ = nullptr;
+  std::mutex mu_;
   std::unique_ptr<TensorBoardWriter> tb_;
 
  public:

@@ -44,24 +44,27 @@ ProgressBar::~ProgressBar() {
 }
 
 void ProgressBar::advance(int64_t n, const std::string& postfix) {
+  std::lock_guard lock(mu_);
   done_ += n;
   if (!postfix.empty()) postfix_ = postfix;
   draw(false);
 }
 
 void ProgressBar::set_postfix(const std::string& postfix) {
+  std::lock_guard lock(mu_);
   postfix_ = postfix;
   draw(false);
 }
 
 void ProgressBar::finish() {
+  std::lock_guard lock(mu_);
   if (finished_) return;
   finished_ = true;
   draw(true);
   if (tty_ && out_) std::fputc('\n', out_);
 }
 
-std::string ProgressBar::render() const {
+std::string ProgressBar::render_locked() const {
   double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   double rate = elapsed > 0 ? static_cast<double>(done_) / elapsed : 0.0;
   double remaining = rate > 0 ? static_cast<double>(total_ - done_) / rate : NAN;
@@ -83,7 +86,7 @@ void ProgressBar::draw(bool force) {
   double min_interval = tty_ ? 0.1 : log_interval_s_;
   if (!force && since < min_interval) return;
   last_draw_ = now;
-  std::string line = render();
+  std::string line = render_locked();
   if (tty_) std::fprintf(out_, "\r\033[2K%s", line.c_str());
   else std::fprintf(out_, "%s\n", line.c_str());
   std::fflush(out_);

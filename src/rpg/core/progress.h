@@ -1,11 +1,13 @@
 // A progress bar on stderr: `label  42% |#####     | 42/100 [00:12<00:16, 3.4 it/s] postfix`.
 // On a terminal it redraws one line in place; otherwise (logs, CI) it prints a line at most
-// every `log_interval_s` seconds and at the end, so log files stay short.
+// every `log_interval_s` seconds and at the end, so log files stay short. Thread-safe: any
+// thread may advance it (tests/core/threads_test.cpp, also under ThreadSanitizer).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <mutex>
 #include <string>
 
 namespace rpg {
@@ -20,12 +22,20 @@ class ProgressBar {
   void set_postfix(const std::string& postfix);
   // Draws the final state and ends the line. Called by the destructor if not before.
   void finish();
-  int64_t done() const { return done_; }
+  int64_t done() const {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
   // The rendered line without any terminal control characters.
-  std::string render() const;
+  std::string render() const {
+    std::lock_guard lock(mu_);
+    return render_locked();
+  }
 
  private:
+  std::string render_locked() const;
   void draw(bool force);
+  mutable std::mutex mu_;
   std::string label_, unit_, postfix_;
   int64_t total_, done_ = 0;
   double log_interval_s_;

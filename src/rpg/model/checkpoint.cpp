@@ -297,21 +297,19 @@ void write_tensor_file(const fs::path& path, const std::vector<std::pair<std::st
     offset = info.end;
     infos.push_back(std::move(info));
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw IoError(str("cannot create ", path.string()));
-  const std::string header = st::serialize_header(infos, options.metadata);
-  f.write(header.data(), static_cast<std::streamsize>(header.size()));
+  // core/io's writer: errors name the file and errno; fault-injection point (test_hook.h).
+  OutputFile f(path);
+  f.write(st::serialize_header(infos, options.metadata));
   for (size_t k = 0; k < tensors.size(); ++k) {
     const at::Tensor& t = tensors[k].second;
     at::Tensor c = t.detach().to(at::kCPU, options.dtype ? *options.dtype : t.scalar_type()).contiguous();
-    f.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    f.write(std::string_view(static_cast<const char*>(c.data_ptr()), c.nbytes()));
     if (options.after_tensor) {
       f.flush();
       options.after_tensor(k + 1);
     }
   }
   f.close();
-  if (!f) throw IoError(str("cannot write ", path.string()));
 }
 
 std::map<std::string, at::Tensor> read_tensor_file(const fs::path& path) {

@@ -1,14 +1,20 @@
 #include "rpg/train/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/log.h"
 #include "rpg/core/test_hook.h"
 #include "rpg/model/tensor_file.h"
 
@@ -88,6 +94,92 @@ std::vector<std::filesystem::path> RunDir::resume_candidates() const {
   for (const auto& [n, p] : checkpoints())
     if (out.empty() || p != out.front()) out.push_back(p);
   return out;
+}
+
+namespace {
+
+std::string this_host() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "unknown";
+  return host;
+}
+
+// Creates `file` with `content` only when it does not exist. False when it exists.
+bool create_exclusive(const std::filesystem::path& file, const std::string& content) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    if (errno == EEXIST) return false;
+    throw IoError(str("cannot create ", file.string(), ": ", std::strerror(errno)));
+  }
+  const bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
+  const int saved = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(file.c_str());
+    throw IoError(str("cannot write ", file.string(), ": ", std::strerror(saved)));
+  }
+  return true;
+}
+
+}  // namespace
+
+RunDirLock::RunDirLock(const std::filesystem::path& root) : file_(root / kFileName) {
+  std::error_code ec;
+  std::filesystem::create_directories(root, ec);
+  if (ec) throw IoError(str("cannot create directory ", root.string(), ": ", ec.message()));
+  const std::string host = this_host();
+  content_ = str("pid ", ::getpid(), " host ", host, "\n");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    if (create_exclusive(file_, content_)) {
+      // Two processes taking over the same stale lock at once: the loser finds the
+      // winner's content here and is refused below on its next attempt.
+      std::string now;
+      try {
+        now = read_file(file_);
+      } catch (const IoError&) {
+      }
+      if (now == content_) return;
+      continue;
+    }
+    std::string owner;
+    try {
+      owner = read_file(file_);
+    } catch (const IoError&) {
+      continue;  // removed meanwhile: try again
+    }
+    long long pid = 0;
+    char owner_host[256] = {};
+    const bool parsed = std::sscanf(owner.c_str(), "pid %lld host %255s", &pid, owner_host) == 2 && pid > 0;
+    const std::string who = parsed ? str("pid ", pid, " on host ", owner_host) : str("'", owner, "'");
+    const bool dead = parsed && owner_host == host && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    if (!dead)
+      throw ConfigError(str("trainer.default_local_dir: ", root.string(), " is in use by another rpg (", who,
+                            ", lock file ", file_.string(),
+                            "); use another directory, or delete the lock file if that process is gone"));
+    log_warn(str("taking over the lock of a process that is gone (", who, "): ", file_.string()));
+    // Renamed away (atomic) rather than unlinked, then checked: when two processes take
+    // over at once, the slower one may have moved the faster one's fresh lock; it puts it
+    // back (link fails if a third took the name) and is refused on its next attempt.
+    std::filesystem::path aside = file_;
+    aside += str(".stale.", ::getpid());
+    if (::rename(file_.c_str(), aside.c_str()) != 0) continue;
+    std::string moved;
+    try {
+      moved = read_file(aside);
+    } catch (const IoError&) {
+    }
+    if (moved != owner) (void)::link(aside.c_str(), file_.c_str());
+    ::unlink(aside.c_str());
+  }
+  throw IoError(str("cannot take the lock ", file_.string(), ": it keeps changing (another rpg starting?)"));
+}
+
+RunDirLock::~RunDirLock() {
+  // Only our own lock: never one a second process took over after declaring us dead.
+  try {
+    if (read_file(file_) == content_) ::unlink(file_.c_str());
+  } catch (...) {
+  }
 }
 
 void write_train_state(const std::filesystem::path& checkpoint_dir, nlohmann::json state) {

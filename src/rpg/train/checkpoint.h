@@ -62,6 +62,25 @@ class RunDir {
   std::filesystem::path root_;
 };
 
+// One run directory, one writer: `rpg train` holds <run dir>/rpg.lock ("pid <pid> host
+// <host>\n", created with O_EXCL) while it runs and removes it on exit. A second process
+// on the same directory is refused with a ConfigError naming the owner. A lock left by a
+// process that died (same host, pid no longer alive) is taken over with a warning; a lock
+// of another host is never taken over (its pid cannot be checked from here): the message
+// says which file to delete once that job is known to be gone.
+class RunDirLock {
+ public:
+  explicit RunDirLock(const std::filesystem::path& root);
+  ~RunDirLock();
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+  static constexpr const char* kFileName = "rpg.lock";
+
+ private:
+  std::filesystem::path file_;
+  std::string content_;
+};
+
 // Writes checkpoint_dir/train_state.json atomically, adding "format_version".
 void write_train_state(const std::filesystem::path& checkpoint_dir, nlohmann::json state);
 // Reads checkpoint_dir/train_state.json. FormatError when it is not a JSON object;

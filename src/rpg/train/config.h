@@ -418,6 +418,7 @@ struct TrainerConfig {
   std::optional<std::string> resume_path;
   std::string default_local_dir = "checkpoints";
   std::optional<int64_t> max_actor_ckpt_to_keep;
+  bool save_on_preempt = true;  // rpg: checkpoint on SIGTERM / SIGINT before exiting (core/signals.h)
   int64_t seed = 42;
   std::string project_name = "rpg";
   std::string experiment_name = "run";
@@ -439,6 +440,7 @@ struct TrainerConfig {
     v("resume_path", resume_path, "checkpoint to resume from with resume_mode=resume_path");
     v("default_local_dir", default_local_dir, "run directory (checkpoints, logs)");
     v("max_actor_ckpt_to_keep", max_actor_ckpt_to_keep, "keep the newest N checkpoints (all when null)");
+    v("save_on_preempt", save_on_preempt, "on SIGTERM/SIGINT finish the step, save a checkpoint, exit 75");
     v("seed", seed, "seed of every random stream");
     v("project_name", project_name, "project name in logs");
     v("experiment_name", experiment_name, "experiment name in logs");

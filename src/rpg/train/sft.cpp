@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "rpg/core/error.h"
+#include "rpg/core/signals.h"
 #include "rpg/core/io.h"
 #include "rpg/core/jsonl.h"
 #include "rpg/core/log.h"
@@ -161,7 +162,13 @@ SftResult run_sft(const fs::path& model_dir, const fs::path& data_file, const fs
     return random_permutation(n, mix_key(static_cast<uint64_t>(options.seed), static_cast<uint64_t>(e)));
   };
   std::vector<int64_t> order = shuffle(0);
+  std::string preempted;
   for (int64_t step = 0; step < total; ++step) {
+    // Preemption (core/signals.h): between optimizer steps; the model so far is saved below.
+    if (signals::stop_requested()) {
+      preempted = str(signals::stop_signal_name(), " at step ", step, "/", total);
+      break;
+    }
     // An epoch's last batch may be partial: with few pairs (a warm start) every pair counts.
     if (cursor >= n) {
       order = shuffle(++epoch);
@@ -207,6 +214,9 @@ SftResult run_sft(const fs::path& model_dir, const fs::path& data_file, const fs
   result.model_dir = out_dir / "model";
   policy.model.save_pretrained(result.model_dir, so);
   result.pairs = n;
+  if (!preempted.empty())
+    throw Preempted(str(preempted, ": the model so far saved to ", result.model_dir.string(),
+                        " (sft does not resume: rerun to train all steps)"));
   log_info(str("sft: loss ", result.first_loss, " -> ", result.last_loss, "; model saved to ", result.model_dir.string()));
   return result;
 }

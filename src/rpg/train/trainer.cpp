@@ -23,6 +23,7 @@
 #include "rpg/core/metrics.h"
 #include "rpg/core/progress.h"
 #include "rpg/core/rng.h"
+#include "rpg/core/signals.h"
 #include "rpg/data/dataset.h"
 #include "rpg/eval/evaluate.h"
 #include "rpg/train/data_parallel.h"
@@ -512,13 +513,28 @@ void Trainer::fit() {
   }
   ProgressBar bar("train", s.total_steps, "step");
   bar.advance(s.step);
+  // Preemption (core/signals.h): polled between steps only, so a step is never half applied.
+  auto stop_if_signalled = [&] {
+    if (!signals::stop_requested()) return;
+    s.logger->flush(/*durable=*/true);
+    std::string saved = "nothing to save before the first step";
+    if (!t.save_on_preempt) saved = "no checkpoint written (trainer.save_on_preempt=false)";
+    else if (s.step > 0) {
+      if (!s.run_dir.has_complete(s.step)) s.save_checkpoint();
+      saved = str("checkpoint ", s.run_dir.checkpoint(s.step).string());
+    }
+    throw Preempted(str(signals::stop_signal_name(), " at step ", s.step, "/", s.total_steps, ": ", saved,
+                        "; run the same command again to resume"));
+  };
   while (s.step < s.total_steps) {
+    stop_if_signalled();
     auto m = train_step();
     // On a terminal the bar holds the current line without a newline: clear it so the step
     // line takes its place; the bar is redrawn below by advance().
     if (isatty(fileno(stderr))) std::fputs("\r\033[2K", stderr);
     log_info(step_summary(s.step, s.total_steps, m));
     bar.advance(1, str("score=", m["critic/score/mean"], " acc=", m["acc/mean"], " len=", m["response_length/mean"]));
+    if (s.step < s.total_steps) stop_if_signalled();
     if (t.test_freq > 0 && (s.step % t.test_freq == 0 || s.step == s.total_steps) && !s.val_rows.empty()) {
       for (const auto& [k, val] : validate())
         if (k.rfind("val-core/", 0) == 0) log_info(str("step ", s.step, ": ", k, " = ", val));
