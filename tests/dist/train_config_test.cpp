@@ -82,9 +82,9 @@ TEST(TrainDistConfig, ZeroStageIsValidated) {
 // on the 0.12 M-parameter fixture model. The check is on the difference between a 32 M-
 // parameter model (`rpg model init`, hidden 512, 8 layers) and that baseline: measured peak
 // difference vs estimated difference, within 15 %. Measured when written: 623 MB vs 540 MB
-// estimated (-13 %): the estimate's activations are low (an extra 528-token micro-batch
-// measured +53 MB, estimated +33 MB: backward's activation gradients and attention scores are
-// not in the formula).
+// estimated (-13 %, and a failure once under load): an extra 528-token micro-batch measured
+// +53 MB where the estimate said +33 MB. The estimate now counts the recomputed layer's
+// activation gradients and the attention probabilities (+30 MB here).
 TEST(TrainDistConfig, PlanEstimateMatchesMeasuredPeak) {
   const auto fixture = test::oracle_output_dir("tiny_chat_model.py") / "model";
   test::TempDir dir;

@@ -1,5 +1,6 @@
 // RunDir: the run directory's layout, pruning and resume order, without a model.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -46,6 +47,24 @@ TEST(RunDir, PruneKeepsTheNewestAndResumeTriesTheMarkerFirst) {
   EXPECT_FALSE(fs::exists(dir.path() / "global_step_4.tmp.9.9"));
   run.prune(std::nullopt);
   EXPECT_EQ(run.checkpoints().size(), 2u);
+}
+
+TEST(RunDir, RemovePartialTakesTheTempFilesOfWritersThatAreGone) {
+  // A SIGKILL between write_file_atomic's write and its rename leaves <name>.tmp.<pid>.<n>
+  // (seen: report.html.tmp.* after ResumeAfterKill's random kills).
+  test::TempDir dir;
+  RunDir run(dir.path());
+  const pid_t gone = 999999999;  // above any pid_max
+  const fs::path dead = dir.path() / ("report.html.tmp." + std::to_string(gone) + ".42");
+  const fs::path alive = dir.path() / ("report.html.tmp." + std::to_string(::getppid()) + ".7");
+  const fs::path mine = dir.path() / ("metrics.jsonl.tmp." + std::to_string(::getpid()) + ".1");
+  for (const auto& p : {dead, alive, mine}) test::write_text(p, "partial");
+  test::write_text(dir.path() / "notes.tmp.txt", "a user's file");
+  run.remove_partial();
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(alive)) << "its writer may still rename it";
+  EXPECT_TRUE(fs::exists(mine));
+  EXPECT_TRUE(fs::exists(dir.path() / "notes.tmp.txt"));
 }
 
 TEST(RunDir, TrainStateFormatVersion) {

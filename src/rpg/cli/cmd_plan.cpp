@@ -123,8 +123,12 @@ int run_plan(const std::string& full_name, const std::vector<std::string>& args)
                                            : static_cast<double>(a.actor.ppo_micro_batch_size_per_gpu.value_or(mini_rows) * seq);
   const double b = bf16 ? 2 : 4;
   const double layer_full = static_cast<double>(5 * h + 2 * H * D + 2 * Hkv * D + 4 * I) * T * b;
-  const double activations = a.model.enable_gradient_checkpointing ? static_cast<double>(L * h) * T * b + layer_full
-                                                                   : static_cast<double>(L) * (layer_full + h * T * b);
+  // Attention probabilities: per head, each row's seq x seq (CPU attention materialises them).
+  const double scores = static_cast<double>(H) * static_cast<double>(seq) * T * b;
+  // Backward of a layer holds its activations and their gradients at once (2 x layer_full).
+  const double activations = a.model.enable_gradient_checkpointing
+                                 ? static_cast<double>(L * h) * T * b + 2 * layer_full + scores
+                                 : static_cast<double>(L) * (layer_full + h * T * b + scores) + layer_full;
   // Rollouts: every sequence of this rank's share at full length, fp32 K and V.
   const double seqs = std::min(static_cast<double>(a.rollout.max_num_seqs),
                                std::ceil(static_cast<double>(cfg.data.train_batch_size * a.rollout.n) / N));

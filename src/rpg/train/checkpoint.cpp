@@ -65,7 +65,23 @@ void RunDir::remove_partial() const {
   if (!std::filesystem::is_directory(root_)) return;
   for (const auto& e : std::filesystem::directory_iterator(root_)) {
     const std::string name = e.path().filename().string();
-    if (name.starts_with(kStepPrefix) && name.find(".tmp.") != std::string::npos) std::filesystem::remove_all(e.path());
+    const size_t tmp = name.find(".tmp.");
+    if (tmp == std::string::npos) continue;
+    if (name.starts_with(kStepPrefix)) {
+      std::filesystem::remove_all(e.path());
+      continue;
+    }
+    // A file of write_file_atomic (<name>.tmp.<pid>.<n>, e.g. report.html) whose writer was
+    // killed before its rename: removed once that process is gone.
+    const std::string rest = name.substr(tmp + 5);
+    const size_t dot = rest.find('.');
+    const std::string pid_text = rest.substr(0, dot);
+    if (pid_text.empty() || !std::all_of(pid_text.begin(), pid_text.end(), ::isdigit) || pid_text.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) {
+      std::error_code ec;
+      std::filesystem::remove(e.path(), ec);
+    }
   }
 }
 

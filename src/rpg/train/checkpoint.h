@@ -48,7 +48,8 @@ class RunDir {
   // Whether checkpoint(step) is complete (its train_state.json exists).
   bool has_complete(int64_t step) const { return is_complete(checkpoint(step)); }
   static bool is_complete(const std::filesystem::path& checkpoint_dir);
-  // Removes the temporary directories of checkpoint writes that were killed.
+  // Removes what killed writes left: checkpoint temporary directories, and temporary files of
+  // write_file_atomic (report.html, ...) whose writing process is gone.
   void remove_partial() const;
   // Publishes `step` in latest_checkpointed_iteration.txt (atomically).
   void mark_latest(int64_t step) const;
