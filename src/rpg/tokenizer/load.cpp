@@ -1,0 +1,529 @@
+// Loading a tokenizer: tokenizer.json (streamed: vocab and merges never become a JSON tree),
+// tokenizer_config.json (special tokens, chat template) and chat_template.jinja.
+#include "rpg/tokenizer/tokenizer_impl.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <queue>
+#include <thread>
+#include <unordered_map>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+#include "rpg/jinja/jinja.h"
+#include "rpg/tokenizer/pretokenize.h"
+#include "rpg/tokenizer/unicode.h"
+
+namespace rpg {
+
+using json = nlohmann::json;
+using tok::NormalForm;
+using tok::SplitPattern;
+
+
+namespace {
+
+[[noreturn]] void bad(const std::string& origin, const std::string& what) {
+  throw FormatError(str(origin, ": ", what));
+}
+
+const json& field(const json& obj, const char* key, const std::string& origin, const std::string& where) {
+  if (!obj.is_object()) bad(origin, where + ": expected an object");
+  auto it = obj.find(key);
+  if (it == obj.end()) bad(origin, str(where, ": missing \"", key, "\""));
+  return *it;
+}
+
+bool opt_bool(const json& obj, const char* key, bool dflt, const std::string& origin, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  if (!it->is_boolean()) bad(origin, str(where, ".", key, ": expected a boolean"));
+  return it->get<bool>();
+}
+
+std::string get_string(const json& v, const std::string& origin, const std::string& where) {
+  if (!v.is_string()) bad(origin, where + ": expected a string");
+  return v.get<std::string>();
+}
+
+void load_normalizer(Tokenizer::Impl& t, const json& n, const std::string& where) {
+  if (n.is_null()) return;
+  std::string type = get_string(field(n, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(n, "normalizers", t.origin, where);
+    if (!list.is_array()) bad(t.origin, where + ".normalizers: expected an array");
+    for (size_t i = 0; i < list.size(); ++i) load_normalizer(t, list[i], str(where, ".normalizers[", i, "]"));
+  } else if (type == "NFC") {
+    t.normalizers.push_back(NormalForm::kNFC);
+  } else if (type == "NFD") {
+    t.normalizers.push_back(NormalForm::kNFD);
+  } else if (type == "NFKC") {
+    t.normalizers.push_back(NormalForm::kNFKC);
+  } else if (type == "NFKD") {
+    t.normalizers.push_back(NormalForm::kNFKD);
+  } else {
+    bad(t.origin, str(where, ": unsupported normalizer type \"", type, "\""));
+  }
+}
+
+void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& where, bool& have_split,
+                        bool& have_byte_level) {
+  if (p.is_null()) bad(t.origin, where + ": a byte-level pre-tokenizer is required");
+  std::string type = get_string(field(p, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(p, "pretokenizers", t.origin, where);
+    if (!list.is_array()) bad(t.origin, where + ".pretokenizers: expected an array");
+    for (size_t i = 0; i < list.size(); ++i)
+      load_pre_tokenizer(t, list[i], str(where, ".pretokenizers[", i, "]"), have_split, have_byte_level);
+  } else if (type == "Split") {
+    if (have_split || have_byte_level) bad(t.origin, where + ": unsupported pre-tokenizer order (one Split, then ByteLevel)");
+    const json& pat = field(p, "pattern", t.origin, where);
+    if (!pat.is_object() || !pat.contains("Regex"))
+      bad(t.origin, where + ".pattern: only {\"Regex\": ...} patterns are supported");
+    std::string re = get_string(pat["Regex"], t.origin, where + ".pattern.Regex");
+    auto kind = tok::split_pattern_from_regex(re);
+    if (!kind) bad(t.origin, str(where, ".pattern.Regex: unsupported split regex ", json(re).dump()));
+    std::string behavior = p.value("behavior", std::string("Isolated"));
+    if (behavior != "Isolated") bad(t.origin, str(where, ".behavior: unsupported \"", behavior, "\""));
+    if (opt_bool(p, "invert", false, t.origin, where)) bad(t.origin, where + ".invert: unsupported true");
+    t.split = *kind;
+    have_split = true;
+  } else if (type == "ByteLevel") {
+    if (have_byte_level) bad(t.origin, where + ": ByteLevel given twice");
+    bool use_regex = opt_bool(p, "use_regex", true, t.origin, where);
+    t.prefix_space = opt_bool(p, "add_prefix_space", false, t.origin, where);
+    if (use_regex) {
+      if (have_split) bad(t.origin, where + ": ByteLevel with use_regex after a Split is unsupported");
+      t.split = SplitPattern::kGpt2;
+      have_split = true;
+    } else if (t.prefix_space) {
+      bad(t.origin, where + ": add_prefix_space with use_regex=false is unsupported");
+    }
+    have_byte_level = true;
+  } else {
+    bad(t.origin, str(where, ": unsupported pre-tokenizer type \"", type, "\""));
+  }
+}
+
+void load_post_processor(Tokenizer::Impl& t, const json& p, const std::string& where) {
+  if (p.is_null()) return;
+  std::string type = get_string(field(p, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(p, "processors", t.origin, where);
+    if (!list.is_array()) bad(t.origin, where + ".processors: expected an array");
+    for (size_t i = 0; i < list.size(); ++i) load_post_processor(t, list[i], str(where, ".processors[", i, "]"));
+  } else if (type == "ByteLevel") {
+    // Only adjusts offsets; ids are unchanged.
+  } else if (type == "TemplateProcessing") {
+    const json& single = field(p, "single", t.origin, where);
+    if (!single.is_array()) bad(t.origin, where + ".single: expected an array");
+    const json& specials = p.contains("special_tokens") ? p["special_tokens"] : json::object();
+    bool seen_seq = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const json& piece = single[i];
+      std::string w = str(where, ".single[", i, "]");
+      if (piece.is_object() && piece.contains("Sequence")) {
+        if (seen_seq) bad(t.origin, w + ": more than one sequence");
+        seen_seq = true;
+      } else if (piece.is_object() && piece.contains("SpecialToken")) {
+        std::string name = get_string(field(piece["SpecialToken"], "id", t.origin, w), t.origin, w + ".id");
+        const json& spec = specials.is_object() && specials.contains(name) ? specials[name] : json();
+        std::vector<TokenId> ids;
+        if (spec.is_object() && spec.contains("ids") && spec["ids"].is_array()) {
+          for (auto& v : spec["ids"]) {
+            if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+              bad(t.origin, str(where, ".special_tokens.", name, ".ids: expected token ids"));
+            ids.push_back(static_cast<TokenId>(v.get<int64_t>()));
+          }
+        } else if (auto id = t.id_of(name)) {
+          ids.push_back(*id);
+        } else {
+          bad(t.origin, str(w, ": unknown special token \"", name, "\""));
+        }
+        auto& dst = seen_seq ? t.post_suffix : t.post_prefix;
+        dst.insert(dst.end(), ids.begin(), ids.end());
+      } else {
+        bad(t.origin, w + ": expected {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+      }
+    }
+    if (!seen_seq) bad(t.origin, where + ".single: no $A sequence");
+  } else {
+    bad(t.origin, str(where, ": unsupported post-processor type \"", type, "\""));
+  }
+}
+
+void load_decoder(Tokenizer::Impl& t, const json& d, const std::string& where) {
+  if (d.is_null()) bad(t.origin, where + ": a ByteLevel decoder is required");
+  std::string type = get_string(field(d, "type", t.origin, where), t.origin, where + ".type");
+  if (type == "Sequence") {
+    const json& list = field(d, "decoders", t.origin, where);
+    if (!list.is_array() || list.size() != 1) bad(t.origin, where + ".decoders: only a single ByteLevel decoder is supported");
+    load_decoder(t, list[0], where + ".decoders[0]");
+  } else if (type != "ByteLevel") {
+    bad(t.origin, str(where, ": unsupported decoder type \"", type, "\""));
+  }
+}
+
+void set_token(Tokenizer::Impl& t, TokenId id, const std::string& token, std::string bytes, IdKind kind) {
+  if (id < 0 || id > (1 << 28)) bad(t.origin, str("token id ", id, " out of range"));
+  size_t need = static_cast<size_t>(id) + 1;
+  if (t.id_kind.size() < need) {
+    t.id_kind.resize(need, IdKind::kNone);
+    t.id_bytes.resize(need);
+    t.id_token.resize(need);
+  }
+  t.id_kind[id] = kind;
+  t.id_bytes[id] = std::move(bytes);
+  t.id_token[id] = token;
+}
+
+// tokenizer.json read in one pass without a DOM for its two big parts: model.vocab (an
+// object of ~150k entries) and model.merges (an array of ~150k pairs) are streamed into
+// flat vectors; every other part becomes a DOM as json::parse would build it (model.vocab
+// / model.merges are left null there). Entries that are not what a byte-level BPE file
+// holds fail with the same messages as the DOM path. A vocab that is not an object or
+// merges that are not an array are left to the DOM and its checks.
+class TokenizerJsonSax {
+ public:
+  struct Merge {
+    std::string a, b;
+    bool from_string;  // "a b" (else ["a", "b"]), for error messages
+  };
+  std::vector<std::pair<std::string, int64_t>> vocab;
+  std::vector<Merge> merges;
+  bool have_vocab = false, have_merges = false;
+
+  TokenizerJsonSax(json& root, const std::string& origin) : dom_(root), origin_(origin) {}
+
+  bool null() { return mode_ != Mode::kNone ? other() : dom_.null(); }
+  bool boolean(bool v) { return mode_ != Mode::kNone ? other() : dom_.boolean(v); }
+  bool number_integer(json::number_integer_t v) { return mode_ != Mode::kNone ? integer(v) : dom_.number_integer(v); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    return mode_ != Mode::kNone ? integer(static_cast<int64_t>(v)) : dom_.number_unsigned(v);
+  }
+  bool number_float(json::number_float_t v, const std::string& text) {
+    return mode_ != Mode::kNone ? other() : dom_.number_float(v, text);
+  }
+  bool binary(json::binary_t& v) { return mode_ != Mode::kNone ? other() : dom_.binary(v); }
+  bool string(std::string& v) {
+    if (mode_ == Mode::kNone) return dom_.string(v);
+    if (mode_ == Mode::kMerges && pair_depth_ == 0) {
+      size_t sp = v.find(' ');
+      if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
+        bad(origin_, str("model.merges[", merges.size(), "]: expected \"left right\", got ", json(v).dump()));
+      merges.push_back({v.substr(0, sp), v.substr(sp + 1), true});
+      return true;
+    }
+    if (mode_ == Mode::kMerges && pair_.size() < 2) {
+      pair_.push_back(std::move(v));
+      return true;
+    }
+    return other();
+  }
+  bool start_object(std::size_t n) {
+    if (mode_ != Mode::kNone) return other();
+    if (at_model_key("vocab") && !have_vocab) {
+      mode_ = Mode::kVocab;
+      have_vocab = true;
+      return true;
+    }
+    frames_.push_back({true, {}});
+    return dom_.start_object(n);
+  }
+  bool key(std::string& k) {
+    if (mode_ == Mode::kVocab) {
+      key_ = std::move(k);
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    frames_.back().key = k;
+    return dom_.key(k);
+  }
+  bool end_object() {
+    if (mode_ == Mode::kVocab) {
+      mode_ = Mode::kNone;
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    frames_.pop_back();
+    return dom_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    if (mode_ == Mode::kMerges && pair_depth_ == 0) {
+      pair_depth_ = 1;
+      pair_.clear();
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    if (at_model_key("merges") && !have_merges) {
+      mode_ = Mode::kMerges;
+      have_merges = true;
+      return true;
+    }
+    frames_.push_back({false, {}});
+    return dom_.start_array(n);
+  }
+  bool end_array() {
+    if (mode_ == Mode::kMerges) {
+      if (pair_depth_ == 0) {
+        mode_ = Mode::kNone;
+        return true;
+      }
+      if (pair_.size() != 2) other();
+      merges.push_back({std::move(pair_[0]), std::move(pair_[1]), false});
+      pair_depth_ = 0;
+      return true;
+    }
+    if (mode_ != Mode::kNone) return other();
+    frames_.pop_back();
+    return dom_.end_array();
+  }
+  bool parse_error(std::size_t pos, const std::string& token, const nlohmann::detail::exception& e) {
+    return dom_.parse_error(pos, token, e);
+  }
+
+ private:
+  enum class Mode { kNone, kVocab, kMerges };
+  struct Frame {
+    bool object;
+    std::string key;
+  };
+  // The next value is root.model.<name>.
+  bool at_model_key(const char* name) const {
+    return frames_.size() == 2 && frames_[0].object && frames_[0].key == "model" && frames_[1].object &&
+           frames_[1].key == name;
+  }
+  bool integer(int64_t id) {
+    if (mode_ != Mode::kVocab) return other();
+    if (id < 0 || id > (1 << 28)) bad(origin_, str("model.vocab[", json(key_).dump(), "]: id ", id, " out of range"));
+    vocab.emplace_back(std::move(key_), id);
+    return true;
+  }
+  // Anything else inside the streamed parts.
+  [[noreturn]] bool other() {
+    if (mode_ == Mode::kVocab) bad(origin_, str("model.vocab[", json(key_).dump(), "]: expected an integer id"));
+    bad(origin_, str("model.merges[", merges.size(), "]: expected a pair of strings"));
+  }
+
+  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  const std::string& origin_;
+  std::vector<Frame> frames_;
+  Mode mode_ = Mode::kNone;
+  std::string key_;
+  int pair_depth_ = 0;
+  std::vector<std::string> pair_;
+};
+
+void load_model(Tokenizer::Impl& t, const json& m, const TokenizerJsonSax& streamed) {
+  const std::string w = "model";
+  if (!m.is_object()) bad(t.origin, "model: expected an object");
+  std::string type = m.contains("type") ? get_string(m["type"], t.origin, "model.type") : "BPE";
+  if (type != "BPE") bad(t.origin, str("model.type: unsupported \"", type, "\" (byte-level BPE only)"));
+  if (opt_bool(m, "byte_fallback", false, t.origin, w)) bad(t.origin, "model.byte_fallback: unsupported true");
+  if (m.contains("dropout") && !m["dropout"].is_null()) bad(t.origin, "model.dropout: unsupported");
+  for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
+      bad(t.origin, str("model.", k, ": unsupported"));
+  t.ignore_merges = opt_bool(m, "ignore_merges", false, t.origin, w);
+  auto add_vocab = [&t](const std::string& token, int64_t id) {
+    std::string bytes = token_to_bytes(token);
+    set_token(t, static_cast<TokenId>(id), token, bytes, IdKind::kModel);
+    t.token_ids[token] = static_cast<TokenId>(id);
+    t.bytes_ids.emplace(std::move(bytes), static_cast<TokenId>(id));
+  };
+  if (streamed.have_vocab) {
+    t.token_ids.reserve(streamed.vocab.size() * 2);
+    t.bytes_ids.reserve(streamed.vocab.size() * 2);
+    // A key given twice: the last id wins, as in a parsed JSON object.
+    std::unordered_map<std::string_view, size_t> last;
+    for (size_t i = 0; i < streamed.vocab.size(); ++i) last[streamed.vocab[i].first] = i;
+    const bool dups = last.size() != streamed.vocab.size();
+    for (size_t i = 0; i < streamed.vocab.size(); ++i)
+      if (!dups || last[streamed.vocab[i].first] == i) add_vocab(streamed.vocab[i].first, streamed.vocab[i].second);
+  } else {
+    const json& vocab = field(m, "vocab", t.origin, w);
+    if (!vocab.is_object()) bad(t.origin, "model.vocab: expected an object");
+    t.token_ids.reserve(vocab.size() * 2);
+    t.bytes_ids.reserve(vocab.size() * 2);
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+      if (!it.value().is_number_integer()) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: expected an integer id"));
+      int64_t id = it.value().get<int64_t>();
+      if (id < 0 || id > (1 << 28)) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: id ", id, " out of range"));
+      add_vocab(it.key(), id);
+    }
+  }
+  const auto& bm = byte_map();
+  for (int b = 0; b < 256; ++b) {
+    std::string s;
+    tok::append_utf8(s, bm.to_char[b]);
+    auto it = t.token_ids.find(s);
+    t.byte_id[b] = it == t.token_ids.end() ? -1 : it->second;
+  }
+  auto add_merge = [&t](size_t r, const std::string& a, const std::string& b, const auto& shown) {
+    auto ia = t.token_ids.find(a), ib = t.token_ids.find(b), ic = t.token_ids.find(a + b);
+    if (ia == t.token_ids.end() || ib == t.token_ids.end())
+      bad(t.origin, str("model.merges[", r, "]: token not in vocab: ", shown()));
+    if (ic == t.token_ids.end())
+      bad(t.origin, str("model.merges[", r, "]: merged token ", json(a + b).dump(), " not in vocab"));
+    t.merges.insert(ia->second, ib->second, {static_cast<int32_t>(r), ic->second});
+  };
+  if (streamed.have_merges) {
+    t.merges.reserve(streamed.merges.size());
+    for (size_t r = 0; r < streamed.merges.size(); ++r) {
+      const auto& e = streamed.merges[r];
+      add_merge(r, e.a, e.b, [&] { return e.from_string ? json(e.a + " " + e.b).dump() : json::array({e.a, e.b}).dump(); });
+    }
+    return;
+  }
+  const json& merges = field(m, "merges", t.origin, w);
+  if (!merges.is_array()) bad(t.origin, "model.merges: expected an array");
+  t.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const json& e = merges[r];
+    std::string a, b;
+    // Two serialisations: "a b" (tokenizers < 0.20) and ["a", "b"].
+    if (e.is_string()) {
+      const std::string& s = e.get_ref<const std::string&>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        bad(t.origin, str("model.merges[", r, "]: expected \"left right\", got ", e.dump()));
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      bad(t.origin, str("model.merges[", r, "]: expected a pair of strings"));
+    }
+    add_merge(r, a, b, [&] { return e.dump(); });
+  }
+}
+
+void load_added(Tokenizer::Impl& t, const json& list) {
+  if (list.is_null()) return;
+  if (!list.is_array()) bad(t.origin, "added_tokens: expected an array");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const json& a = list[i];
+    std::string w = str("added_tokens[", i, "]");
+    const json& idv = field(a, "id", t.origin, w);
+    if (!idv.is_number_integer() || idv.get<int64_t>() < 0 || idv.get<int64_t>() > (1 << 28))
+      bad(t.origin, w + ".id: expected a non-negative integer");
+    AddedTok tk;
+    tk.id = static_cast<TokenId>(idv.get<int64_t>());
+    tk.content = get_string(field(a, "content", t.origin, w), t.origin, w + ".content");
+    if (tk.content.empty()) bad(t.origin, w + ".content: empty");
+    tk.special = opt_bool(a, "special", false, t.origin, w);
+    tk.normalized = opt_bool(a, "normalized", !tk.special, t.origin, w);
+    tk.lstrip = opt_bool(a, "lstrip", false, t.origin, w);
+    tk.rstrip = opt_bool(a, "rstrip", false, t.origin, w);
+    if (opt_bool(a, "single_word", false, t.origin, w)) bad(t.origin, w + ".single_word: unsupported true");
+    std::string valid;
+    if (!tok::sanitize_utf8(tk.content, valid)) bad(t.origin, w + ".content: invalid UTF-8");
+    set_token(t, tk.id, tk.content, tk.content, tk.special ? IdKind::kSpecial : IdKind::kAdded);
+    t.token_ids[tk.content] = tk.id;
+    t.added.push_back(std::move(tk));
+  }
+  for (size_t i = 0; i < t.added.size(); ++i) {
+    const AddedTok& tk = t.added[i];
+    if (tk.normalized && !t.normalizers.empty()) {
+      // Hugging Face matches these against normalized text, so normalize the pattern too.
+      std::string n;
+      std::string_view s = tk.content;
+      for (NormalForm f : t.normalizers)
+        if (tok::normalize(f, s, n)) s = n;
+      t.normalized_trie.add(std::string(s), static_cast<int>(i));
+    } else if (tk.normalized) {
+      t.normalized_trie.add(tk.content, static_cast<int>(i));
+    } else {
+      t.raw_trie.add(tk.content, static_cast<int>(i));
+    }
+  }
+}
+
+// bos_token etc. are either a string or an AddedToken object {"content": ...}.
+std::string config_token(const json& cfg, const char* key, const std::string& origin) {
+  auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    return (*it)["content"].get<std::string>();
+  bad(origin, str(key, ": expected a string or {\"content\": ...}"));
+}
+
+json parse_json(std::string_view text, const std::string& origin) {
+  try {
+    return json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    bad(origin, str("invalid JSON: ", e.what()));
+  }
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::string& origin,
+                               std::string_view tokenizer_config_json, const std::string& config_origin) {
+  auto t = std::make_shared<Impl>();
+  t->origin = origin;
+  json root;
+  TokenizerJsonSax sax(root, origin);
+  try {
+    json::sax_parse(tokenizer_json.begin(), tokenizer_json.end(), &sax);
+  } catch (const json::exception& e) {
+    bad(origin, str("invalid JSON: ", e.what()));
+  }
+  if (!root.is_object()) bad(origin, "expected a JSON object");
+  load_model(*t, field(root, "model", origin, "root"), sax);
+  if (root.contains("truncation") && !root["truncation"].is_null()) bad(origin, "truncation: unsupported");
+  if (root.contains("padding") && !root["padding"].is_null()) bad(origin, "padding: unsupported");
+  load_normalizer(*t, root.value("normalizer", json()), "normalizer");
+  bool have_split = false, have_byte_level = false;
+  load_pre_tokenizer(*t, root.value("pre_tokenizer", json()), "pre_tokenizer", have_split, have_byte_level);
+  if (!have_byte_level) bad(origin, "pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)");
+  if (!have_split) bad(origin, "pre_tokenizer: no split regex");
+  load_added(*t, root.value("added_tokens", json()));
+  load_post_processor(*t, root.value("post_processor", json()), "post_processor");
+  load_decoder(*t, root.value("decoder", json()), "decoder");
+  for (int b = 0; b < 256; ++b)
+    if (t->byte_id[b] < 0) bad(origin, str("model.vocab: no token for byte ", b, " (not a byte-level vocabulary)"));
+
+  if (!tokenizer_config_json.empty()) {
+    json cfg = parse_json(tokenizer_config_json, config_origin);
+    if (!cfg.is_object()) bad(config_origin, "expected a JSON object");
+    t->bos = config_token(cfg, "bos_token", config_origin);
+    t->eos = config_token(cfg, "eos_token", config_origin);
+    t->pad = config_token(cfg, "pad_token", config_origin);
+    t->unk = config_token(cfg, "unk_token", config_origin);
+    auto ct = cfg.find("chat_template");
+    if (ct != cfg.end() && !ct->is_null()) {
+      std::string src;
+      if (ct->is_string()) {
+        src = ct->get<std::string>();
+      } else if (ct->is_array()) {
+        // Named templates: [{"name": "default", "template": ...}, ...]; prompts use "default".
+        for (auto& e : *ct)
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+            src = e["template"].get<std::string>();
+        if (src.empty()) bad(config_origin, "chat_template: no template named \"default\"");
+      } else {
+        bad(config_origin, "chat_template: expected a string or a list of named templates");
+      }
+      t->chat_template = jinja::Template::parse(src, config_origin + ":chat_template");
+    }
+  }
+  return Tokenizer(std::move(t));
+}
+
+Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
+  auto tok_path = dir / "tokenizer.json";
+  auto cfg_path = dir / "tokenizer_config.json";
+  std::string tok_text = read_file(tok_path);
+  std::string cfg_text = std::filesystem::exists(cfg_path) ? read_file(cfg_path) : std::string();
+  Tokenizer t = from_json(tok_text, tok_path.string(), cfg_text, cfg_path.string());
+  auto jinja_path = dir / "chat_template.jinja";
+  if (!t.impl_->chat_template && std::filesystem::exists(jinja_path))
+    t.impl_->chat_template = jinja::Template::parse(read_file(jinja_path), jinja_path.string());
+  return t;
+}
+
+}  // namespace rpg
