@@ -169,7 +169,7 @@ TEST(ErrorCatalogueDoc, HasARowForEveryArea) {
   std::set<std::string> areas;
   for (const auto& r : read_rows()) areas.insert(r.area);
   for (const char* want : {"usage", "config", "model files", "tokenizer.json", "chat template", "Parquet schema",
-                           "responses", "checkpoints", "run directory", "full disk", "preemption"})
+                           "responses", "checkpoints", "run directory", "full disk", "preemption", "distributed launch"})
     EXPECT_TRUE(areas.count(want)) << "docs/errors.md has no row for " << want;
 }
 
