@@ -18,12 +18,19 @@
 
 #include "rpg/core/io.h"
 #include "rpg/core/rng.h"
+#include "run_fixture.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 
 namespace rpg {
 namespace {
+
+// Shared with the other run tests (run_fixture.h).
+using test::complete_safetensors;
+using test::loadable_checkpoints;
+using test::prepare_prompts;
+using test::step_metrics;
 
 // Starts rpg with `args`; kills it with SIGKILL after `kill_after_ms` (if still running).
 // Returns the exit status (or -9 when killed).
@@ -56,50 +63,6 @@ int run_and_maybe_kill(const std::vector<std::string>& args, int kill_after_ms) 
   }
 }
 
-// Every metric of every step except wall-clock ones (timing_s/*, perf/*), in step order.
-std::vector<std::map<std::string, double>> step_metrics(const fs::path& metrics) {
-  std::vector<std::map<std::string, double>> out;
-  std::istringstream in(read_file(metrics));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    std::map<std::string, double> m;
-    for (const auto& [k, v] : j.items())
-      if (v.is_number() && k.rfind("timing_s/", 0) != 0 && k.rfind("perf/", 0) != 0) m[k] = v.get<double>();
-    out.push_back(std::move(m));
-  }
-  return out;
-}
-
-// A safetensors file is complete when its header's last data offset is the file's end.
-bool complete_safetensors(const fs::path& file) {
-  if (!fs::is_regular_file(file)) return false;
-  const std::string bytes = read_file(file);
-  if (bytes.size() < 8) return false;
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  if (8 + n > bytes.size()) return false;
-  auto header = nlohmann::json::parse(bytes.substr(8, n), nullptr, false);
-  if (!header.is_object()) return false;
-  uint64_t end = 0;
-  for (const auto& [name, info] : header.items())
-    if (name != "__metadata__") end = std::max(end, info["data_offsets"][1].get<uint64_t>());
-  return 8 + n + end == bytes.size();
-}
-
-// Checkpoint directories the loader may pick (global_step_<digits>), newest first.
-std::vector<std::pair<int, fs::path>> loadable_checkpoints(const fs::path& run) {
-  std::vector<std::pair<int, fs::path>> out;
-  for (const auto& e : fs::directory_iterator(run)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("global_step_", 0) == 0 && name.size() > 12 &&
-        name.find_first_not_of("0123456789", 12) == std::string::npos)
-      out.emplace_back(std::stoi(name.substr(12)), e.path());
-  }
-  std::sort(out.rbegin(), out.rend());
-  return out;
-}
-
 // No directory the loader would pick is incomplete, and the latest marker names one of them.
 // Returns the newest checkpoint's step.
 int expect_only_complete_checkpoints(const fs::path& run) {
@@ -113,19 +76,6 @@ int expect_only_complete_checkpoints(const fs::path& run) {
   const std::string marker = read_file(run / "latest_checkpointed_iteration.txt");
   EXPECT_EQ(std::stoi(marker), dirs.front().first) << "the latest marker names another checkpoint";
   return dirs.front().first;
-}
-
-// Eight "i+1?" prompts as Parquet in the paper's schema; returns the file.
-std::string prepare_prompts(const fs::path& dir) {
-  std::string jsonl;
-  for (int i = 0; i < 8; ++i)
-    jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
-  test::write_text(dir / "p.jsonl", jsonl);
-  const std::string data = (dir / "p.parquet").string();
-  const auto r = test::run_process(
-      {test::rpg_binary().string(), "data", "prepare", (dir / "p.jsonl").string(), data, "--data-source", "math_dapo"});
-  if (r.exit_code != 0) throw std::runtime_error("rpg data prepare failed: " + r.err);
-  return data;
 }
 
 class ResumeAfterKill : public ::testing::Test {
