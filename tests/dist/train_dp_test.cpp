@@ -128,15 +128,46 @@ class DataParallelTrain : public ::testing::Test {
       }
     }
     const std::string model = "global_step_" + std::to_string(steps) + "/actor/model.safetensors";
-    const auto wt = read_tensors(want / model), gt = read_tensors(got / model);
-    ASSERT_EQ(wt.size(), gt.size());
-    for (const auto& [name, w] : wt) {
-      const auto& g = gt.at(name);
-      ASSERT_EQ(g.size(), w.size()) << name;
+    expect_close_tensors(want / model, got / model);
+  }
+
+  // Every tensor of `got` equals `want`'s within 1e-6 of the tensor's largest magnitude.
+  // Returns how many tensor names start with `count_prefix`.
+  static size_t expect_close_tensors(const fs::path& want_file, const fs::path& got_file,
+                                     const std::string& count_prefix = "") {
+    const auto want = read_tensors(want_file), got = read_tensors(got_file);
+    EXPECT_EQ(got.size(), want.size());
+    size_t counted = 0;
+    for (const auto& [name, w] : want) {
+      if (!got.count(name)) {
+        ADD_FAILURE() << name << " missing from " << got_file;
+        continue;
+      }
+      if (!count_prefix.empty() && name.rfind(count_prefix, 0) == 0) ++counted;
+      const auto& g = got.at(name);
+      if (g.size() != w.size()) {
+        ADD_FAILURE() << name << ": " << g.size() << " values, expected " << w.size();
+        continue;
+      }
       double scale = 0, diff = 0;
       for (size_t i = 0; i < w.size(); ++i) scale = std::max(scale, std::abs(w[i])), diff = std::max(diff, std::abs(w[i] - g[i]));
       EXPECT_LE(diff, 1e-6 * scale) << name;
     }
+    return counted;
+  }
+
+  // Runs `first` to step 3, keeps its checkpoints up to `keep` (the latest marker naming
+  // it), continues with `second`: the continued run equals the uninterrupted 1-rank run.
+  void expect_resumed_run_equal(const fs::path& run, const std::vector<std::string>& first,
+                                const std::vector<std::string>& first_env, int keep,
+                                const std::vector<std::string>& second, const std::vector<std::string>& second_env) {
+    auto a = run_process(first, first_env);
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    for (int step = keep + 1; step <= 3; ++step) fs::remove_all(run / ("global_step_" + std::to_string(step)));
+    write_file_atomic(run / "latest_checkpointed_iteration.txt", std::to_string(keep));
+    auto b = run_process(second, second_env);
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    expect_equal_runs(one_, run, 3);
   }
 
   static fs::path fixture_;
@@ -180,27 +211,16 @@ TEST_F(DataParallelTrain, TwoNodesEqualOneRank) {
 // A checkpoint of a 2-rank run is the whole (replicated) state: 1 rank resumes it.
 TEST_F(DataParallelTrain, TwoRankCheckpointResumesOnOneRank) {
   const fs::path run = *dir_ / "resumed";
-  auto two = run_process(train_argv({"--nproc", "2"}, run, 3));
-  ASSERT_EQ(two.exit_code, 0) << two.err;
-  // Drop the last checkpoint and the last step's logs: the 1-rank run redoes step 3.
-  fs::remove_all(run / "global_step_3");
-  write_file_atomic(run / "latest_checkpointed_iteration.txt", "2");
-  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(one.exit_code, 0) << one.err;
-  expect_equal_runs(one_, run, 3);
+  // The last checkpoint dropped: the 1-rank run redoes step 3.
+  expect_resumed_run_equal(run, train_argv({"--nproc", "2"}, run, 3), {}, 2, train_argv({}, run, 3),
+                           {"OMP_NUM_THREADS=1"});
 }
 
 // And a 1-rank checkpoint resumed by 2 ranks.
 TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoRanks) {
   const fs::path run = *dir_ / "grown";
-  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(one.exit_code, 0) << one.err;
-  fs::remove_all(run / "global_step_3");
-  fs::remove_all(run / "global_step_2");
-  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
-  auto two = run_process(train_argv({"--nproc", "2"}, run, 3));
-  ASSERT_EQ(two.exit_code, 0) << two.err;
-  expect_equal_runs(one_, run, 3);
+  expect_resumed_run_equal(run, train_argv({}, run, 3), {"OMP_NUM_THREADS=1"}, 1,
+                           train_argv({"--nproc", "2"}, run, 3), {});
 }
 
 // ZeRO-1 (dist.zero_stage=1): each of 2 ranks keeps and steps the optimizer state of half the
@@ -214,19 +234,8 @@ TEST_F(DataParallelTrain, ZeroOneTwoRanksEqualOneRank) {
   auto r = run_process(argv);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   expect_equal_runs(one_, run, 3);
-  const auto want = read_tensors(one_ / "global_step_3" / "train_state.safetensors");
-  const auto got = read_tensors(run / "global_step_3" / "train_state.safetensors");
-  ASSERT_EQ(got.size(), want.size());
-  size_t optim = 0;
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    if (name.rfind("optim.", 0) == 0) ++optim;
-    const auto& g = got.at(name);
-    ASSERT_EQ(g.size(), w.size()) << name;
-    double scale = 0, diff = 0;
-    for (size_t i = 0; i < w.size(); ++i) scale = std::max(scale, std::abs(w[i])), diff = std::max(diff, std::abs(w[i] - g[i]));
-    EXPECT_LE(diff, 1e-6 * scale) << name;
-  }
+  const size_t optim = expect_close_tensors(one_ / "global_step_3" / "train_state.safetensors",
+                                           run / "global_step_3" / "train_state.safetensors", "optim.");
   EXPECT_GT(optim, 0u);
 }
 
@@ -235,28 +244,15 @@ TEST_F(DataParallelTrain, ZeroOneCheckpointResumesOnOneRank) {
   const fs::path run = *dir_ / "zero1_resumed";
   auto argv = train_argv({"--nproc", "2"}, run, 3);
   argv.push_back("dist.zero_stage=1");
-  auto two = run_process(argv);
-  ASSERT_EQ(two.exit_code, 0) << two.err;
-  fs::remove_all(run / "global_step_3");
-  write_file_atomic(run / "latest_checkpointed_iteration.txt", "2");
-  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(one.exit_code, 0) << one.err;
-  expect_equal_runs(one_, run, 3);
+  expect_resumed_run_equal(run, argv, {}, 2, train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
 }
 
 // And a 1-rank checkpoint resumed by 2 ZeRO-1 ranks (each keeps its half of the state).
 TEST_F(DataParallelTrain, OneRankCheckpointResumesOnTwoZeroOneRanks) {
   const fs::path run = *dir_ / "zero1_grown";
-  auto one = run_process(train_argv({}, run, 3), {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(one.exit_code, 0) << one.err;
-  fs::remove_all(run / "global_step_3");
-  fs::remove_all(run / "global_step_2");
-  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
   auto argv = train_argv({"--nproc", "2"}, run, 3);
   argv.push_back("dist.zero_stage=1");
-  auto two = run_process(argv);
-  ASSERT_EQ(two.exit_code, 0) << two.err;
-  expect_equal_runs(one_, run, 3);
+  expect_resumed_run_equal(run, train_argv({}, run, 3), {"OMP_NUM_THREADS=1"}, 1, argv, {});
 }
 
 // Schedule-free AdamW (the RPG fork's optimizer) under ZeRO-1: the evaluation/training weight
