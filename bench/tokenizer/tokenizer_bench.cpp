@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
   for (auto& l : lines) bytes += l.size();
   // Load time in this process (no interpreter, no libtorch): the whole from_dir, and the
   // JSON parse of tokenizer.json alone.
-  double load = best_of(3, [&] { rpg::Tokenizer t = rpg::Tokenizer::from_dir(model); });
+  double load = best_of(3, [&] { rpg::tok::Tokenizer t = rpg::tok::Tokenizer::from_dir(model); });
   std::ifstream tj(model / "tokenizer.json");
   std::stringstream tjs;
   tjs << tj.rdbuf();
@@ -77,11 +77,11 @@ int main(int argc, char** argv) {
   double parse = best_of(3, [&] { auto j = nlohmann::json::parse(tj_text); });
   std::printf("load: Tokenizer::from_dir %.3f s (of which nlohmann::json::parse of tokenizer.json %.3f s, %.1f MB)\n",
               load, parse, tj_text.size() / 1e6);
-  rpg::Tokenizer tok = rpg::Tokenizer::from_dir(model);
+  rpg::tok::Tokenizer tok = rpg::tok::Tokenizer::from_dir(model);
   const int rounds = 3;
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
 
-  std::vector<std::vector<rpg::TokenId>> ids(lines.size());
+  std::vector<std::vector<rpg::tok::TokenId>> ids(lines.size());
   double t1 = best_of(rounds, [&] {
     for (size_t i = 0; i < lines.size(); ++i) ids[i] = tok.encode(lines[i]);
   });
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   std::ifstream hf_ids(tmp / "hf_ids.jsonl");
   size_t line_no = 0, mismatches = 0;
   for (std::string l; std::getline(hf_ids, l); ++line_no)
-    if (line_no < ids.size() && nlohmann::json::parse(l).get<std::vector<rpg::TokenId>>() != ids[line_no]) ++mismatches;
+    if (line_no < ids.size() && nlohmann::json::parse(l).get<std::vector<rpg::tok::TokenId>>() != ids[line_no]) ++mismatches;
   std::string hfn = hf(cores);
 
   double mb = static_cast<double>(bytes) / 1e6;

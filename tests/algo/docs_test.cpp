@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "rpg/algo/advantage.h"
+#include "rpg/algo/policy_loss.h"
 #include "test_util.h"
 
 namespace rpg::test {
@@ -92,6 +94,21 @@ TEST(Docs, AlgorithmsCitesOnlyTestsThatExist) {
   EXPECT_FALSE(resolves("VerlParity.GspoAndCispo", known));
   EXPECT_FALSE(resolves("ExactGradient.*rpg_*_clip*", known));
   EXPECT_TRUE(resolves("ExactGradient.*rpg_fkl", known));
+}
+
+// Every name a config may give actor.policy_loss or algorithm.adv_estimator is documented
+// (as `name`), so adding a registry line without its documentation fails here.
+TEST(Docs, AlgorithmsDocumentsEveryRegisteredLossAndEstimator) {
+  std::ifstream in(source_dir() / "docs" / "algorithms.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  auto documented = [&](const std::string& name) { return doc.find("`" + name + "`") != std::string::npos; };
+  ASSERT_FALSE(documented("no_such_loss_name"));
+  for (const auto& name : algo::policy_loss_names())
+    EXPECT_TRUE(documented(name)) << "docs/algorithms.md does not mention policy loss `" << name << "`";
+  for (const auto& name : algo::advantage_names())
+    EXPECT_TRUE(documented(name)) << "docs/algorithms.md does not mention advantage estimator `" << name << "`";
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ TEST(Threads, ScoreBatchWith8ThreadsEqualsOneThread) {
 }
 
 TEST(Threads, BatchEncodeWith8ThreadsEqualsOneThread) {
-  const auto tok = Tokenizer::from_json(test::tiny_tokenizer_json(test::kQwen2Regex, false).dump(), "tiny");
+  const auto tok = tok::Tokenizer::from_json(test::tiny_tokenizer_json(test::kQwen2Regex, false).dump(), "tiny");
   std::vector<std::string> texts;
   for (int i = 0; i < 2000; ++i)
     texts.push_back("the cat " + std::to_string(i) + " sat on the mat, caf\xc3\xa9 " + std::string(static_cast<size_t>(i % 50), 'a'));

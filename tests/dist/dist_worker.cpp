@@ -83,11 +83,11 @@ int zero1(rpg::dist::ProcessGroup& pg, const std::string& type, const std::strin
   mlp->to(dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
   rpg::NamedTensors params;
   for (const auto& item : mlp->named_parameters()) params.emplace_back(item.key(), item.value());
-  rpg::OptimizerOptions o;
+  rpg::train::OptimizerOptions o;
   o.type = type;
   o.lr = 0.05;
   o.warmup_steps = 2;
-  auto opt = pg.size() > 1 ? rpg::train::dp::make_sharded_optimizer(pg, o, params) : rpg::make_optimizer(o, params);
+  auto opt = pg.size() > 1 ? rpg::train::dp::make_sharded_optimizer(pg, o, params) : rpg::train::make_optimizer(o, params);
   at::Tensor x = torch::sin(torch::arange(40, torch::kFloat).view({10, 4}) * 0.7).to(mlp->parameters()[0].scalar_type());
   at::Tensor y = torch::cos(torch::arange(30, torch::kFloat).view({10, 3})).to(x.scalar_type());
   std::cout.precision(17);
@@ -95,7 +95,7 @@ int zero1(rpg::dist::ProcessGroup& pg, const std::string& type, const std::strin
     opt->use_train_weights();
     at::Tensor loss = (mlp->forward(x) - y).pow(2).mean();
     loss.backward();
-    rpg::clip_grad_norm(opt->params(), 0.5);
+    rpg::train::clip_grad_norm(opt->params(), 0.5);
     opt->step(0.05);
     opt->zero_grad();
     opt->use_eval_weights();  // schedule-free: evaluation weights between steps
@@ -108,7 +108,7 @@ int zero1(rpg::dist::ProcessGroup& pg, const std::string& type, const std::strin
   }
   std::cout << std::endl;
   std::cout << "state_bytes " << rpg::train::dp::local_state_bytes(*opt) << std::endl;
-  const rpg::OptimizerState st = opt->state();  // collective under ZeRO-1
+  const rpg::train::OptimizerState st = opt->state();  // collective under ZeRO-1
   std::cout << "state";
   for (const auto& [k, t] : st.tensors) {
     at::Tensor f = t.to(at::kDouble).reshape({-1});

@@ -67,7 +67,7 @@ TEST(ModelInit, CliModelLoadsInTransformersWithTheSameTokensTemplateAndLogits) {
   auto config = rpg::model::ModelConfig::from_dir(tmp / "model");
   EXPECT_EQ(config.vocab_size, 1000);
   EXPECT_EQ(hf["num_parameters"].get<int64_t>(), config.num_parameters());
-  rpg::Tokenizer tok = rpg::Tokenizer::from_dir(tmp / "model");
+  rpg::tok::Tokenizer tok = rpg::tok::Tokenizer::from_dir(tmp / "model");
   EXPECT_EQ(hf["generation_eos"], nlohmann::json({*tok.token_to_id("<|im_end|>"), *tok.token_to_id("<|endoftext|>")}));
   ASSERT_EQ(hf["chat"].size(), 3u);
   for (const auto& c : hf["chat"]) {

@@ -12,7 +12,7 @@
 namespace {
 
 using json = nlohmann::ordered_json;
-using rpg::Tokenizer;
+using rpg::tok::Tokenizer;
 
 json base() { return rpg::test::tiny_tokenizer_json(rpg::test::kQwen2Regex, true); }
 
@@ -137,16 +137,16 @@ TEST(TokenizerBadInput, ConfigTokensAndNamedTemplates) {
   EXPECT_EQ(tok.eos_token(), "<|im_end|>");
   EXPECT_EQ(tok.eos_id(), tok.token_to_id("<|im_end|>"));
   EXPECT_EQ(tok.pad_id(), tok.token_to_id("<|endoftext|>"));
-  EXPECT_EQ(tok.apply_chat_template(std::vector<rpg::ChatMessage>{{"user", "hi"}}, false), "<|im_end|>hi");
+  EXPECT_EQ(tok.apply_chat_template(std::vector<rpg::tok::ChatMessage>{{"user", "hi"}}, false), "<|im_end|>hi");
   // A chat_template.jinja file is used when the config has none.
   rpg::test::TempDir dir2;
   rpg::test::write_text(dir2 / "tokenizer.json", base().dump());
   rpg::test::write_text(dir2 / "chat_template.jinja", "[{{ messages | length }}]\n");
-  EXPECT_EQ(Tokenizer::from_dir(dir2.path()).apply_chat_template(std::vector<rpg::ChatMessage>{{"user", "x"}}, true), "[1]");
+  EXPECT_EQ(Tokenizer::from_dir(dir2.path()).apply_chat_template(std::vector<rpg::tok::ChatMessage>{{"user", "x"}}, true), "[1]");
   rpg::test::TempDir dir3;
   rpg::test::write_text(dir3 / "tokenizer.json", base().dump());
   EXPECT_FALSE(Tokenizer::from_dir(dir3.path()).has_chat_template());
-  EXPECT_THROW(Tokenizer::from_dir(dir3.path()).apply_chat_template(std::vector<rpg::ChatMessage>{}, true), rpg::FormatError);
+  EXPECT_THROW(Tokenizer::from_dir(dir3.path()).apply_chat_template(std::vector<rpg::tok::ChatMessage>{}, true), rpg::FormatError);
 }
 
 }  // namespace

@@ -19,8 +19,8 @@
 
 namespace {
 
-using rpg::TokenId;
-using rpg::Tokenizer;
+using rpg::tok::TokenId;
+using rpg::tok::Tokenizer;
 using rpg::tok::BpeTrainerOptions;
 namespace fs = std::filesystem;
 
@@ -164,11 +164,11 @@ TEST(BpeTrainer, ChatMLTemplate) {
   o.chat_template = "chatml";
   auto bpe = rpg::tok::train_bpe({"abc abc"}, o);
   Tokenizer tok = Tokenizer::from_json(rpg::tok::tokenizer_json(bpe, o), "t", rpg::tok::tokenizer_config_json(bpe, o));
-  EXPECT_EQ(tok.apply_chat_template(std::vector<rpg::ChatMessage>{{"system", "s"}, {"user", "q"}}, true),
+  EXPECT_EQ(tok.apply_chat_template(std::vector<rpg::tok::ChatMessage>{{"system", "s"}, {"user", "q"}}, true),
             "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
   o.chat_template = "qwen2.5";
   tok = Tokenizer::from_json(rpg::tok::tokenizer_json(bpe, o), "t", rpg::tok::tokenizer_config_json(bpe, o));
-  EXPECT_EQ(tok.apply_chat_template(std::vector<rpg::ChatMessage>{{"user", "q"}}, false),
+  EXPECT_EQ(tok.apply_chat_template(std::vector<rpg::tok::ChatMessage>{{"user", "q"}}, false),
             "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
             "<|im_start|>user\nq<|im_end|>\n");
 }

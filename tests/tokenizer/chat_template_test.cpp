@@ -18,7 +18,7 @@
 namespace {
 
 using json = nlohmann::ordered_json;
-using rpg::Tokenizer;
+using rpg::tok::Tokenizer;
 
 std::string first_difference(const std::string& a, const std::string& b) {
   size_t i = 0;
@@ -63,7 +63,7 @@ TEST(ChatTemplate, MatchesTransformersOnRealAndFixtureTemplates) {
 
   // The ChatMessage overload is the JSON one (checked above) with role/content objects.
   const Tokenizer& qwen = toks.at("qwen25");
-  std::vector<rpg::ChatMessage> msgs = {{"system", "S"}, {"user", "Q"}};
+  std::vector<rpg::tok::ChatMessage> msgs = {{"system", "S"}, {"user", "Q"}};
   json j = json::array({{{"role", "system"}, {"content", "S"}}, {{"role", "user"}, {"content", "Q"}}});
   EXPECT_EQ(qwen.apply_chat_template(msgs, true), qwen.apply_chat_template(j, true));
   EXPECT_NE(qwen.apply_chat_template(msgs, true), qwen.apply_chat_template(msgs, false));

@@ -14,16 +14,16 @@
 #include "tiny_tokenizer.h"
 
 namespace {
-const rpg::Tokenizer& tokenizer(int which) {
-  static const rpg::Tokenizer toks[3] = {
-      rpg::Tokenizer::from_json(rpg::test::tiny_tokenizer_json(rpg::test::kQwen2Regex, false).dump(), "qwen2"),
-      rpg::Tokenizer::from_json(rpg::test::tiny_tokenizer_json(rpg::test::kLlama3Regex, false).dump(), "llama3"),
-      rpg::Tokenizer::from_json(rpg::test::tiny_tokenizer_json("", false).dump(), "gpt2")};
+const rpg::tok::Tokenizer& tokenizer(int which) {
+  static const rpg::tok::Tokenizer toks[3] = {
+      rpg::tok::Tokenizer::from_json(rpg::test::tiny_tokenizer_json(rpg::test::kQwen2Regex, false).dump(), "qwen2"),
+      rpg::tok::Tokenizer::from_json(rpg::test::tiny_tokenizer_json(rpg::test::kLlama3Regex, false).dump(), "llama3"),
+      rpg::tok::Tokenizer::from_json(rpg::test::tiny_tokenizer_json("", false).dump(), "gpt2")};
   return toks[which];
 }
-const rpg::Tokenizer& nfc_tokenizer() {
-  static const rpg::Tokenizer tok =
-      rpg::Tokenizer::from_json(rpg::test::tiny_tokenizer_json(rpg::test::kQwen2Regex, true).dump(), "qwen2-nfc");
+const rpg::tok::Tokenizer& nfc_tokenizer() {
+  static const rpg::tok::Tokenizer tok =
+      rpg::tok::Tokenizer::from_json(rpg::test::tiny_tokenizer_json(rpg::test::kQwen2Regex, true).dump(), "qwen2-nfc");
   return tok;
 }
 }  // namespace
@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   int which = data[0] % 3;
   bool special = (data[0] / 3) % 2;
   std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
-  const rpg::Tokenizer& tok = tokenizer(which);
+  const rpg::tok::Tokenizer& tok = tokenizer(which);
   auto ids = tok.encode(text, special);
   std::string clean;
   std::string expect = rpg::tok::sanitize_utf8(text, clean) ? std::string(text) : clean;

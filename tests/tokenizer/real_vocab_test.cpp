@@ -18,8 +18,8 @@
 namespace {
 
 using json = nlohmann::ordered_json;
-using rpg::TokenId;
-using rpg::Tokenizer;
+using rpg::tok::TokenId;
+using rpg::tok::Tokenizer;
 namespace fs = std::filesystem;
 
 const fs::path& fixture() {

@@ -17,8 +17,8 @@
 
 namespace {
 
-using rpg::TokenId;
-using rpg::Tokenizer;
+using rpg::tok::TokenId;
+using rpg::tok::Tokenizer;
 namespace fs = std::filesystem;
 
 std::string from_hex(const std::string& h) {

@@ -11,7 +11,7 @@
 #include "tensor_file.h"
 #include "test_util.h"
 
-namespace rpg {
+namespace rpg::train {
 namespace {
 
 using TensorMap = std::map<std::string, at::Tensor>;
@@ -249,4 +249,4 @@ TEST(Optim, UnknownTypeIsConfigError) {
 }
 
 }  // namespace
-}  // namespace rpg
+}  // namespace rpg::train

@@ -169,7 +169,7 @@ TEST_F(SftTest, MemorisesPairsAndGeneratesThemGreedily) {
   auto responses = engine.generate(prompts, sp);
   ASSERT_EQ(responses.size(), pairs.size());
   for (size_t i = 0; i < pairs.size(); ++i) {
-    std::vector<TokenId> ids(responses[i].token_ids.begin(), responses[i].token_ids.end());
+    std::vector<tok::TokenId> ids(responses[i].token_ids.begin(), responses[i].token_ids.end());
     EXPECT_EQ(policy.tokenizer.decode(ids, /*skip_special_tokens=*/true), pairs[i].response) << pairs[i].prompt;
     EXPECT_EQ(responses[i].finish_reason, rollout::FinishReason::kStop) << "the model must learn to stop";
   }

@@ -5,6 +5,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -64,7 +65,7 @@ double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const
 
 void shrink_for_quick(DemoOptions& o) {
   if (!o.quick) return;
-  o.train_problems = 64, o.validation_problems = 8, o.test_problems = 16, o.sft_steps = 4, o.sft_batch = 8, o.rl_steps = 2, o.rl_prompts = 4, o.rl_n = 2;
+  o.train_problems = 64, o.validation_problems = 8, o.test_problems = 16, o.sft_steps = 4, o.sft_batch = 8, o.rl_steps = 2, o.rl_prompts = 4, o.rl_mini_batch = 2, o.rl_n = 2;
   o.eval_n = 1, o.max_response_tokens = 16;
   o.sft_min_steps = 2, o.sft_eval_every = 2;  // the early-stop check runs (and, untrained, never stops)
 }
@@ -120,7 +121,7 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   tok::train_bpe_files({out / "corpus.txt"}, tok_dir, bo);
 
   stage("3/7 model initialised from scratch");
-  Tokenizer tok = Tokenizer::from_dir(tok_dir);
+  tok::Tokenizer tok = tok::Tokenizer::from_dir(tok_dir);
   model::InitOptions mo;
   mo.seed = o.seed;
   mo.hidden_size = o.model_hidden;
@@ -167,12 +168,12 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
 }
 
 // The RL stage: a paper recipe with its sizes (and only its sizes) changed to the demo's.
-TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const WarmStart& w, const fs::path& run_dir,
+train::TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const WarmStart& w, const fs::path& run_dir,
                       const fs::path& val_file, int64_t val_n) {
   const fs::path file = o.recipes_dir / (recipe + ".yaml");
   if (!fs::exists(file))
     throw IoError(str("demo: recipe ", file.string(), " not found (run from the repository root or pass --recipes DIR)"));
-  TrainConfig c = load_config<TrainConfig>(file, {}).value;
+  train::TrainConfig c = load_config<train::TrainConfig>(file, {}).value;
   for (const auto& notice : c.resolve()) log_info(notice);
   c.actor_rollout_ref.model.path = w.sft_model.string();
   c.actor_rollout_ref.model.enable_gradient_checkpointing = false;
@@ -187,7 +188,7 @@ TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const War
   c.actor_rollout_ref.rollout.val_kwargs.temperature = 1.0;  // as the demo's own test evaluation
   c.actor_rollout_ref.rollout.val_kwargs.top_p = 1.0;
   auto& a = c.actor_rollout_ref.actor;
-  a.ppo_mini_batch_size = std::max<int64_t>(1, o.rl_prompts / 2);
+  a.ppo_mini_batch_size = std::clamp<int64_t>(o.rl_mini_batch, 1, o.rl_prompts);
   a.ppo_micro_batch_size_per_gpu = o.rl_prompts * o.rl_n;
   // A from-scratch 0.5M-parameter model takes a far larger step than a 4B one (the
   // recipes' 1e-6); 2e-4 without warm-up was measured on 4 seeds.
@@ -217,7 +218,7 @@ TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, const War
 }
 
 // Trains `c` in a fresh run directory (a previous demo's RL output there is replaced).
-void train_fresh(const TrainConfig& c) {
+void train_fresh(const train::TrainConfig& c) {
   const fs::path run_dir = c.trainer.default_local_dir;
   fs::remove_all(run_dir);
   fs::create_directories(run_dir);

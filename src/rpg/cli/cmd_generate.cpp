@@ -47,7 +47,7 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
   o.output = output;
   o.sampling.seed = static_cast<uint64_t>(seed);
   o.chat_template = !no_chat_template;
-  o.chat_template_kwargs = parse_chat_template_kwargs(template_kwargs, "--chat-template-kwargs");
+  o.chat_template_kwargs = tok::ChatTemplateKwargs::parse(template_kwargs, "--chat-template-kwargs");
   o.progress = !no_progress;
   auto s = eval::run_generate(o);
   log_info(str("generated ", s.responses, " responses for ", s.prompts, " prompts: ", s.stats.generated_tokens,

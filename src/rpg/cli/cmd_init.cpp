@@ -61,7 +61,7 @@ int run_model_init(const std::string& full_name, const std::vector<std::string>&
   if (seed < 0) throw UsageError(str(full_name, ": --seed: got ", seed, ", expected >= 0"));
   o.seed = static_cast<uint64_t>(seed);
   o.tie_word_embeddings = !untied;
-  Tokenizer tok = Tokenizer::from_dir(tokenizer_dir);
+  tok::Tokenizer tok = tok::Tokenizer::from_dir(tokenizer_dir);
   auto eos = tok.eos_id();
   auto pad = tok.pad_id();
   if (!eos) throw ValueError(str(tokenizer_dir, ": the tokenizer has no eos token"));

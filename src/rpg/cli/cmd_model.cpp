@@ -44,10 +44,10 @@ int run_tokenize(const std::string& full_name, const std::vector<std::string>& a
   if (!parser.parse(args)) return 0;
   if (dir.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (jsonl_in.empty() == text.empty()) throw UsageError(str(full_name, ": give TEXT or --jsonl FILE (one of them)"));
-  auto kwargs = parse_chat_template_kwargs(template_kwargs, "--chat-template-kwargs");
-  Tokenizer tok = Tokenizer::from_dir(dir);
+  auto kwargs = tok::ChatTemplateKwargs::parse(template_kwargs, "--chat-template-kwargs");
+  tok::Tokenizer tok = tok::Tokenizer::from_dir(dir);
   auto render = [&](const nlohmann::ordered_json& messages) {
-    return tok.apply_chat_template(messages, /*add_generation_prompt=*/true, kwargs);
+    return tok.apply_chat_template(messages, /*add_generation_prompt=*/true, kwargs.json());
   };
   if (!jsonl_in.empty()) {
     std::string input = jsonl_in == "-" ? std::string(std::istreambuf_iterator<char>(std::cin), {})
@@ -77,7 +77,7 @@ int run_tokenize(const std::string& full_name, const std::vector<std::string>& a
   if (chat) text = render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", text}}}));
   auto ids = tok.encode(text, special);
   std::string list;
-  for (TokenId id : ids) {
+  for (tok::TokenId id : ids) {
     std::cout << id << "\t" << tok.id_to_token(id) << "\n";
     list += (list.empty() ? "" : ", ") + std::to_string(id);
   }

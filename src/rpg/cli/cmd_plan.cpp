@@ -91,7 +91,7 @@ int run_plan(const std::string& full_name, const std::vector<std::string>& args)
       .epilog("example: rpg plan recipes/rpg_reinforce_ufkl.yaml --world-size 8 dist.zero_stage=1");
   if (!parser.parse(args)) return 0;
   if (world < 1) throw UsageError(str(full_name, ": --world-size must be >= 1, got ", world));
-  const TrainConfig cfg = load_train_config(file, overrides);
+  const train::TrainConfig cfg = load_train_config(file, overrides);
   const auto& a = cfg.actor_rollout_ref;
   const fs::path model = a.model.path;
   if (model.empty()) throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
@@ -106,7 +106,7 @@ int run_plan(const std::string& full_name, const std::vector<std::string>& args)
                 H = dim("num_attention_heads");
   const int64_t Hkv = mc.contains("num_key_value_heads") ? dim("num_key_value_heads") : H;
   const int64_t D = mc.contains("head_dim") && mc["head_dim"].is_number_integer() ? dim("head_dim") : h / H;
-  const bool bf16 = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
+  const bool bf16 = cfg.choices.compute_dtype == train::ComputeDtype::kBFloat16;
   const bool zero1 = cfg.dist.zero_stage >= 1 && world > 1;
   const bool needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
   const bool fixed_reference = needs_reference && !(a.actor.use_iterative_ref_model && a.actor.ref_update_freq == 1);

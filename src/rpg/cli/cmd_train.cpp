@@ -34,7 +34,7 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
   // join the data-parallel group (timeout: actor_rollout_ref.nccl_timeout) before any work,
   // so a missing rank is reported first; trainer.nnodes / n_gpus_per_node are checked.
   const auto layout = dist::layout_from_env();
-  TrainConfig config = load_train_config(file, overrides);
+  train::TrainConfig config = load_train_config(file, overrides);
   train::dp::join_world(config, layout);
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
@@ -104,7 +104,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (files.empty()) throw UsageError(str(full_name, ": at least one --data FILE is required"));
   sampling.seed = static_cast<uint64_t>(seed);
-  auto kwargs = parse_chat_template_kwargs(template_kwargs, "--chat-template-kwargs");
+  auto kwargs = tok::ChatTemplateKwargs::parse(template_kwargs, "--chat-template-kwargs");
   std::vector<data::Row> rows;
   for (const auto& f : files) {
     auto part = data::read_parquet(f);

@@ -36,8 +36,8 @@ const std::vector<Command>& commands() {
   return table;
 }
 
-TrainConfig load_train_config(const std::string& file, const std::vector<std::string>& overrides) {
-  auto loaded = load_config<TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
+train::TrainConfig load_train_config(const std::string& file, const std::vector<std::string>& overrides) {
+  auto loaded = load_config<train::TrainConfig>(file == "-" ? std::filesystem::path() : std::filesystem::path(file), overrides);
   for (const auto& notice : loaded.notices) log_info(notice);
   for (const auto& notice : loaded.value.resolve()) log_info(notice);  // aliases -> canonical keys
   return std::move(loaded.value);

@@ -17,7 +17,7 @@ struct Command {
 
 // `rpg train` / `rpg config show`: CONFIG ('-': defaults only) + overrides, bound, validated
 // and resolved (aliases -> canonical keys); the loader's and resolver's notices are logged.
-TrainConfig load_train_config(const std::string& file, const std::vector<std::string>& overrides);
+train::TrainConfig load_train_config(const std::string& file, const std::vector<std::string>& overrides);
 
 // Every command, in the order `rpg --help` lists them.
 const std::vector<Command>& commands();

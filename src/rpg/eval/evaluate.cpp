@@ -15,14 +15,14 @@ namespace rpg::eval {
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling_in, const rollout::EngineOptions& engine_options,
                     const reward::ScorerRegistry& scorers, bool progress, bool chat_template,
-                    const nlohmann::ordered_json& chat_template_kwargs) {
+                    const tok::ChatTemplateKwargs& chat_template_kwargs) {
   for (const auto& r : rows) (void)scorers.find(r.data_source);  // unknown data_source: fail before generating
   const rollout::SamplingParams sampling = rollout::with_stop_tokens(sampling_in, policy);
 
   std::vector<std::vector<int64_t>> prompts;
   prompts.reserve(rows.size());
   for (const auto& r : rows) {
-    std::vector<ChatMessage> messages;
+    std::vector<tok::ChatMessage> messages;
     for (const auto& m : r.prompt) messages.push_back({m.role, m.content});
     prompts.push_back(rollout::render_prompt(policy.tokenizer, messages, chat_template, chat_template_kwargs));
   }
@@ -40,7 +40,7 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
   out.texts.reserve(responses.size());
   std::vector<reward::ScoreRequest> requests;
   for (const auto& r : responses) {
-    std::vector<TokenId> ids(r.token_ids.begin(), r.token_ids.end());
+    std::vector<tok::TokenId> ids(r.token_ids.begin(), r.token_ids.end());
     out.texts.push_back(policy.tokenizer.decode(ids, /*skip_special_tokens=*/true));
   }
   for (size_t i = 0; i < responses.size(); ++i) {

@@ -36,7 +36,7 @@ void write_scored_responses(const std::filesystem::path& path, const EvalResult&
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling, const rollout::EngineOptions& engine,
                     const reward::ScorerRegistry& scorers, bool progress = true, bool chat_template = true,
-                    const nlohmann::ordered_json& chat_template_kwargs = nlohmann::ordered_json::object());
+                    const tok::ChatTemplateKwargs& chat_template_kwargs = {});
 
 // Scores a responses file written by `rpg generate` (JSON lines with data_source,
 // ground_truth, prompt and response) without generating: the same metrics as evaluate().

@@ -36,10 +36,10 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   std::vector<std::vector<int64_t>> prompt_ids;
   std::vector<std::string> prompt_texts;
   for (const auto& r : rows) {
-    std::vector<ChatMessage> messages;
+    std::vector<tok::ChatMessage> messages;
     for (const auto& m : r.prompt) messages.push_back({m.role, m.content});
     prompt_ids.push_back(rollout::render_prompt(policy.tokenizer, messages, o.chat_template, o.chat_template_kwargs));
-    std::vector<TokenId> ids(prompt_ids.back().begin(), prompt_ids.back().end());
+    std::vector<tok::TokenId> ids(prompt_ids.back().begin(), prompt_ids.back().end());
     prompt_texts.push_back(policy.tokenizer.decode(ids));
   }
 
@@ -58,7 +58,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   std::string jsonl;
   for (const auto& r : responses) {
     const auto& row = rows[static_cast<size_t>(r.prompt_index)];
-    std::vector<TokenId> ids(r.token_ids.begin(), r.token_ids.end());
+    std::vector<tok::TokenId> ids(r.token_ids.begin(), r.token_ids.end());
     nlohmann::ordered_json j;
     j["prompt_index"] = r.prompt_index;
     j["sample_index"] = r.sample_index;

@@ -9,9 +9,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "rpg/rollout/engine.h"
+#include "rpg/tokenizer/tokenizer.h"
 
 namespace rpg::eval {
 
@@ -22,7 +21,7 @@ struct GenerateOptions {
   std::filesystem::path output;      // .jsonl; empty: JSONL on stdout
   int64_t limit = -1;                // first rows of `data` only (-1: all)
   bool chat_template = true;         // false: prompt text is encoded as is
-  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();  // template variables
+  tok::ChatTemplateKwargs chat_template_kwargs;  // template variables
   std::string dtype = "auto";        // auto | float32 | bfloat16 | float16
   std::string device = "auto";       // auto | cpu | cuda
   bool progress = true;

@@ -35,7 +35,7 @@ Policy load_policy(const std::filesystem::path& dir, const std::string& dtype, c
   model::LoadOptions lo;
   lo.device = dev;
   lo.dtype = parse_dtype(dtype, dir, dev);
-  Policy p{model::CausalLM::from_pretrained(dir, lo), Tokenizer::from_dir(dir), {}, 0};
+  Policy p{model::CausalLM::from_pretrained(dir, lo), tok::Tokenizer::from_dir(dir), {}, 0};
   auto add_stop = [&](int64_t id) {
     if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) == p.stop_token_ids.end())
       p.stop_token_ids.push_back(id);
@@ -65,13 +65,13 @@ SamplingParams with_stop_tokens(SamplingParams params, const Policy& policy) {
   return params;
 }
 
-std::vector<int64_t> render_prompt(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
-                                   bool use_chat_template, const nlohmann::ordered_json& template_kwargs) {
+std::vector<int64_t> render_prompt(const tok::Tokenizer& tokenizer, const std::vector<tok::ChatMessage>& messages,
+                                   bool use_chat_template, const tok::ChatTemplateKwargs& template_kwargs) {
   std::string text;
   if (use_chat_template) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
     for (const auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
-    text = tokenizer.apply_chat_template(list, /*add_generation_prompt=*/true, template_kwargs);
+    text = tokenizer.apply_chat_template(list, /*add_generation_prompt=*/true, template_kwargs.json());
   } else {
     for (const auto& m : messages) text += m.content;
   }

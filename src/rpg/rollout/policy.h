@@ -18,7 +18,7 @@ namespace rpg::rollout {
 
 struct Policy {
   model::CausalLM model;
-  Tokenizer tokenizer;
+  tok::Tokenizer tokenizer;
   // EOS of tokenizer_config.json plus every eos_token_id of generation_config.json.
   std::vector<int64_t> stop_token_ids;
   int64_t pad_token_id = 0;  // pad, else EOS, else 0
@@ -38,8 +38,8 @@ SamplingParams with_stop_tokens(SamplingParams params, const Policy& policy);
 // apply_chat_template(messages, add_generation_prompt=true, **template_kwargs), then encode
 // without special tokens (verl's RLHFDataset with data.apply_chat_template_kwargs).
 // Without a chat template the messages' contents are joined (and the kwargs unused).
-std::vector<int64_t> render_prompt(const Tokenizer& tokenizer, const std::vector<ChatMessage>& messages,
+std::vector<int64_t> render_prompt(const tok::Tokenizer& tokenizer, const std::vector<tok::ChatMessage>& messages,
                                    bool use_chat_template = true,
-                                   const nlohmann::ordered_json& template_kwargs = nlohmann::ordered_json::object());
+                                   const tok::ChatTemplateKwargs& template_kwargs = {});
 
 }  // namespace rpg::rollout

@@ -9,13 +9,15 @@
 #include <thread>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/pretokenize.h"
 #include "rpg/tokenizer/unicode.h"
 
-namespace rpg {
+namespace rpg::tok {
 
 using json = nlohmann::json;
 using tok::NormalForm;
@@ -526,4 +528,4 @@ Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
   return t;
 }
 
-}  // namespace rpg
+}  // namespace rpg::tok

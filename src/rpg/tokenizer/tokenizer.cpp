@@ -8,13 +8,15 @@
 #include <thread>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/pretokenize.h"
 #include "rpg/tokenizer/unicode.h"
 
-namespace rpg {
+namespace rpg::tok {
 
 using json = nlohmann::json;
 using tok::NormalForm;
@@ -255,6 +257,10 @@ std::string Tokenizer::apply_chat_template(const nlohmann::ordered_json& message
   return impl_->chat_template->render(vars);
 }
 
+std::string Tokenizer::apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt) const {
+  return apply_chat_template(messages, add_generation_prompt, nlohmann::ordered_json::object());
+}
+
 std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (auto& m : messages) list.push_back({{"role", m.role}, {"content", m.content}});
@@ -287,20 +293,21 @@ const std::string& Tokenizer::bos_token() const { return impl_->bos; }
 const std::string& Tokenizer::eos_token() const { return impl_->eos; }
 const std::string& Tokenizer::pad_token() const { return impl_->pad; }
 
-nlohmann::ordered_json parse_chat_template_kwargs(std::string_view text, const std::string& what) {
-  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) return nlohmann::ordered_json::object();
+ChatTemplateKwargs::ChatTemplateKwargs() : value_(std::make_shared<const nlohmann::ordered_json>(nlohmann::ordered_json::object())) {}
+
+ChatTemplateKwargs ChatTemplateKwargs::parse(std::string_view text, const std::string& what) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) return {};
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw ValueError(str(what, ": not valid JSON (", e.what(), ")"));
   }
-  check_chat_template_kwargs(j, what);
-  return j;
+  return from_json(j, what);
 }
 
-void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std::string& what) {
-  if (kwargs.is_null()) return;
+ChatTemplateKwargs ChatTemplateKwargs::from_json(const nlohmann::ordered_json& kwargs, const std::string& what) {
+  if (kwargs.is_null()) return {};
   if (!kwargs.is_object())
     throw ValueError(str(what, ": got ", kwargs.dump(), ", expected a JSON object such as {\"enable_thinking\": false}"));
   // transformers' PreTrainedTokenizerBase.apply_chat_template parameters other than tools /
@@ -313,6 +320,9 @@ void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std:
     if (kwargs.contains(r))
       throw ValueError(str(what, ": key '", r,
                            "' is a parameter of apply_chat_template, not a template variable (not supported here)"));
+  ChatTemplateKwargs out;
+  out.value_ = std::make_shared<const nlohmann::ordered_json>(kwargs);
+  return out;
 }
 
-}  // namespace rpg
+}  // namespace rpg::tok

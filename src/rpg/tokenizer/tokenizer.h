@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
-namespace rpg {
+namespace rpg::tok {
 
 using TokenId = int32_t;
 
@@ -83,8 +83,9 @@ class Tokenizer {
   // template variables (tools, enable_thinking, date_string, ...). bos_token, eos_token,
   // pad_token and unk_token come from tokenizer_config.json. Throws FormatError when the
   // model has no chat template, ValueError when the template raises.
+  std::string apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt) const;
   std::string apply_chat_template(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                                  const nlohmann::ordered_json& extra = nlohmann::ordered_json::object()) const;
+                                  const nlohmann::ordered_json& extra) const;
   std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
   bool has_chat_template() const;
 
@@ -114,12 +115,23 @@ class Tokenizer {
 // that verl passes as `tokenizer.apply_chat_template(messages, ..., **kwargs)`, so each key
 // becomes a template variable (overriding bos_token and the other special tokens; "tools"
 // and "documents" reach the template under those names), e.g. {"enable_thinking": false}.
-// Parses `text` (empty = {}) and checks it with check_chat_template_kwargs.
-nlohmann::ordered_json parse_chat_template_kwargs(std::string_view text, const std::string& what);
-// Throws ValueError naming `what` for a non-object, or for a key that transformers takes as
-// one of apply_chat_template's own parameters (add_generation_prompt, tokenize,
-// chat_template, continue_final_message, ...) or that collides with the conversation:
-// those would not reach the template as variables (verl would fail or change the call).
-void check_chat_template_kwargs(const nlohmann::ordered_json& kwargs, const std::string& what);
+// A value type (copies share the immutable object) so that headers holding one need only
+// nlohmann/json_fwd.hpp.
+class ChatTemplateKwargs {
+ public:
+  ChatTemplateKwargs();  // {}
+  // Parses `text` (empty = {}) and checks it as from_json does.
+  static ChatTemplateKwargs parse(std::string_view text, const std::string& what);
+  // Throws ValueError naming `what` for a non-object (null = {}), or for a key that
+  // transformers takes as one of apply_chat_template's own parameters
+  // (add_generation_prompt, tokenize, chat_template, continue_final_message, ...) or that
+  // collides with the conversation: those would not reach the template as variables (verl
+  // would fail or change the call).
+  static ChatTemplateKwargs from_json(const nlohmann::ordered_json& value, const std::string& what);
+  const nlohmann::ordered_json& json() const { return *value_; }
 
-}  // namespace rpg
+ private:
+  std::shared_ptr<const nlohmann::ordered_json> value_;
+};
+
+}  // namespace rpg::tok

@@ -17,7 +17,7 @@
 #include "rpg/tokenizer/tokenizer.h"
 #include "rpg/tokenizer/unicode.h"
 
-namespace rpg {
+namespace rpg::tok {
 
 namespace tokenizer_detail {
 
@@ -265,4 +265,4 @@ struct Tokenizer::Impl {
   }
 };
 
-}  // namespace rpg
+}  // namespace rpg::tok

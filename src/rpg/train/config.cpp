@@ -10,7 +10,7 @@
 #include "rpg/core/error.h"
 #include "rpg/reward/registry.h"
 
-namespace rpg {
+namespace rpg::train {
 namespace {
 
 void require(bool ok, const std::string& key, const std::string& message) {
@@ -383,4 +383,4 @@ std::vector<std::string> TrainConfig::resolve() {
   return notices;
 }
 
-}  // namespace rpg
+}  // namespace rpg::train

@@ -11,7 +11,7 @@
 
 #include "rpg/train/chat_kwargs.h"
 
-namespace rpg {
+namespace rpg::train {
 
 // The string-valued keys as enums, converted once by TrainConfig::resolve(); code compares
 // these, never the strings.
@@ -67,7 +67,7 @@ struct DataConfig {
   bool filter_overlong_prompts = false;
   int64_t train_max_samples = -1;
   int64_t val_max_samples = -1;
-  ChatTemplateKwargs apply_chat_template_kwargs;  // template variables, e.g. {enable_thinking: false}
+  tok::ChatTemplateKwargs apply_chat_template_kwargs;  // template variables, e.g. {enable_thinking: false}
 
   template <class V>
   void visit(V& v) {
@@ -523,4 +523,4 @@ struct TrainConfig {
   void check_trainable() const;
 };
 
-}  // namespace rpg
+}  // namespace rpg::train

@@ -176,7 +176,7 @@ class ShardedOptimizer final : public Optimizer {
       pieces_.push_back({i, a - offsets_[i], b - a});
       mine.emplace_back(params_[i].first, flat(i).narrow(0, a - offsets_[i], b - a));
     }
-    inner_ = rpg::make_optimizer(o, std::move(mine));
+    inner_ = train::make_optimizer(o, std::move(mine));
   }
 
   void step(double lr) override {
@@ -329,7 +329,7 @@ std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage) {
   dist::ProcessGroup* pg = dist::world();
   if (zero_stage >= 1 && pg) return make_sharded_optimizer(*pg, options, std::move(params));
-  return rpg::make_optimizer(options, std::move(params));
+  return train::make_optimizer(options, std::move(params));
 }
 
 int64_t local_state_bytes(const Optimizer& optimizer) {

@@ -27,7 +27,9 @@
 #include "rpg/train/optim.h"
 
 namespace rpg {
+namespace train {
 struct TrainConfig;
+}
 namespace dist {
 class ProcessGroup;
 }

@@ -9,7 +9,7 @@
 #include "rpg/core/error.h"
 #include "rpg/core/test_hook.h"
 
-namespace rpg {
+namespace rpg::train {
 namespace {
 
 // fp32 master copy for a low-precision parameter, undefined for an fp32 (or fp64) one.
@@ -305,4 +305,4 @@ int64_t resolve_warmup_steps(int64_t lr_warmup_steps, double lr_warmup_steps_rat
   return static_cast<int64_t>(lr_warmup_steps_ratio * static_cast<double>(total_steps));
 }
 
-}  // namespace rpg
+}  // namespace rpg::train

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-namespace rpg {
+namespace rpg::train {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
@@ -93,4 +93,4 @@ struct LrSchedule {
 // verl's rule: lr_warmup_steps if > 0, else int(lr_warmup_steps_ratio * total_steps).
 int64_t resolve_warmup_steps(int64_t lr_warmup_steps, double lr_warmup_steps_ratio, int64_t total_steps);
 
-}  // namespace rpg
+}  // namespace rpg::train

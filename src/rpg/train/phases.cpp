@@ -130,7 +130,7 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
   std::vector<reward::ScoreRequest> requests;
   texts.reserve(r.responses.size());
   for (const auto& resp : r.responses) {
-    std::vector<TokenId> tid(resp.token_ids.begin(), resp.token_ids.end());
+    std::vector<tok::TokenId> tid(resp.token_ids.begin(), resp.token_ids.end());
     texts.push_back(policy.tokenizer.decode(tid, /*skip_special_tokens=*/true));
   }
   for (size_t i = 0; i < r.responses.size(); ++i) {
@@ -143,7 +143,7 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
   for (size_t i = 0; i < r.responses.size() && static_cast<int64_t>(gen.samples.size()) < cfg.trainer.sample_log_count;
        ++i) {
     const auto& pids = r.prompts[static_cast<size_t>(r.responses[i].prompt_index)]->ids;
-    std::vector<TokenId> pid(pids.begin(), pids.end());
+    std::vector<tok::TokenId> pid(pids.begin(), pids.end());
     gen.samples.push_back({{"step", step + 1}, {"prompt", policy.tokenizer.decode(pid)}, {"response", texts[i]},
                            {"score", r.results[i].score}, {"acc", r.results[i].acc},
                            {"ground_truth", requests[i].ground_truth}});

@@ -53,8 +53,8 @@ std::vector<data::Row> read_rows(const std::vector<std::string>& files, int64_t 
   return rows;
 }
 
-std::vector<ChatMessage> messages_of(const data::Row& row) {
-  std::vector<ChatMessage> m;
+std::vector<tok::ChatMessage> messages_of(const data::Row& row) {
+  std::vector<tok::ChatMessage> m;
   for (const auto& msg : row.prompt) m.push_back({msg.role, msg.content});
   return m;
 }
@@ -275,7 +275,7 @@ void Trainer::Impl::load_data() {
   for (size_t i = 0; i < rows.size(); ++i) {
     Prompt p;
     p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]), true,
-                                   cfg.data.apply_chat_template_kwargs.value);
+                                   cfg.data.apply_chat_template_kwargs);
     p.data_source = rows[i].data_source;
     p.ground_truth = rows[i].reward_model.ground_truth;
     const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
@@ -485,7 +485,7 @@ Metrics Trainer::validate() {
   s.optimizer->use_eval_weights();
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
                                s.scorers, /*progress=*/false, /*chat_template=*/true,
-                               s.cfg.data.apply_chat_template_kwargs.value);
+                               s.cfg.data.apply_chat_template_kwargs);
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
     for (const auto& [name, value] : table) m[validation_metric_key(source, name, table)] = value;
