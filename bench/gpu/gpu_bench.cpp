@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
     } else {
       throw rpg::UsageError("--what: got '" + what + "', expected train or decode");
     }
+    j["sdpa"] = rpg::model::sdpa_backends();  // which fused attention kernels ran
     std::cout << j.dump() << std::endl;
   } catch (const std::exception& e) {
     std::string m = e.what();

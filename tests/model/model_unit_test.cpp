@@ -175,6 +175,23 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
 class OnDevice : public ::testing::TestWithParam<at::Device> {};
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::ValuesIn(rpg::test::rpg_test_devices()), rpg::test::DeviceParamName());
 
+// Which SDPA kernel ran is reported (never the math fallback silently): unmasked causal
+// attention gets the CPU's flash kernel on the CPU and a fused kernel on CUDA.
+TEST_P(OnDevice, SdpaBackendIsReported) {
+  CausalLM m = random_model("qwen2", GetParam().is_cuda() ? at::kBFloat16 : at::kFloat, "", 3, GetParam());
+  at::NoGradGuard no_grad;
+  m.forward(at::randint(1, 300, {2, 7}, at::kLong));
+  const std::string key = std::string(GetParam().is_cuda() ? "cuda/BFloat16" : "cpu/Float") + "/causal";
+  auto seen = sdpa_backends();
+  ASSERT_TRUE(seen.count(key)) << key;
+  if (GetParam().is_cuda()) {
+    EXPECT_NE(seen[key], "math") << key;
+    EXPECT_NE(seen[key], "error") << key;
+  } else {
+    EXPECT_EQ(seen[key], "flash_attention") << key;
+  }
+}
+
 TEST_P(OnDevice, Bf16ModelRunsAndTracksFp32) {
   CausalLM m32 = random_model("qwen3", at::kFloat, "", 21, GetParam());
   CausalLM m16(m32.config(), at::kBFloat16, GetParam());

@@ -8,8 +8,11 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "rpg/core/error.h"
+#include "rpg/core/log.h"
 #include "rpg/model/impl.h"
 
 namespace rpg::model {
@@ -115,6 +118,35 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
   return at::linear(attend(c, q, k, v, a), w.o_w);
 }
 
+// The SDPA kernel each kind of attention call gets ("cuda/bf16/causal" -> "flash_attention"),
+// asked once per key with at::_fused_sdp_choice (the dispatcher scaled_dot_product_attention
+// itself uses). A math fallback on a GPU is one warning line: never silent.
+std::mutex g_sdpa_mutex;
+std::map<std::string, std::string>& sdpa_seen() {
+  static std::map<std::string, std::string> seen;
+  return seen;
+}
+
+void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const std::optional<at::Tensor>& mask, bool is_causal, bool gqa) {
+  std::string key = std::string(q.device().is_cuda() ? "cuda" : "cpu") + "/" + c10::toString(q.scalar_type()) + "/" + kind;
+  {
+    std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+    if (sdpa_seen().count(key)) return;
+  }
+  const int64_t choice = at::_fused_sdp_choice(q, k, v, mask, 0.0, is_causal, std::nullopt, gqa);
+  static const char* const names[] = {"math", "flash_attention", "efficient_attention", "cudnn_attention", "overrideable"};
+  const std::string name = choice >= 0 && choice <= 4 ? names[choice] : "error";
+  {
+    std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+    if (!sdpa_seen().emplace(key, name).second) return;
+  }
+  if (q.device().is_cuda() && choice <= 0)
+    log_warn("attention ", key, ": scaled_dot_product_attention falls back to the ", name,
+             " kernel (no fused kernel supports this call: q ", q.sizes(), ", kv ", k.sizes(),
+             mask ? ", with a mask" : "", ")");
+}
+
 // softmax(q k^T / sqrt(D) + mask) v for q [B, T, H, D], k and v [B, S, Hkv, D] -> [B, T, H*D].
 at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttnInputs& a) {
@@ -130,6 +162,7 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
     std::vector<at::Tensor> outs;
     outs.reserve(a.seq_lens.size());
+    note_sdpa("packed", qs[0], ks[0], vs[0], std::nullopt, true, H != Hkv);
     for (size_t i = 0; i < a.seq_lens.size(); ++i)
       outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
                                                       /*is_causal=*/true, /*scale=*/std::nullopt,
@@ -145,13 +178,15 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     // (which a decode step would pay for the whole cache) or SDPA's GQA fallback.
     const int64_t rep = H / Hkv;
     at::Tensor qf = q.view({B, T, Hkv, rep, D}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, rep * T, D});
+    note_sdpa("masked_gqa", qf, kt, vt, a.mask, false, false);
     at::Tensor o = at::scaled_dot_product_attention(qf, kt, vt, a.mask);  // [B, Hkv, rep*T, D]
     return o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D});
   }
   // Without a mask SDPA's enable_gqa shares K/V heads in place (flash supports it).
-  at::Tensor o = at::scaled_dot_product_attention(
-      q.transpose(1, 2), kt, vt, a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt,
-      /*dropout_p=*/0.0, a.is_causal, /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
+  const std::optional<at::Tensor> mask = a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt;
+  note_sdpa(mask ? "masked" : a.is_causal ? "causal" : "full", q.transpose(1, 2), kt, vt, mask, a.is_causal, H != Hkv);
+  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, mask, /*dropout_p=*/0.0, a.is_causal,
+                                                  /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
   return o.transpose(1, 2).reshape({B, T, H * D});
 }
 
@@ -349,6 +384,11 @@ void check_batch(const at::Tensor& input_ids, const at::Tensor& attention_mask, 
 }  // namespace
 
 // ---- construction ----
+
+std::map<std::string, std::string> sdpa_backends() {
+  std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+  return sdpa_seen();
+}
 
 std::vector<at::Tensor*> CausalLM::Impl::slots() {
   std::vector<at::Tensor*> s = {&embed};

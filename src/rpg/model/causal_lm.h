@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -191,5 +192,11 @@ class CausalLM {
   explicit CausalLM(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The scaled_dot_product_attention kernel each kind of attention call of this process got so
+// far, keyed "<device>/<dtype>/<kind>" (kind: causal, masked, masked_gqa, packed, full), e.g.
+// "cuda/BFloat16/causal" -> "flash_attention"; "math" is the unfused fallback, which on a GPU
+// is also logged once as a warning. Asked once per key (at::_fused_sdp_choice).
+std::map<std::string, std::string> sdpa_backends();
 
 }  // namespace rpg::model
