@@ -75,6 +75,12 @@ pack() {  # pack <bundle path>
       cp -nL "$lib" "$stage/rpg-gpu/lib/" 2>/dev/null || true
     done
   done
+  # The CUDA plugin (CUDA graphs): next to the binaries, where core/device.cpp looks for it.
+  if [[ -f "$build/librpg_cuda.so" ]]; then
+    strip --strip-debug -o "$stage/rpg-gpu/bin/librpg_cuda.so" "$build/librpg_cuda.so"
+  elif [[ $mode != dry ]]; then
+    die "$build/librpg_cuda.so is not built (cmake --build $build --target rpg_cuda)"
+  fi
   "$(pick_python)" -c 'import torch; print(torch.__version__)' > "$stage/rpg-gpu/torch_version"
   git -C "$here" rev-parse HEAD > "$stage/rpg-gpu/commit" 2>/dev/null || echo unknown > "$stage/rpg-gpu/commit"
   mkdir -p "$(dirname "$dest")"
@@ -182,6 +188,7 @@ for shape in "${shapes[@]}"; do
   bench "transformers train $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what train "${train_args[@]}"
   bench "rpg decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what decode "${decode_args[@]}"
   bench "transformers decode $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what decode "${decode_args[@]}"
+  bench "rpg graph decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what graph "${decode_args[@]}"
 done
 
 # 3. One results file.
@@ -231,6 +238,14 @@ for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
         ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
         out.append(f"| {shape} | {impl} | {r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | "
                    f"{r['tokens_per_second']:.0f} | {ratio} |")
+out += ["", "## Decode steps with fixed shapes (decode_all_slots, greedy): eager vs CUDA graph replay", "",
+        "| shape | slots x steps | eager tokens/s | graph tokens/s | speedup | same tokens |", "|---|---|---|---|---|---|"]
+for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
+    r = find("rpg", "graph", shape)
+    if not r: out.append(f"| {shape} | FAILED | | | | |"); continue
+    g = r.get("graph_tokens_per_second")
+    out.append(f"| {shape} | {r['batch']} x {r['steps']} | {r['eager_tokens_per_second']:.0f} | "
+               + (f"{g:.0f} | {r['graph_speedup']:.2f}x | {r['graph_equals_eager']} |" if g else f"{r.get('graph')} | | |"))
 out += ["", "## Attention kernels rpg ran (scaled_dot_product_attention; math = unfused fallback)", ""]
 for r in rows:
     if r.get("impl") == "rpg":

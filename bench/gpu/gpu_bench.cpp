@@ -8,12 +8,19 @@
 //   --what decode: the rollout engine sampling --new-tokens per prompt (no stop token, so
 //                  every row generates all of them) for --batch prompts of --prompt-len
 //                  random tokens; generated tokens/s.
+//   --what graph : greedy decode steps of all --batch slots with fixed shapes
+//                  (CausalLM::decode_all_slots, argmax on the device, no host sync per
+//                  token), eager and replayed from one CUDA graph (cuda_graph.h); tokens/s
+//                  of each and whether both produced the same tokens. Eager only without
+//                  the CUDA plugin (the CPU).
 // Prints one JSON object per run. The device goes through rollout::parse_device, i.e. the
 // same on-demand CUDA backend load as `rpg ... --device`.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
 #include <chrono>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,6 +29,7 @@
 #include "rpg/core/error.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/config.h"
+#include "rpg/model/cuda_graph.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
 
@@ -58,7 +66,7 @@ int main(int argc, char** argv) {
   parser.option("--shape", &shape, "0.5b | 1.5b | tiny")
       .option("--device", &device_name, "cuda | cpu | auto")
       .option("--dtype", &dtype_name, "bf16 | fp32")
-      .option("--what", &what, "train | decode")
+      .option("--what", &what, "train | decode | graph")
       .option("--batch", &batch, "rows (train) or prompts (decode)")
       .option("--seq", &seq, "tokens per row (train)")
       .option("--steps", &steps, "timed steps (train)")
@@ -117,8 +125,58 @@ int main(int argc, char** argv) {
       for (const auto& o : out) generated += static_cast<int64_t>(o.token_ids.size());
       j.update({{"batch", batch}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens}, {"seconds", s},
                 {"generated_tokens", generated}, {"tokens_per_second", static_cast<double>(generated) / s}});
+    } else if (what == "graph") {
+      at::NoGradGuard no_grad;
+      const int64_t S = batch, steps_n = new_tokens - 2;
+      if (steps_n < 1) throw rpg::UsageError("--new-tokens: at least 3 for --what graph");
+      rpg::model::KVCache cache = model.new_cache(S, prompt_len + new_tokens);
+      std::vector<int64_t> all(static_cast<size_t>(S));
+      for (int64_t i = 0; i < S; ++i) all[static_cast<size_t>(i)] = i;
+      at::Tensor prompts = at::randint(0, cfg.vocab_size, {S, prompt_len}, at::kLong).to(dev);
+      auto long_opt = at::TensorOptions().dtype(at::kLong).device(dev);
+      at::Tensor tok = at::empty({S, 1}, long_opt), pos = at::empty({S}, long_opt);
+      auto prefill = [&] {
+        cache.reset();
+        rpg::model::CausalLM::DecodeOptions o;
+        o.last_only = true;
+        tok.copy_(model.decode(cache, all, prompts, o).argmax(-1, true));
+        pos.fill_(prompt_len);
+      };
+      auto step = [&] {
+        at::Tensor logits = model.decode_all_slots(cache, tok, pos);  // [S, 1, V]
+        tok.copy_(logits.select(1, 0).argmax(-1, true));
+        pos.add_(1);
+      };
+      auto run = [&](const std::function<void()>& one, at::Tensor& hist) {
+        hist = at::empty({S, steps_n + 1}, long_opt);
+        hist.select(1, 0).copy_(tok.view({S}));
+        sync(dev);
+        const double t0 = now();
+        for (int64_t i = 1; i <= steps_n; ++i) {
+          one();
+          hist.select(1, i).copy_(tok.view({S}));
+        }
+        sync(dev);
+        return now() - t0;
+      };
+      at::Tensor eager_hist, graph_hist;
+      prefill();
+      step();  // warm-up, as the capture's own warm-up step below
+      const double t_eager = run(step, eager_hist);
+      j.update({{"batch", S}, {"prompt_len", prompt_len}, {"steps", steps_n}, {"eager_seconds", t_eager},
+                {"eager_tokens_per_second", static_cast<double>(S * steps_n) / t_eager}});
+      if (rpg::model::cuda_graphs_available()) {
+        prefill();
+        auto graph = rpg::model::capture_cuda_graph(step);  // runs one warm-up step
+        const double t_graph = run([&] { graph->replay(); }, graph_hist);
+        j.update({{"graph_seconds", t_graph}, {"graph_tokens_per_second", static_cast<double>(S * steps_n) / t_graph},
+                  {"graph_equals_eager", at::equal(graph_hist, eager_hist)},
+                  {"graph_speedup", t_eager / t_graph}});
+      } else {
+        j["graph"] = "unavailable (no CUDA plugin loaded: CPU run)";
+      }
     } else {
-      throw rpg::UsageError("--what: got '" + what + "', expected train or decode");
+      throw rpg::UsageError("--what: got '" + what + "', expected train, decode or graph");
     }
     j["sdpa"] = rpg::model::sdpa_backends();  // which fused attention kernels ran
     std::cout << j.dump() << std::endl;

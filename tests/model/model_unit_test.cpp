@@ -10,6 +10,7 @@
 #include "model_test_util.h"
 #include "rpg/core/error.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/cuda_graph.h"
 #include "test_devices.h"
 #include "test_util.h"
 
@@ -190,6 +191,51 @@ TEST_P(OnDevice, SdpaBackendIsReported) {
   } else {
     EXPECT_EQ(seen[key], "flash_attention") << key;
   }
+}
+
+// decode_all_slots (fixed shapes, no host read) equals decode() over two steps after a
+// ragged prefill; on CUDA the same step captured in a CUDA graph replays to the same logits
+// with new token/position contents (the plugin must be loaded there: a missing one fails).
+TEST_P(OnDevice, StaticDecodeEqualsDecodeAndReplaysInACudaGraph) {
+  const at::Device dev = GetParam();
+  const double eps = rpg::test::fp32_tol(dev, 1e-5);
+  CausalLM m = random_model("qwen2", at::kFloat, "", 17, dev);
+  at::NoGradGuard no_grad;
+  const int64_t S = 3, cap = 12;
+  const std::vector<int64_t> lens{4, 2, 3};
+  at::manual_seed(5);
+  at::Tensor prompts = at::randint(1, 300, {S, 4}, at::kLong);
+  at::Tensor tok1 = at::randint(1, 300, {S, 1}, at::kLong), tok2 = at::randint(1, 300, {S, 1}, at::kLong);
+  auto prefilled = [&] {
+    KVCache c = m.new_cache(S, cap);
+    m.decode(c, {0, 1, 2}, prompts, {lens, true});
+    return c;
+  };
+  KVCache ref_cache = prefilled();
+  at::Tensor ref1 = m.decode(ref_cache, {0, 1, 2}, tok1), ref2 = m.decode(ref_cache, {0, 1, 2}, tok2);  // [S, 1, V]
+  at::Tensor pos1 = at::tensor(lens, at::kLong).to(dev), pos2 = pos1 + 1;
+  KVCache c = prefilled();
+  EXPECT_LE((m.decode_all_slots(c, tok1.to(dev), pos1) - ref1).abs().max().item<double>(), eps);
+  EXPECT_LE((m.decode_all_slots(c, tok2.to(dev), pos2) - ref2).abs().max().item<double>(), eps);
+  EXPECT_THROW(m.decode_all_slots(c, tok1.narrow(0, 0, 2).to(dev), pos1), ValueError);
+  EXPECT_THROW(m.decode_all_slots(c, tok1.to(dev), pos1.to(at::kInt)), ValueError);
+  c.set_length(0, 6);
+  EXPECT_EQ(c.length(0), 6);
+  EXPECT_THROW(c.set_length(0, cap + 1), ValueError);
+  if (!dev.is_cuda()) {
+    EXPECT_FALSE(cuda_graphs_available());  // the plugin is loaded with the CUDA backend only
+    return;
+  }
+  ASSERT_TRUE(cuda_graphs_available()) << "librpg_cuda.so was not loaded with the CUDA backend";
+  KVCache g = prefilled();
+  at::Tensor tok = tok1.to(dev).clone(), pos = pos1.clone(), out;
+  auto graph = capture_cuda_graph([&] { out = m.decode_all_slots(g, tok, pos); });
+  graph->replay();
+  EXPECT_LE((out - ref1).abs().max().item<double>(), eps);
+  tok.copy_(tok2.to(dev));
+  pos.add_(1);
+  graph->replay();
+  EXPECT_LE((out - ref2).abs().max().item<double>(), eps);
 }
 
 TEST_P(OnDevice, Bf16ModelRunsAndTracksFp32) {

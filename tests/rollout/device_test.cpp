@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "rpg/core/build_info.h"
 #include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/config.h"
+#include "rpg/model/cuda_graph.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
 #include "test_util.h"
@@ -96,6 +98,13 @@ TEST(DeviceChild, DISABLED_LoadBackend) {
   EXPECT_FALSE(cuda_mappings().empty());
   EXPECT_GT(at::detail::getCUDAHooks().versionCUDART(), 0);  // the stub would throw
   EXPECT_EQ(at::hasCUDA(), gpu_present());
+  // rpg's CUDA plugin (built wherever the wheel has the CUDA backend) loads with it, next to
+  // the executable (a carried bundle) or in the build tree, and exports its entry point.
+  const auto exe_dir = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+  const bool plugin = std::filesystem::exists(exe_dir / "librpg_cuda.so") ||
+                      std::filesystem::exists(std::filesystem::path(RPG_BINARY_DIR) / "librpg_cuda.so");
+  EXPECT_TRUE(plugin) << "librpg_cuda.so is not built";
+  EXPECT_TRUE(model::cuda_graphs_available());
 }
 
 // ---- the tests -----------------------------------------------------------------------

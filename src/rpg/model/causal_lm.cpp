@@ -607,6 +607,13 @@ void KVCache::reset(int64_t slot) {
 }
 void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
+void KVCache::set_length(int64_t slot, int64_t length) {
+  (void)this->length(slot);
+  if (length < 0 || length > capacity_)
+    throw ValueError(str("KVCache::set_length: slot ", slot, " length ", length, " outside 0..", capacity_));
+  lengths_[slot] = length;
+}
+
 void KVCache::copy_slot(int64_t from, int64_t to) {
   const int64_t n = length(from);
   (void)length(to);
@@ -695,6 +702,37 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   if (options.last_only) {
     at::Tensor last = at::tensor(counts, at::kLong).to(m.device).sub_(1).view({N, 1, 1}).expand({N, 1, x.size(2)});
     x = x.gather(1, last).squeeze(1);  // [N, C]
+  }
+  return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
+}
+
+at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const {
+  const Impl& m = *impl_;
+  const int64_t S = cache.num_slots(), L = cache.capacity();
+  if (static_cast<int64_t>(cache.k_.size()) != m.config.num_hidden_layers)
+    throw ValueError("decode_all_slots: the KV cache was made for another model");
+  if (tokens.dim() != 2 || tokens.size(0) != S || tokens.size(1) != 1 || tokens.scalar_type() != at::kLong ||
+      tokens.device() != m.device)
+    throw ValueError(str("decode_all_slots: tokens must be int64 [", S, ", 1] on ", m.device.str()));
+  if (positions.dim() != 1 || positions.size(0) != S || positions.scalar_type() != at::kLong ||
+      positions.device() != m.device)
+    throw ValueError(str("decode_all_slots: positions must be int64 [", S, "] on ", m.device.str()));
+  at::NoGradGuard no_grad;
+  auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
+  at::Tensor pos = positions.view({S, 1});
+  AttnInputs a;
+  std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
+  CacheStep step;
+  step.slot_index = at::arange(S, long_opt).unsqueeze(1);
+  step.write_pos = pos;
+  step.kv_len = L;
+  step.read = CacheStep::Read::kAll;
+  a.mask = make_mask((at::arange(L, long_opt).view({1, 1, L}) <= pos.unsqueeze(2)).unsqueeze(1), m.config);
+  at::Tensor x = at::embedding(m.embed, tokens);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    step.k = &cache.k_[l];
+    step.v = &cache.v_[l];
+    x = layer_forward(m.layers[l], m.config, x, a, &step);
   }
   return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
 }
