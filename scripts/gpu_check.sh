@@ -123,7 +123,9 @@ raw="$work/raw.jsonl"
 : > "$raw"
 log="$work/log.txt"
 
-tar -C "$work" -xJf "$bundle"
+# tar's xz filter needs the xz program; Python's tarfile (lzma) does without.
+tar -C "$work" -xJf "$bundle" 2>/dev/null ||
+  "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$work"
 root="$work/rpg-gpu"
 torch_lib="$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 torch_here="$("$py" -c 'import torch; print(torch.__version__)')"
