@@ -23,11 +23,17 @@ extern char** environ;
 
 namespace rpg::test {
 
-fs::path source_dir() { return RPG_SOURCE_DIR; }
-fs::path binary_dir() { return RPG_BINARY_DIR; }
+// RPG_TEST_SOURCE_DIR / RPG_TEST_BINARY_DIR / RPG_TEST_PYTHON override the paths compiled
+// in, for test binaries carried to another machine (scripts/gpu_check.sh).
+static fs::path env_or(const char* name, const char* compiled) {
+  const char* v = std::getenv(name);
+  return v && *v ? fs::path(v) : fs::path(compiled);
+}
+fs::path source_dir() { return env_or("RPG_TEST_SOURCE_DIR", RPG_SOURCE_DIR); }
+fs::path binary_dir() { return env_or("RPG_TEST_BINARY_DIR", RPG_BINARY_DIR); }
 fs::path data_dir() { return source_dir() / "data"; }
 fs::path rpg_binary() { return binary_dir() / "rpg"; }
-fs::path python() { return RPG_PYTHON_PATH; }
+fs::path python() { return env_or("RPG_TEST_PYTHON", RPG_PYTHON_PATH); }
 
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
   if (argv.empty()) throw std::invalid_argument("run_process: empty argv");

@@ -39,7 +39,8 @@ std::string tiny_config_json(const std::string& model_type, const std::string& e
   return c + "}";
 }
 
-CausalLM random_model(const std::string& model_type, at::ScalarType dtype, const std::string& extra, uint64_t seed) {
+CausalLM random_model(const std::string& model_type, at::ScalarType dtype, const std::string& extra, uint64_t seed,
+                      at::Device device) {
   at::manual_seed(seed);
   CausalLM m(ModelConfig::from_json(tiny_config_json(model_type, extra), "test config"), dtype);
   at::NoGradGuard no_grad;
@@ -48,7 +49,10 @@ CausalLM random_model(const std::string& model_type, at::ScalarType dtype, const
     else if (name.ends_with(".bias")) p.copy_(at::randn_like(p) * 0.1);
     else p.mul_(2.5);  // std 0.05: logits far enough from uniform to be informative
   }
-  return m;
+  if (device.is_cpu()) return m;
+  CausalLM on(m.config(), dtype, device);  // the same values on every device
+  on.copy_parameters_from(m);
+  return on;
 }
 
 PaddedBatch padded_batch(int64_t vocab, uint64_t seed) {
@@ -69,9 +73,9 @@ PaddedBatch padded_batch(int64_t vocab, uint64_t seed) {
 }
 
 double max_abs_diff_masked(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask) {
-  at::Tensor d = (a.to(at::kFloat) - b.to(at::kFloat)).abs();
+  at::Tensor d = (a.to(at::kCPU, at::kFloat) - b.to(at::kCPU, at::kFloat)).abs();
   while (d.dim() > 2) d = d.amax(-1);
-  return d.masked_select(mask.to(at::kBool)).max().item<double>();
+  return d.masked_select(mask.to(at::kCPU, at::kBool)).max().item<double>();
 }
 
 }  // namespace rpg::model::test

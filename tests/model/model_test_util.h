@@ -20,9 +20,10 @@ std::map<std::string, at::Tensor> read_tensors(const std::filesystem::path& path
 std::string tiny_config_json(const std::string& model_type, const std::string& extra = "");
 
 // A randomly initialised model whose norms and biases are perturbed away from 1 / 0, so
-// that every parameter influences the output.
+// that every parameter influences the output. Initialised on the CPU, then copied to
+// `device`: the same seed gives the same values on every device.
 CausalLM random_model(const std::string& model_type, at::ScalarType dtype = at::kFloat,
-                      const std::string& extra = "", uint64_t seed = 0);
+                      const std::string& extra = "", uint64_t seed = 0, at::Device device = at::kCPU);
 
 // A padded batch in verl's layout: prompts left-padded to P, responses right-padded to R.
 struct PaddedBatch {
@@ -32,7 +33,7 @@ struct PaddedBatch {
 };
 PaddedBatch padded_batch(int64_t vocab, uint64_t seed = 1);
 
-// max |a - b| over positions where `mask` [B, T] is 1 (a, b: [B, T, ...]).
+// max |a - b| over positions where `mask` [B, T] is 1 (a, b: [B, T, ...], any devices).
 double max_abs_diff_masked(const at::Tensor& a, const at::Tensor& b, const at::Tensor& mask);
 
 }  // namespace rpg::model::test

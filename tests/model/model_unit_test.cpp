@@ -10,6 +10,8 @@
 #include "model_test_util.h"
 #include "rpg/core/error.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/cuda_graph.h"
+#include "test_devices.h"
 #include "test_util.h"
 
 namespace rpg::model {
@@ -44,28 +46,38 @@ void expect_close(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
   }
 }
 
-class PerFamily : public ::testing::TestWithParam<std::string> {};
-INSTANTIATE_TEST_SUITE_P(Families, PerFamily, ::testing::Values("qwen2", "qwen3", "llama"));
+// Each family on each test device (CPU always, CUDA when present: test_devices.h).
+class PerFamily : public ::testing::TestWithParam<std::tuple<std::string, at::Device>> {
+ protected:
+  const std::string& family() const { return std::get<0>(GetParam()); }
+  at::Device device() const { return std::get<1>(GetParam()); }
+  double tol(double cpu_tol) const { return rpg::test::fp32_tol(device(), cpu_tol); }
+};
+INSTANTIATE_TEST_SUITE_P(Families, PerFamily,
+                         ::testing::Combine(::testing::Values("qwen2", "qwen3", "llama"),
+                                            ::testing::ValuesIn(rpg::test::rpg_test_devices())),
+                         rpg::test::NameDeviceParamName());
 
 TEST_P(PerFamily, ChunkedLogProbsAndEntropiesEqualNaiveValuesAndGradients) {
   for (bool tied : {false, true}) {
     SCOPED_TRACE(tied ? "tied" : "untied");
-    CausalLM m = random_model(GetParam(), at::kFloat, tied ? R"("tie_word_embeddings": true)" : "", 3);
+    CausalLM m = random_model(family(), at::kFloat, tied ? R"("tie_word_embeddings": true)" : "", 3, device());
     auto b = padded_batch(m.config().vocab_size, 7);
     at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
     at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R).to(at::kFloat);
     at::manual_seed(11);
-    at::Tensor w_lp = at::randn({4, b.R}) * resp, w_ent = at::randn({4, b.R}) * resp;
+    at::Tensor w_lp = (at::randn({4, b.R}) * resp).to(device()), w_ent = (at::randn({4, b.R}) * resp).to(device());
     for (double tau : {1.0, 0.6}) {
       TokenLogProbs naive = naive_log_probs(m, b, targets, tau);
       auto g_naive = grads_of(m, (naive.log_probs * w_lp).sum() + (naive.entropy * w_ent).sum());
       for (int64_t chunk : {1, 3, 64}) {
         SCOPED_TRACE(testing::Message() << "tau " << tau << " chunk " << chunk);
         TokenLogProbs c = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {tau, true, chunk});
-        EXPECT_LE((c.log_probs - naive.log_probs).abs().max().item<double>(), 1e-5);
-        EXPECT_LE((c.entropy - naive.entropy).abs().max().item<double>(), 1e-5);
+        EXPECT_TRUE(c.log_probs.device() == device());
+        EXPECT_LE((c.log_probs - naive.log_probs).abs().max().item<double>(), tol(1e-5));
+        EXPECT_LE((c.entropy - naive.entropy).abs().max().item<double>(), tol(1e-5));
         auto g = grads_of(m, (c.log_probs * w_lp).sum() + (c.entropy * w_ent).sum());
-        expect_close(g, g_naive, 1e-5, m);
+        expect_close(g, g_naive, tol(1e-5), m);
       }
     }
     // Without entropy: only log-probs, still differentiable.
@@ -76,19 +88,19 @@ TEST_P(PerFamily, ChunkedLogProbsAndEntropiesEqualNaiveValuesAndGradients) {
 }
 
 TEST_P(PerFamily, GradientCheckpointingGivesTheSameGradients) {
-  CausalLM m = random_model(GetParam(), at::kFloat, "", 5);
+  CausalLM m = random_model(family(), at::kFloat, "", 5, device());
   auto b = padded_batch(m.config().vocab_size, 9);
   at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
   auto run = [&] {
     TokenLogProbs lp = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {0.8, true, 7});
-    at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R).to(at::kFloat);
+    at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R).to(device(), at::kFloat);
     return grads_of(m, ((lp.log_probs - 0.01 * lp.entropy) * resp).sum());
   };
   auto plain = run();
   m.set_gradient_checkpointing(true);
   ASSERT_TRUE(m.gradient_checkpointing());
   auto ckpt = run();
-  expect_close(ckpt, plain, 1e-6, m);
+  expect_close(ckpt, plain, tol(1e-6), m);
   // Also through the plain logits path with no mask (causal SDPA flag) and .backward().
   for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
   m.forward(b.input_ids).pow(2).mean().backward();
@@ -100,11 +112,12 @@ TEST_P(PerFamily, GradientCheckpointingGivesTheSameGradients) {
   m.forward(b.input_ids).pow(2).mean().backward();
   std::vector<at::Tensor> g0;
   for (auto& p : m.parameters()) g0.push_back(p.grad().clone());
-  expect_close(g1, g0, 1e-6, m);
+  expect_close(g1, g0, tol(1e-6), m);
 }
 
 TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
-  CausalLM m = random_model(GetParam(), at::kFloat, "", 13);
+  CausalLM m = random_model(family(), at::kFloat, "", 13, device());
+  const double eps = tol(1e-5);
   at::NoGradGuard no_grad;
   at::manual_seed(3);
   at::Tensor a = at::randint(1, m.config().vocab_size, {1, 9}, at::kLong);
@@ -115,21 +128,21 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   // must be invisible to c.
   at::Tensor pa = m.decode(cache, {1}, a.narrow(1, 0, 5));
   at::Tensor pa2 = m.decode(cache, {1}, a.narrow(1, 5, 4));
-  EXPECT_LE((at::cat({pa, pa2}, 1) - full_a).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((at::cat({pa, pa2}, 1) - full_a).abs().max().item<double>(), eps);
   EXPECT_EQ(cache.length(1), 9);
   cache.reset(1);
   at::Tensor pc = m.decode(cache, {1}, c.narrow(1, 0, 1));
   for (int64_t t = 1; t < 4; ++t) pc = at::cat({pc, m.decode(cache, {1}, c.narrow(1, t, 1))}, 1);
-  EXPECT_LE((pc - full_c).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((pc - full_c).abs().max().item<double>(), eps);
   // Both slots in one call, in slot order (the no-gather path) and reversed.
   cache.reset();
   at::Tensor both = m.decode(cache, {0, 1}, at::cat({a.narrow(1, 0, 4), c}, 0));
-  EXPECT_LE((both[0] - full_a[0].narrow(0, 0, 4)).abs().max().item<double>(), 1e-5);
-  EXPECT_LE((both[1] - full_c[0]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((both[0] - full_a[0].narrow(0, 0, 4)).abs().max().item<double>(), eps);
+  EXPECT_LE((both[1] - full_c[0]).abs().max().item<double>(), eps);
   at::Tensor next = m.decode(cache, {1, 0}, at::cat({at::full({1, 1}, 7, at::kLong), a.narrow(1, 4, 1)}, 0));
-  EXPECT_LE((next[1][0] - full_a[0][4]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((next[1][0] - full_a[0][4]).abs().max().item<double>(), eps);
   at::Tensor c_ext = at::cat({c, at::full({1, 1}, 7, at::kLong)}, 1);
-  EXPECT_LE((next[0][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((next[0][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), eps);
   // Ragged prefill of right-padded rows, last-token logits only, then one step.
   cache.reset();
   at::Tensor padded = at::cat({a.narrow(1, 0, 6), at::cat({c, at::zeros({1, 2}, at::kLong)}, 1)}, 0);  // [2, 6]
@@ -137,11 +150,11 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   ASSERT_EQ(last.sizes(), (at::IntArrayRef{2, m.config().vocab_size}));
   EXPECT_EQ(cache.length(0), 6);
   EXPECT_EQ(cache.length(1), 4);
-  EXPECT_LE((last[0] - full_a[0][5]).abs().max().item<double>(), 1e-5);
-  EXPECT_LE((last[1] - full_c[0][3]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((last[0] - full_a[0][5]).abs().max().item<double>(), eps);
+  EXPECT_LE((last[1] - full_c[0][3]).abs().max().item<double>(), eps);
   at::Tensor step = m.decode(cache, {0, 1}, at::cat({a.narrow(1, 6, 1), at::full({1, 1}, 7, at::kLong)}, 0));
-  EXPECT_LE((step[0][0] - full_a[0][6]).abs().max().item<double>(), 1e-5);
-  EXPECT_LE((step[1][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((step[0][0] - full_a[0][6]).abs().max().item<double>(), eps);
+  EXPECT_LE((step[1][0] - m.forward(c_ext)[0][4]).abs().max().item<double>(), eps);
   EXPECT_THROW(m.decode(cache, {0, 1}, padded, {{6}, false}), ValueError);
   EXPECT_THROW(m.decode(cache, {0, 1}, padded, {{7, 1}, false}), ValueError);
   // copy_slot: one prefill shared by two continuations.
@@ -151,8 +164,8 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   EXPECT_EQ(cache.length(1), 5);
   at::Tensor fork = m.decode(cache, {0, 1}, at::cat({a.narrow(1, 5, 1), at::full({1, 1}, 7, at::kLong)}, 0));
   at::Tensor a_alt = at::cat({a.narrow(1, 0, 5), at::full({1, 1}, 7, at::kLong)}, 1);
-  EXPECT_LE((fork[0][0] - full_a[0][5]).abs().max().item<double>(), 1e-5);
-  EXPECT_LE((fork[1][0] - m.forward(a_alt)[0][5]).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((fork[0][0] - full_a[0][5]).abs().max().item<double>(), eps);
+  EXPECT_LE((fork[1][0] - m.forward(a_alt)[0][5]).abs().max().item<double>(), eps);
   EXPECT_THROW(cache.copy_slot(0, 9), ValueError);
   // Misuse is an error, not a crash.
   EXPECT_THROW(m.decode(cache, {0}, at::zeros({1, 20}, at::kLong)), ValueError);
@@ -160,9 +173,74 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   EXPECT_THROW(m.decode(cache, {0, 0}, at::zeros({2, 1}, at::kLong)), ValueError);
 }
 
-TEST(ModelUnit, Bf16ModelRunsAndTracksFp32) {
-  CausalLM m32 = random_model("qwen3", at::kFloat, "", 21);
-  CausalLM m16(m32.config(), at::kBFloat16);
+class OnDevice : public ::testing::TestWithParam<at::Device> {};
+INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::ValuesIn(rpg::test::rpg_test_devices()), rpg::test::DeviceParamName());
+
+// Which SDPA kernel ran is reported (never the math fallback silently): unmasked causal
+// attention gets the CPU's flash kernel on the CPU and a fused kernel on CUDA.
+TEST_P(OnDevice, SdpaBackendIsReported) {
+  CausalLM m = random_model("qwen2", GetParam().is_cuda() ? at::kBFloat16 : at::kFloat, "", 3, GetParam());
+  at::NoGradGuard no_grad;
+  m.forward(at::randint(1, 300, {2, 7}, at::kLong));
+  const std::string key = std::string(GetParam().is_cuda() ? "cuda/BFloat16" : "cpu/Float") + "/causal";
+  auto seen = sdpa_backends();
+  ASSERT_TRUE(seen.count(key)) << key;
+  if (GetParam().is_cuda()) {
+    EXPECT_NE(seen[key], "math") << key;
+    EXPECT_NE(seen[key], "error") << key;
+  } else {
+    EXPECT_EQ(seen[key], "flash_attention") << key;
+  }
+}
+
+// decode_all_slots (fixed shapes, no host read) equals decode() over two steps after a
+// ragged prefill; on CUDA the same step captured in a CUDA graph replays to the same logits
+// with new token/position contents (the plugin must be loaded there: a missing one fails).
+TEST_P(OnDevice, StaticDecodeEqualsDecodeAndReplaysInACudaGraph) {
+  const at::Device dev = GetParam();
+  const double eps = rpg::test::fp32_tol(dev, 1e-5);
+  CausalLM m = random_model("qwen2", at::kFloat, "", 17, dev);
+  at::NoGradGuard no_grad;
+  const int64_t S = 3, cap = 12;
+  const std::vector<int64_t> lens{4, 2, 3};
+  at::manual_seed(5);
+  at::Tensor prompts = at::randint(1, 300, {S, 4}, at::kLong);
+  at::Tensor tok1 = at::randint(1, 300, {S, 1}, at::kLong), tok2 = at::randint(1, 300, {S, 1}, at::kLong);
+  auto prefilled = [&] {
+    KVCache c = m.new_cache(S, cap);
+    m.decode(c, {0, 1, 2}, prompts, {lens, true});
+    return c;
+  };
+  KVCache ref_cache = prefilled();
+  at::Tensor ref1 = m.decode(ref_cache, {0, 1, 2}, tok1), ref2 = m.decode(ref_cache, {0, 1, 2}, tok2);  // [S, 1, V]
+  at::Tensor pos1 = at::tensor(lens, at::kLong).to(dev), pos2 = pos1 + 1;
+  KVCache c = prefilled();
+  EXPECT_LE((m.decode_all_slots(c, tok1.to(dev), pos1) - ref1).abs().max().item<double>(), eps);
+  EXPECT_LE((m.decode_all_slots(c, tok2.to(dev), pos2) - ref2).abs().max().item<double>(), eps);
+  EXPECT_THROW(m.decode_all_slots(c, tok1.narrow(0, 0, 2).to(dev), pos1), ValueError);
+  EXPECT_THROW(m.decode_all_slots(c, tok1.to(dev), pos1.to(at::kInt)), ValueError);
+  c.set_length(0, 6);
+  EXPECT_EQ(c.length(0), 6);
+  EXPECT_THROW(c.set_length(0, cap + 1), ValueError);
+  if (!dev.is_cuda()) {
+    EXPECT_FALSE(cuda_graphs_available());  // the plugin is loaded with the CUDA backend only
+    return;
+  }
+  ASSERT_TRUE(cuda_graphs_available()) << "librpg_cuda.so was not loaded with the CUDA backend";
+  KVCache g = prefilled();
+  at::Tensor tok = tok1.to(dev).clone(), pos = pos1.clone(), out;
+  auto graph = capture_cuda_graph([&] { out = m.decode_all_slots(g, tok, pos); });
+  graph->replay();
+  EXPECT_LE((out - ref1).abs().max().item<double>(), eps);
+  tok.copy_(tok2.to(dev));
+  pos.add_(1);
+  graph->replay();
+  EXPECT_LE((out - ref2).abs().max().item<double>(), eps);
+}
+
+TEST_P(OnDevice, Bf16ModelRunsAndTracksFp32) {
+  CausalLM m32 = random_model("qwen3", at::kFloat, "", 21, GetParam());
+  CausalLM m16(m32.config(), at::kBFloat16, GetParam());
   m16.copy_parameters_from(m32);
   auto b = padded_batch(m32.config().vocab_size, 2);
   at::NoGradGuard no_grad;
@@ -271,20 +349,24 @@ TEST(ModelConfig, RejectsUnsupportedOrInvalidValuesNamingFileAndKey) {
 namespace rpg::model {
 namespace {
 
-// On a CUDA build with a GPU: the same model on the device agrees with the CPU in every
-// forward mode (fused SDPA kernels instead of the CPU ones, so fp32 tolerances are those
-// of differently ordered fp32 sums; TF32 is off by default in libtorch matmuls).
-TEST(ModelCuda, ForwardDecodeAndLogProbsMatchCpu_cuda) {
-  if (!at::hasCUDA()) GTEST_SKIP() << "no cuda device in this build / machine";
+// The same model on each test device agrees with the CPU in every forward mode (on CUDA
+// fused SDPA kernels replace the CPU ones, so fp32 tolerances are those of differently
+// ordered fp32 sums; TF32 is off by default in libtorch matmuls). On the CPU this compares
+// two CPU copies made through copy_parameters_from.
+class MatchesCpu : public ::testing::TestWithParam<at::Device> {};
+INSTANTIATE_TEST_SUITE_P(Devices, MatchesCpu, ::testing::ValuesIn(rpg::test::rpg_test_devices()), rpg::test::DeviceParamName());
+
+TEST_P(MatchesCpu, ForwardDecodeAndLogProbs) {
+  const at::Device dev = GetParam();
   CausalLM cpu = test::random_model("qwen3", at::kFloat, "", 31);
-  CausalLM gpu(cpu.config(), at::kFloat, at::Device(at::kCUDA, 0));
+  CausalLM gpu(cpu.config(), at::kFloat, dev);
   gpu.copy_parameters_from(cpu);
   auto b = test::padded_batch(cpu.config().vocab_size, 4);
   at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
   {
     at::NoGradGuard no_grad;
     at::Tensor lc = cpu.forward(b.input_ids, b.attention_mask), lg = gpu.forward(b.input_ids, b.attention_mask);
-    EXPECT_TRUE(lg.is_cuda());
+    EXPECT_TRUE(lg.device() == dev);
     EXPECT_LE(test::max_abs_diff_masked(lg.cpu(), lc, b.attention_mask), 1e-4);
     KVCache cache = gpu.new_cache(2, 16);
     at::Tensor row = b.input_ids.narrow(0, 0, 1);
@@ -300,14 +382,14 @@ TEST(ModelCuda, ForwardDecodeAndLogProbsMatchCpu_cuda) {
   EXPECT_LE(test::max_abs_diff_masked(pg.entropy.cpu(), pc.entropy, resp), 1e-4);
   at::Tensor rf = resp.to(at::kFloat);
   (pc.log_probs * rf).sum().backward();
-  (pg.log_probs * rf.cuda()).sum().backward();
+  (pg.log_probs * rf.to(dev)).sum().backward();
   auto a = cpu.named_parameters(), g = gpu.named_parameters();
   for (size_t i = 0; i < a.size(); ++i) {
     double scale = std::max(1.0, a[i].second.grad().abs().max().item<double>());
     EXPECT_LE((g[i].second.grad().cpu() - a[i].second.grad()).abs().max().item<double>() / scale, 1e-4) << a[i].first;
   }
   // bf16 on the device runs and stays near fp32.
-  CausalLM bf(cpu.config(), at::kBFloat16, at::Device(at::kCUDA, 0));
+  CausalLM bf(cpu.config(), at::kBFloat16, dev);
   bf.copy_parameters_from(cpu);
   at::NoGradGuard no_grad;
   EXPECT_LE(test::max_abs_diff_masked(bf.forward(b.input_ids, b.attention_mask).cpu(),

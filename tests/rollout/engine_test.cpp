@@ -11,6 +11,7 @@
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/model/causal_lm.h"
+#include "test_devices.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -20,15 +21,18 @@ namespace {
 
 const std::vector<std::string> kModels = {"qwen2_fp32", "qwen3_fp32", "llama3_fp32"};
 
-// Builds the models and transformers' outputs once for the whole suite.
-class EngineTest : public ::testing::Test {
+// Builds the models and transformers' outputs once for the whole suite; every test runs on
+// each test device (CPU always, CUDA when present: test_devices.h).
+class EngineTest : public ::testing::TestWithParam<at::Device> {
  protected:
   static void SetUpTestSuite() {
     dir_ = test::oracle_output_dir("rollout_hf_generate.py");
     ref_ = new nlohmann::json(nlohmann::json::parse(read_file(dir_ / "generate.json")));
   }
   static void TearDownTestSuite() { delete ref_; }
-  static model::CausalLM load(const std::string& name) { return model::CausalLM::from_pretrained(dir_ / name); }
+  model::CausalLM load(const std::string& name) const {
+    return model::CausalLM::from_pretrained(dir_ / name, {at::kFloat, GetParam()});
+  }
   static std::vector<std::vector<int64_t>> prompts(const std::string& name) {
     return (*ref_)[name]["prompts"].get<std::vector<std::vector<int64_t>>>();
   }
@@ -37,8 +41,9 @@ class EngineTest : public ::testing::Test {
 };
 fs::path EngineTest::dir_;
 nlohmann::json* EngineTest::ref_ = nullptr;
+INSTANTIATE_TEST_SUITE_P(Devices, EngineTest, ::testing::ValuesIn(test::rpg_test_devices()), test::DeviceParamName());
 
-TEST_F(EngineTest, GreedyEqualsTransformersGenerate) {
+TEST_P(EngineTest, GreedyEqualsTransformersGenerate) {
   for (const auto& name : kModels) {
     model::CausalLM m = load(name);
     auto expected = (*ref_)[name]["greedy"].get<std::vector<std::vector<int64_t>>>();
@@ -58,7 +63,7 @@ TEST_F(EngineTest, GreedyEqualsTransformersGenerate) {
   }
 }
 
-TEST_F(EngineTest, StopTokenEndsTheResponseAsInTransformers) {
+TEST_P(EngineTest, StopTokenEndsTheResponseAsInTransformers) {
   for (const auto& name : kModels) {
     model::CausalLM m = load(name);
     auto expected = (*ref_)[name]["greedy_eos"].get<std::vector<std::vector<int64_t>>>();
@@ -82,7 +87,7 @@ TEST_F(EngineTest, StopTokenEndsTheResponseAsInTransformers) {
   }
 }
 
-TEST_F(EngineTest, LogProbsEqualAFullForwardRecomputation) {
+TEST_P(EngineTest, LogProbsEqualAFullForwardRecomputation) {
   model::CausalLM m = load("qwen3_fp32");
   RolloutEngine engine(m, {4, 0});
   SamplingParams p;
@@ -102,13 +107,13 @@ TEST_F(EngineTest, LogProbsEqualAFullForwardRecomputation) {
     at::Tensor targets = at::tensor(r.token_ids, at::kLong).unsqueeze(0);
     model::LogProbOptions lo;
     lo.temperature = p.temperature;
-    at::Tensor ref = m.log_probs(ids, {}, {}, targets, lo).log_probs[0];
+    at::Tensor ref = m.log_probs(ids, {}, {}, targets, lo).log_probs[0].cpu();
     at::Tensor ours = at::tensor(std::vector<float>(r.log_probs.begin(), r.log_probs.end()));
     EXPECT_LT((ours - ref).abs().max().item<double>(), 1e-4) << "prompt " << r.prompt_index << " sample " << r.sample_index;
   }
 }
 
-TEST_F(EngineTest, OutputIsIdenticalForAnySlotCount) {
+TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
   model::CausalLM m = load("llama3_fp32");
   SamplingParams p;
   p.temperature = 1.0;
@@ -136,7 +141,7 @@ TEST_F(EngineTest, OutputIsIdenticalForAnySlotCount) {
   EXPECT_NE(other[0].token_ids, first[0].token_ids);
 }
 
-TEST_F(EngineTest, BadRequestsAreValueErrors) {
+TEST_P(EngineTest, BadRequestsAreValueErrors) {
   model::CausalLM m = load("qwen2_fp32");
   RolloutEngine engine(m, {2, 0});
   auto error_of = [&](std::vector<std::vector<int64_t>> prompts, SamplingParams p) -> std::string {

@@ -8,8 +8,11 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "rpg/core/error.h"
+#include "rpg/core/log.h"
 #include "rpg/model/impl.h"
 
 namespace rpg::model {
@@ -115,6 +118,35 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
   return at::linear(attend(c, q, k, v, a), w.o_w);
 }
 
+// The SDPA kernel each kind of attention call gets ("cuda/bf16/causal" -> "flash_attention"),
+// asked once per key with at::_fused_sdp_choice (the dispatcher scaled_dot_product_attention
+// itself uses). A math fallback on a GPU is one warning line: never silent.
+std::mutex g_sdpa_mutex;
+std::map<std::string, std::string>& sdpa_seen() {
+  static std::map<std::string, std::string> seen;
+  return seen;
+}
+
+void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const std::optional<at::Tensor>& mask, bool is_causal, bool gqa) {
+  std::string key = std::string(q.device().is_cuda() ? "cuda" : "cpu") + "/" + c10::toString(q.scalar_type()) + "/" + kind;
+  {
+    std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+    if (sdpa_seen().count(key)) return;
+  }
+  const int64_t choice = at::_fused_sdp_choice(q, k, v, mask, 0.0, is_causal, std::nullopt, gqa);
+  static const char* const names[] = {"math", "flash_attention", "efficient_attention", "cudnn_attention", "overrideable"};
+  const std::string name = choice >= 0 && choice <= 4 ? names[choice] : "error";
+  {
+    std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+    if (!sdpa_seen().emplace(key, name).second) return;
+  }
+  if (q.device().is_cuda() && choice <= 0)
+    log_warn("attention ", key, ": scaled_dot_product_attention falls back to the ", name,
+             " kernel (no fused kernel supports this call: q ", q.sizes(), ", kv ", k.sizes(),
+             mask ? ", with a mask" : "", ")");
+}
+
 // softmax(q k^T / sqrt(D) + mask) v for q [B, T, H, D], k and v [B, S, Hkv, D] -> [B, T, H*D].
 at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttnInputs& a) {
@@ -130,6 +162,7 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
     std::vector<at::Tensor> outs;
     outs.reserve(a.seq_lens.size());
+    note_sdpa("packed", qs[0], ks[0], vs[0], std::nullopt, true, H != Hkv);
     for (size_t i = 0; i < a.seq_lens.size(); ++i)
       outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
                                                       /*is_causal=*/true, /*scale=*/std::nullopt,
@@ -145,13 +178,15 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     // (which a decode step would pay for the whole cache) or SDPA's GQA fallback.
     const int64_t rep = H / Hkv;
     at::Tensor qf = q.view({B, T, Hkv, rep, D}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, rep * T, D});
+    note_sdpa("masked_gqa", qf, kt, vt, a.mask, false, false);
     at::Tensor o = at::scaled_dot_product_attention(qf, kt, vt, a.mask);  // [B, Hkv, rep*T, D]
     return o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D});
   }
   // Without a mask SDPA's enable_gqa shares K/V heads in place (flash supports it).
-  at::Tensor o = at::scaled_dot_product_attention(
-      q.transpose(1, 2), kt, vt, a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt,
-      /*dropout_p=*/0.0, a.is_causal, /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
+  const std::optional<at::Tensor> mask = a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt;
+  note_sdpa(mask ? "masked" : a.is_causal ? "causal" : "full", q.transpose(1, 2), kt, vt, mask, a.is_causal, H != Hkv);
+  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, mask, /*dropout_p=*/0.0, a.is_causal,
+                                                  /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
   return o.transpose(1, 2).reshape({B, T, H * D});
 }
 
@@ -349,6 +384,11 @@ void check_batch(const at::Tensor& input_ids, const at::Tensor& attention_mask, 
 }  // namespace
 
 // ---- construction ----
+
+std::map<std::string, std::string> sdpa_backends() {
+  std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+  return sdpa_seen();
+}
 
 std::vector<at::Tensor*> CausalLM::Impl::slots() {
   std::vector<at::Tensor*> s = {&embed};
@@ -567,6 +607,13 @@ void KVCache::reset(int64_t slot) {
 }
 void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
 
+void KVCache::set_length(int64_t slot, int64_t length) {
+  (void)this->length(slot);
+  if (length < 0 || length > capacity_)
+    throw ValueError(str("KVCache::set_length: slot ", slot, " length ", length, " outside 0..", capacity_));
+  lengths_[slot] = length;
+}
+
 void KVCache::copy_slot(int64_t from, int64_t to) {
   const int64_t n = length(from);
   (void)length(to);
@@ -655,6 +702,37 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   if (options.last_only) {
     at::Tensor last = at::tensor(counts, at::kLong).to(m.device).sub_(1).view({N, 1, 1}).expand({N, 1, x.size(2)});
     x = x.gather(1, last).squeeze(1);  // [N, C]
+  }
+  return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
+}
+
+at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const {
+  const Impl& m = *impl_;
+  const int64_t S = cache.num_slots(), L = cache.capacity();
+  if (static_cast<int64_t>(cache.k_.size()) != m.config.num_hidden_layers)
+    throw ValueError("decode_all_slots: the KV cache was made for another model");
+  if (tokens.dim() != 2 || tokens.size(0) != S || tokens.size(1) != 1 || tokens.scalar_type() != at::kLong ||
+      tokens.device() != m.device)
+    throw ValueError(str("decode_all_slots: tokens must be int64 [", S, ", 1] on ", m.device.str()));
+  if (positions.dim() != 1 || positions.size(0) != S || positions.scalar_type() != at::kLong ||
+      positions.device() != m.device)
+    throw ValueError(str("decode_all_slots: positions must be int64 [", S, "] on ", m.device.str()));
+  at::NoGradGuard no_grad;
+  auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
+  at::Tensor pos = positions.view({S, 1});
+  AttnInputs a;
+  std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
+  CacheStep step;
+  step.slot_index = at::arange(S, long_opt).unsqueeze(1);
+  step.write_pos = pos;
+  step.kv_len = L;
+  step.read = CacheStep::Read::kAll;
+  a.mask = make_mask((at::arange(L, long_opt).view({1, 1, L}) <= pos.unsqueeze(2)).unsqueeze(1), m.config);
+  at::Tensor x = at::embedding(m.embed, tokens);
+  for (size_t l = 0; l < m.layers.size(); ++l) {
+    step.k = &cache.k_[l];
+    step.v = &cache.v_[l];
+    x = layer_forward(m.layers[l], m.config, x, a, &step);
   }
   return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
 }

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,8 @@ class KVCache {
   // Makes slot `to` a copy of slot `from` (its cached tokens and length), so n samples of
   // one prompt share a single prefill.
   void copy_slot(int64_t from, int64_t to);
+  // Sets a slot's length (for decode_all_slots callers, which keep lengths themselves).
+  void set_length(int64_t slot, int64_t length);
 
  private:
   friend class CausalLM;
@@ -181,6 +184,13 @@ class CausalLM {
   at::Tensor decode(KVCache& cache, const std::vector<int64_t>& slots, const at::Tensor& tokens) const {
     return decode(cache, slots, tokens, DecodeOptions{});
   }
+  // One decode step of every slot with fixed shapes and no host read: tokens [S, 1] and
+  // positions [S] (where each token is written: the slot's length) are tensors on the
+  // model's device, attention spans the whole capacity under the mask key <= position.
+  // Returns logits [S, 1, V]. Slot lengths are not advanced (set_length): the step can be
+  // captured once in a CUDA graph (cuda_graph.h) and replayed with new tensor contents.
+  // A position >= capacity is undefined behaviour (checked by the caller, on the host).
+  at::Tensor decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const;
 
   struct Impl;
 
@@ -191,5 +201,11 @@ class CausalLM {
   explicit CausalLM(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The scaled_dot_product_attention kernel each kind of attention call of this process got so
+// far, keyed "<device>/<dtype>/<kind>" (kind: causal, masked, masked_gqa, packed, full), e.g.
+// "cuda/BFloat16/causal" -> "flash_attention"; "math" is the unfused fallback, which on a GPU
+// is also logged once as a warning. Asked once per key (at::_fused_sdp_choice).
+std::map<std::string, std::string> sdpa_backends();
 
 }  // namespace rpg::model

@@ -5,19 +5,20 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 
 namespace rpg::rollout {
 
 at::Device parse_device(const std::string& name) {
-  if (name == "cpu") return at::kCPU;
-  if (name == "cuda") {
-    if (!at::hasCUDA()) throw ConfigError("device: cuda requested, but this build/machine has no CUDA device");
-    return at::Device(at::kCUDA, 0);
-  }
-  if (name == "auto") return at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-  throw ConfigError(str("device: got '", name, "', expected auto, cpu or cuda"));
+  // device::select loads libtorch's CUDA backend (dlopen) only for "cuda", or for "auto"
+  // when the driver reports a GPU; a CPU run never maps it.
+  if (device::select(name) == device::Kind::kCpu) return at::kCPU;
+  if (!at::hasCUDA())
+    throw ConfigError(str("device: ", name, ": libtorch's CUDA backend loaded, but torch sees no CUDA device (a CUDA query "
+                          "ran before device selection, or the driver is older than the wheel's CUDA runtime)"));
+  return at::Device(at::kCUDA, 0);
 }
 
 at::ScalarType parse_dtype(const std::string& name, const std::filesystem::path& model_dir, at::Device device) {

@@ -24,7 +24,8 @@ struct Policy {
   int64_t pad_token_id = 0;  // pad, else EOS, else 0
 };
 
-// "auto" -> CUDA when available, else CPU. Throws ConfigError for anything else.
+// "auto" -> CUDA when the driver reports a GPU (libtorch's CUDA backend is loaded then, see
+// core/device.h), else CPU; "cuda" without a usable GPU and anything else: ConfigError.
 at::Device parse_device(const std::string& name);
 // "auto" -> the checkpoint's dtype on CUDA, float32 on CPU (CPU bf16 matmuls are slow and
 // inexact). Throws ConfigError for an unknown name.

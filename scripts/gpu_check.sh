@@ -1,0 +1,263 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run for a lent GPU machine (docs/benchmarks.md, "GPU").
+#
+#   scripts/gpu_check.sh --pack [--build DIR]     here: bundle the built binaries and the
+#                                                 libraries the GPU machine lacks into
+#                                                 .gpu/rpg-gpu.tar.xz (carried by the run tool)
+#   scripts/gpu_check.sh [--out DIR]              there: unpack the bundle, then
+#     1. check that every carried binary resolves its libraries (libtorch from that
+#        machine's own torch: same torch version required, checked),
+#     2. run the device-generic tests on CUDA only (RPG_TEST_DEVICES=cuda: an unusable GPU
+#        fails the run, it never skips) and the device-selection tests,
+#     3. measure a training step (forward + backward of the token log-probs; MFU from
+#        verl's FLOP formula) and decode tokens/s of a random Qwen2 of the Qwen2.5-0.5B and
+#        1.5B shapes in bf16, rpg (bench/gpu/gpu_bench.cpp) next to transformers in the same
+#        venv (bench/gpu/hf_bench.py),
+#     4. write one results file, $OUT/gpu_check.md (tables + the raw JSON lines).
+#   scripts/gpu_check.sh --cpu-dry-run [--build DIR]   here, as a CTest: the same steps on
+#                                                 the CPU (pack, unpack into a temp dir, the
+#                                                 library check, the tests on cpu, the tiny
+#                                                 shape, the results file) so that the first
+#                                                 lent GPU is not spent on a script bug.
+#
+# Building on the GPU machine is not attempted: it has cmake, ninja and a compiler but none
+# of the -dev packages (yaml-cpp, ICU, GoogleTest headers), and a full build does not fit
+# the 8 minutes. The bundle carries the runtime libraries that ldd shows outside libtorch and
+# the C/C++ runtime (yaml-cpp, ICU) instead.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mode=gpu
+build="$here/build"
+out="${OUT:-}"
+bundle="$here/.gpu/rpg-gpu.tar.xz"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --pack) mode=pack ;;
+    --cpu-dry-run) mode=dry ;;
+    --build) build="$(cd "$2" && pwd)"; shift ;;
+    --out) out="$2"; shift ;;
+    --bundle) bundle="$2"; shift ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    *) echo "gpu_check: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" >&2; }
+die() { echo "gpu_check: error: $*" >&2; exit 1; }
+
+BINARIES=(tests/model/model_tests tests/rollout/rollout_tests bench/gpu/gpu_bench)
+
+# The Python that holds torch (+ transformers): the GPU machine's python3, or the venv here.
+pick_python() {
+  if [[ -n "${RPG_PYTHON:-}" && -x "${RPG_PYTHON}" ]]; then echo "$RPG_PYTHON"
+  elif [[ -x "$here/.venv/bin/python" ]]; then echo "$here/.venv/bin/python"
+  else command -v python3 || die "no python3"; fi
+}
+
+# --- pack: here ----------------------------------------------------------------------------
+pack() {  # pack <bundle path>
+  local dest="$1" stage
+  stage="$(mktemp -d)"
+  mkdir -p "$stage/rpg-gpu/bin" "$stage/rpg-gpu/lib"
+  local torch_lib
+  torch_lib="$("$(pick_python)" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  for b in "${BINARIES[@]}"; do
+    [[ -x "$build/$b" ]] || die "$build/$b is not built (cmake --build $build --target $(basename "$b"))"
+    strip --strip-debug -o "$stage/rpg-gpu/bin/$(basename "$b")" "$build/$b"
+    # Libraries outside libtorch's directory and the C/C++ runtime travel with the binaries.
+    ldd "$build/$b" | awk '/=> \//{print $3}' | while read -r lib; do
+      case "$(basename "$lib")" in
+        libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libgcc_s.so*|libstdc++.so*) continue ;;
+      esac
+      [[ "$(dirname "$(readlink -f "$lib")")" == "$(readlink -f "$torch_lib")" ]] && continue
+      cp -nL "$lib" "$stage/rpg-gpu/lib/" 2>/dev/null || true
+    done
+  done
+  # The CUDA plugin (CUDA graphs): next to the binaries, where core/device.cpp looks for it.
+  if [[ -f "$build/librpg_cuda.so" ]]; then
+    strip --strip-debug -o "$stage/rpg-gpu/bin/librpg_cuda.so" "$build/librpg_cuda.so"
+  elif [[ $mode != dry ]]; then
+    die "$build/librpg_cuda.so is not built (cmake --build $build --target rpg_cuda)"
+  fi
+  "$(pick_python)" -c 'import torch; print(torch.__version__)' > "$stage/rpg-gpu/torch_version"
+  git -C "$here" rev-parse HEAD > "$stage/rpg-gpu/commit" 2>/dev/null || echo unknown > "$stage/rpg-gpu/commit"
+  mkdir -p "$(dirname "$dest")"
+  XZ_OPT="${XZ_OPT:--6 -T0}" tar -C "$stage" -cJf "$dest.tmp" rpg-gpu
+  mv "$dest.tmp" "$dest"
+  rm -rf "$stage"
+  say "bundle $dest: $(du -h "$dest" | cut -f1) ($(tar -tJf "$dest" | grep -c /lib/.) libraries)"
+}
+
+if [[ $mode == pack ]]; then
+  pack "$bundle"
+  exit 0
+fi
+
+# --- run: on the GPU machine (or the dry run here) -----------------------------------------
+py="$(pick_python)"
+work="$(mktemp -d /tmp/rpg-gpu-check.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+if [[ $mode == dry ]]; then
+  bundle="$work/rpg-gpu.tar.xz"
+  XZ_OPT="-0 -T0" pack "$bundle"
+  [[ -n "$out" ]] || out="$work/out"
+  device=cpu; shapes=(tiny); test_devices=cpu
+  train_args=(--batch 2 --seq 64 --steps 2 --warmup 1 --chunk 64)
+  decode_args=(--batch 4 --prompt-len 8 --new-tokens 8)
+  test_filter='*MatchesCpu.*:*OnDevice.*:*EngineTest.GreedyEqualsTransformersGenerate/*:DeviceSelection.*'
+else
+  [[ -f "$bundle" ]] || die "no bundle at $bundle: run 'scripts/gpu_check.sh --pack' here first and carry .gpu"
+  [[ -n "$out" ]] || die "no --out and no \$OUT"
+  device=cuda; shapes=(0.5b 1.5b); test_devices=cuda
+  train_args=(--batch 8 --seq 1024 --steps 5 --warmup 2 --chunk 1024)
+  decode_args=(--batch 64 --prompt-len 128 --new-tokens 256)
+  # Every CUDA instance of the device-generic tests, and the device-selection tests
+  # (not their CLI half: it needs the rpg binary, which is not carried: Arrow is too large).
+  test_filter='*cuda*:DeviceSelection.ACpuRun*:DeviceSelection.TheCudaBackend*'
+fi
+mkdir -p "$out"
+results="$out/gpu_check.md"
+raw="$work/raw.jsonl"
+: > "$raw"
+log="$work/log.txt"
+
+# tar's xz filter needs the xz program; Python's tarfile (lzma) does without.
+tar -C "$work" -xJf "$bundle" 2>/dev/null ||
+  "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$bundle" "$work"
+root="$work/rpg-gpu"
+torch_lib="$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+torch_here="$("$py" -c 'import torch; print(torch.__version__)')"
+torch_built="$(cat "$root/torch_version")"
+# The C++ ABI of libtorch changes between releases: the bundle needs the same torch release
+# (a different CUDA suffix, +cu130 vs +cu128, is fine for the CPU libraries it links).
+[[ "${torch_here%%+*}" == "${torch_built%%+*}" ]] || die "bundle built against torch $torch_built, this python has $torch_here"
+export LD_LIBRARY_PATH="$torch_lib:$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for b in "$root"/bin/*; do
+  if ldd "$b" | grep -q "not found"; then
+    ldd "$b" | grep "not found" >&2
+    die "$(basename "$b"): libraries not found (above)"
+  fi
+done
+say "bundle $(cat "$root/commit"), torch $torch_here from $torch_lib, device $device"
+
+status=0
+# One budget for everything (the lease gives 8 minutes to the whole check): each step's
+# timeout is the smaller of its own cap and what is left; a step with < 15 s left is
+# skipped and counts as a failure.
+default_budget=420
+if [[ $mode == dry ]]; then default_budget=800; fi  # 2 shared cores here, not 16
+deadline=$((SECONDS + ${RPG_GPU_CHECK_BUDGET:-$default_budget}))
+budget() {  # budget <cap seconds> -> seconds to give the next step (0: skip it)
+  local left=$((deadline - SECONDS))
+  if ((left < 15)); then echo 0; elif ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+# 1. The tests. Oracles (transformers) run under this python; fixtures go to the temp dir.
+mkdir -p "$work/build"
+# The dry run has the rpg binary (the CLI half of the device-selection tests); the GPU
+# machine has not (not carried), so those checks are filtered out there.
+if [[ $mode == dry ]]; then ln -s "$build/rpg" "$work/build/rpg"; fi
+for t in model_tests rollout_tests; do
+  say "tests: $t ($test_filter, RPG_TEST_DEVICES=$test_devices)"
+  limit=$(budget 150)
+  if ((limit > 0)) && RPG_TEST_DEVICES=$test_devices RPG_TEST_SOURCE_DIR="$here" RPG_TEST_BINARY_DIR="$work/build" \
+     RPG_TEST_PYTHON="$py" OMP_NUM_THREADS=4 \
+     timeout "$limit" "$root/bin/$t" --gtest_filter="$test_filter" --gtest_brief=1 > "$work/$t.log" 2>&1 &&
+     ! grep -q '^\[  PASSED  \] 0 tests' "$work/$t.log"; then  # a filter that matches nothing fails
+    echo "{\"tests\": \"$t\", \"result\": \"pass\", \"summary\": \"$(grep -E '^\[  PASSED  \]' "$work/$t.log" | head -1)\"}" >> "$raw"
+  else
+    status=1
+    echo "{\"tests\": \"$t\", \"result\": \"FAIL\", \"summary\": \"see the log below\"}" >> "$raw"
+    { echo "--- $t (timeout ${limit}s)"; tail -60 "$work/$t.log" 2>/dev/null; } >> "$log"
+  fi
+done
+
+# 2. The benchmarks, each side in its own process, interleaved per shape.
+bench() {  # bench <label> <command...>
+  local label="$1"; shift
+  say "bench: $label"
+  local limit
+  limit=$(budget 120)
+  if ((limit == 0)) || ! timeout "$limit" "$@" >> "$raw" 2>> "$log"; then
+    status=1
+    echo "{\"bench\": \"$label\", \"result\": \"FAIL\", \"timeout_s\": $limit}" >> "$raw"
+  fi
+}
+for shape in "${shapes[@]}"; do
+  common=(--shape "$shape" --device "$device" --dtype bf16)
+  bench "rpg train $shape" "$root/bin/gpu_bench" "${common[@]}" --what train "${train_args[@]}"
+  bench "transformers train $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what train "${train_args[@]}"
+  bench "rpg decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what decode "${decode_args[@]}"
+  bench "transformers decode $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what decode "${decode_args[@]}"
+  bench "rpg graph decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what graph "${decode_args[@]}"
+done
+
+# 3. One results file.
+gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
+"$py" - "$raw" "$results" "$log" "${gpu_name:-none}" "$(cat "$root/commit")" "$mode" <<'PY'
+import json, sys, datetime
+raw, results, log, gpu, commit, mode = sys.argv[1:7]
+rows = [json.loads(l) for l in open(raw) if l.strip()]
+# verl's FLOP estimate for Qwen2 (verl/utils/flops_counter.py): 6 * dense params * tokens
+# (embedding and lm_head counted) + 12 * sum(seqlen^2) * head_dim * heads * layers.
+SHAPES = {"0.5b": (151936, 896, 4864, 24, 14, 2), "1.5b": (151936, 1536, 8960, 28, 12, 2),
+          "tiny": (512, 64, 128, 2, 4, 2)}
+PEAK = 989.4e12  # H200 SXM dense bf16 (datasheet); KINDS.md measured ~790 on random data
+def flops_per_step(shape, batch, seq):
+    V, C, I, L, H, Hkv = SHAPES[shape]
+    d = C // H
+    attn = C * (H * d + 2 * Hkv * d + H * d)
+    dense = (3 * C * I + attn) * L + 2 * V * C
+    return 6 * dense * batch * seq + 12 * batch * seq * seq * d * H * L
+out = [f"# rpg GPU check ({mode})", "",
+       f"{datetime.datetime.utcnow():%Y-%m-%d %H:%M} UTC, GPU: {gpu}, commit {commit}", "",
+       "## Tests", ""]
+for r in rows:
+    if "tests" in r: out.append(f"- {r['tests']}: **{r['result']}** {r['summary']}")
+out += ["", "## Training step (forward + backward of token log-probs, bf16)", "",
+        "| shape | impl | tokens/step | s/step | tokens/s | MFU (of 989 TFLOP/s; meaningless on a CPU) | rpg / transformers |",
+        "|---|---|---|---|---|---|---|"]
+def find(impl, what, shape):
+    for r in rows:
+        if r.get("impl") == impl and r.get("what") == what and r.get("shape") == shape: return r
+for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
+    for impl in ("rpg", "transformers"):
+        r = find(impl, "train", shape)
+        if not r: out.append(f"| {shape} | {impl} | FAILED | | | | |"); continue
+        mfu = flops_per_step(shape, r["batch"], r["seq"]) / r["seconds_per_step"] / PEAK
+        o = find("transformers" if impl == "rpg" else "rpg", "train", shape)
+        ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
+        out.append(f"| {shape} | {impl} | {r['batch'] * r['seq']} | {r['seconds_per_step']:.4f} | "
+                   f"{r['tokens_per_second']:.0f} | {100 * mfu:.1f}% | {ratio} |")
+out += ["", "## Decode (sampling, no stop token, bf16)", "",
+        "| shape | impl | prompts x new tokens | s | tokens/s | rpg / transformers |", "|---|---|---|---|---|---|"]
+for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
+    for impl in ("rpg", "transformers"):
+        r = find(impl, "decode", shape)
+        if not r: out.append(f"| {shape} | {impl} | FAILED | | | |"); continue
+        o = find("transformers", "decode", shape)
+        ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
+        out.append(f"| {shape} | {impl} | {r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | "
+                   f"{r['tokens_per_second']:.0f} | {ratio} |")
+out += ["", "## Decode steps with fixed shapes (decode_all_slots, greedy): eager vs CUDA graph replay", "",
+        "| shape | slots x steps | eager tokens/s | graph tokens/s | speedup | same tokens |", "|---|---|---|---|---|---|"]
+for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
+    r = find("rpg", "graph", shape)
+    if not r: out.append(f"| {shape} | FAILED | | | | |"); continue
+    g = r.get("graph_tokens_per_second")
+    out.append(f"| {shape} | {r['batch']} x {r['steps']} | {r['eager_tokens_per_second']:.0f} | "
+               + (f"{g:.0f} | {r['graph_speedup']:.2f}x | {r['graph_equals_eager']} |" if g else f"{r.get('graph')} | | |"))
+out += ["", "## Attention kernels rpg ran (scaled_dot_product_attention; math = unfused fallback)", ""]
+for r in rows:
+    if r.get("impl") == "rpg":
+        out.append(f"- {r['what']} {r['shape']}: " + ", ".join(f"{k} -> {v}" for k, v in sorted(r.get("sdpa", {}).items())))
+out += ["", "## Raw", "", "```"] + [json.dumps(r) for r in rows] + ["```"]
+err = open(log).read().strip()
+if err: out += ["", "## Log (stderr, failed test output)", "", "```", err[-12000:], "```"]
+open(results + ".tmp", "w").write("\n".join(out) + "\n")
+import os; os.replace(results + ".tmp", results)
+PY
+say "results: $results"
+cat "$results"
+exit $status
