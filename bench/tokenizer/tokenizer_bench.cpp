@@ -5,9 +5,14 @@
 // vs encode_batch on all cores. Prints MB/s and rpg/HF ratios; no thresholds.
 //
 //   tokenizer_bench [model_dir corpus.txt]   (default: build both with the oracle)
+//   tokenizer_bench --load model_dir         Tokenizer::from_dir alone: wall and CPU time,
+//                                            best of 5 (whole-process start-up next to HF
+//                                            tokenizers: load_bench.py)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -44,7 +49,28 @@ double hf_value(const std::string& out, const std::string& key) {
 
 }  // namespace
 
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+int load_only(const std::filesystem::path& model) {
+  double best_wall = 1e30, best_cpu = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    auto t = std::chrono::steady_clock::now();
+    double c = cpu_seconds();
+    rpg::tok::Tokenizer tok = rpg::tok::Tokenizer::from_dir(model);
+    best_cpu = std::min(best_cpu, cpu_seconds() - c);
+    best_wall = std::min(best_wall, seconds_since(t));
+    if (tok.vocab_size() == 0) return 1;
+  }
+  std::printf("load: Tokenizer::from_dir %.3f s wall, %.3f s CPU (best of 5)\n", best_wall, best_cpu);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "--load") == 0) return load_only(argv[2]);
   rpg::test::TempDir tmp;
   std::filesystem::path model, corpus;
   if (argc >= 3) {

@@ -1,5 +1,4 @@
-// `rpg tokenizer train` and `rpg model init`: argument parsing only; the work is in
-// rpg/tokenizer/bpe_trainer and rpg/model/init.
+// `rpg model init`: argument parsing only; the work is in rpg/model/init.
 #include <iostream>
 
 #include "rpg/cli/commands.h"
@@ -7,33 +6,9 @@
 #include "rpg/core/error.h"
 #include "rpg/model/config.h"
 #include "rpg/model/init.h"
-#include "rpg/tokenizer/bpe_trainer.h"
 #include "rpg/tokenizer/tokenizer.h"
 
 namespace rpg::cli {
-
-int run_tokenizer_train(const std::string& full_name, const std::vector<std::string>& args) {
-  std::vector<std::string> corpus;
-  std::string output;
-  tok::BpeTrainerOptions options;
-  ArgParser parser(full_name,
-                   "Trains a byte-level BPE tokenizer in the Qwen2 style (NFC, Qwen2 split regex, special tokens\n"
-                   "<|endoftext|> <|im_start|> <|im_end|> last) on text files, one text per line, and writes\n"
-                   "tokenizer.json + tokenizer_config.json (eos <|im_end|>, pad <|endoftext|>, chat template).");
-  parser.option_list("--corpus", &corpus, "a text file (may be given several times)", "FILE")
-      .option("--vocab-size", &options.vocab_size, "total vocabulary including the 256 bytes and 3 specials (default 4096)")
-      .option("--min-frequency", &options.min_frequency, "stop when the best pair occurs fewer times (default 2)")
-      .option("--chat-template", &options.chat_template, "qwen2.5 (the Qwen2.5-Instruct template, default) or chatml", "NAME")
-      .option("--output", &output, "the tokenizer directory to write (replaced atomically)", "DIR")
-      .epilog("example: rpg tokenizer train --corpus data/sft.txt --vocab-size 4096 --output runs/tok");
-  if (!parser.parse(args)) return 0;
-  if (corpus.empty()) throw UsageError(str(full_name, ": --corpus FILE is required"));
-  if (output.empty()) throw UsageError(str(full_name, ": --output DIR is required"));
-  std::vector<std::filesystem::path> files(corpus.begin(), corpus.end());
-  auto bpe = tok::train_bpe_files(files, output, options);
-  std::cout << "tokenizer: " << bpe.tokens.size() << " tokens (" << bpe.merges.size() << " merges) -> " << output << "\n";
-  return 0;
-}
 
 int run_model_init(const std::string& full_name, const std::vector<std::string>& args) {
   std::string tokenizer_dir, output;

@@ -4,11 +4,25 @@
 // Global options, before the command: `--threads N` (or the environment variable
 // RPG_NUM_THREADS; the flag wins) sets libtorch's intra-op thread count before any tensor
 // work, i.e. before libtorch's OpenMP pool spawns its threads.
+//
+// Compiled twice (src/rpg/cli/CMakeLists.txt). With RPG_CLI_FRONT it is `rpg`, a binary
+// without libtorch: it runs the torch-free commands itself (a tokenizer or data command
+// pays neither libtorch's ~0.7 s load nor its ~130 MiB) and replaces itself (execv: same
+// process id, standard streams and exit status) by `rpg-torch` from its own directory for
+// the commands that need libtorch, with the same arguments. Without it, it is `rpg-torch`,
+// which runs every command.
+#ifndef RPG_CLI_FRONT
 #include <ATen/Parallel.h>
+#endif
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -87,11 +101,28 @@ void apply_global_options(std::vector<std::string>& args) {
     const std::string n = std::to_string(*threads);
     setenv("OMP_NUM_THREADS", n.c_str(), 1);
     setenv("MKL_NUM_THREADS", n.c_str(), 1);
+#ifndef RPG_CLI_FRONT
     at::set_num_threads(*threads);
+#endif
   }
 }
 
-int dispatch(std::vector<std::string> args) {
+#ifdef RPG_CLI_FRONT
+// The command needs libtorch: become rpg-torch (beside this binary) with the same arguments.
+[[noreturn]] void exec_torch_binary(char** argv) {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) self = argv[0];
+  const std::string torch = (self.parent_path() / "rpg-torch").string();
+  argv[0] = const_cast<char*>(torch.c_str());
+  std::cout.flush();
+  execv(torch.c_str(), argv);
+  throw rpg::IoError(rpg::str(torch, ": cannot run it (", std::strerror(errno),
+                              "); the commands that need libtorch are in that binary: build the rpg target"));
+}
+#endif
+
+int dispatch(std::vector<std::string> args, [[maybe_unused]] char** argv) {
   apply_global_options(args);
   if (args.empty()) {
     print_help();
@@ -101,7 +132,11 @@ int dispatch(std::vector<std::string> args) {
     print_help();
     return 0;
   }
+#ifdef RPG_CLI_FRONT
+  if (args[0] == "--version") exec_torch_binary(argv);
+#else
   if (args[0] == "--version") return rpg::cli::run_version("rpg --version", {});
+#endif
 
   // Longest command name that the arguments start with.
   const rpg::cli::Command* best = nullptr;
@@ -138,6 +173,9 @@ int dispatch(std::vector<std::string> args) {
                                    hint.empty() ? "" : rpg::str("; did you mean '", hint, "'?"),
                                    " (see 'rpg --help')"));
   }
+#ifdef RPG_CLI_FRONT
+  if (!best->run) exec_torch_binary(argv);
+#endif
   std::vector<std::string> rest(args.begin() + static_cast<std::ptrdiff_t>(best_words), args.end());
   return best->run("rpg " + best->name, rest);
 }
@@ -147,7 +185,7 @@ int dispatch(std::vector<std::string> args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    return dispatch(args);
+    return dispatch(args, argv);
   } catch (const rpg::Preempted& e) {
     std::cout.flush();
     std::fprintf(stderr, "rpg: preempted: %s\n", e.what());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <deque>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -167,7 +168,7 @@ void load_decoder(Tokenizer::Impl& t, const json& d, const std::string& where) {
   }
 }
 
-void set_token(Tokenizer::Impl& t, TokenId id, const std::string& token, std::string bytes, IdKind kind) {
+void set_token(Tokenizer::Impl& t, TokenId id, std::string_view token, std::string_view bytes, IdKind kind) {
   if (id < 0 || id > (1 << 28)) bad(t.origin, str("token id ", id, " out of range"));
   size_t need = static_cast<size_t>(id) + 1;
   if (t.id_kind.size() < need) {
@@ -176,9 +177,28 @@ void set_token(Tokenizer::Impl& t, TokenId id, const std::string& token, std::st
     t.id_token.resize(need);
   }
   t.id_kind[id] = kind;
-  t.id_bytes[id] = std::move(bytes);
-  t.id_token[id] = token;
+  t.id_bytes.set(id, bytes);
+  t.id_token.set(id, token);
 }
+
+// model.vocab and model.merges as read from tokenizer.json, before they are checked against
+// each other. The strings are views of the JSON text where they had no escapes, else of
+// `owned`.
+struct StreamedModel {
+  struct Entry {
+    std::string_view token;
+    int64_t id;
+  };
+  struct Merge {
+    std::string_view a, b;
+    bool from_string;  // "a b" (else ["a", "b"]), for error messages
+  };
+  std::deque<std::string> owned;
+  std::vector<Entry> vocab;
+  std::vector<Merge> merges;
+  bool have_vocab = false, have_merges = false;
+  std::string_view own(std::string s) { return owned.emplace_back(std::move(s)); }
+};
 
 // tokenizer.json read in one pass without a DOM for its two big parts: model.vocab (an
 // object of ~150k entries) and model.merges (an array of ~150k pairs) are streamed into
@@ -188,15 +208,8 @@ void set_token(Tokenizer::Impl& t, TokenId id, const std::string& token, std::st
 // merges that are not an array are left to the DOM and its checks.
 class TokenizerJsonSax {
  public:
-  struct Merge {
-    std::string a, b;
-    bool from_string;  // "a b" (else ["a", "b"]), for error messages
-  };
-  std::vector<std::pair<std::string, int64_t>> vocab;
-  std::vector<Merge> merges;
-  bool have_vocab = false, have_merges = false;
-
-  TokenizerJsonSax(json& root, const std::string& origin) : dom_(root), origin_(origin) {}
+  TokenizerJsonSax(json& root, StreamedModel& out, const std::string& origin)
+      : out_(out), dom_(root), origin_(origin) {}
 
   bool null() { return mode_ != Mode::kNone ? other() : dom_.null(); }
   bool boolean(bool v) { return mode_ != Mode::kNone ? other() : dom_.boolean(v); }
@@ -213,8 +226,9 @@ class TokenizerJsonSax {
     if (mode_ == Mode::kMerges && pair_depth_ == 0) {
       size_t sp = v.find(' ');
       if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
-        bad(origin_, str("model.merges[", merges.size(), "]: expected \"left right\", got ", json(v).dump()));
-      merges.push_back({v.substr(0, sp), v.substr(sp + 1), true});
+        bad(origin_, str("model.merges[", out_.merges.size(), "]: expected \"left right\", got ", json(v).dump()));
+      std::string_view whole = out_.own(std::move(v));
+      out_.merges.push_back({whole.substr(0, sp), whole.substr(sp + 1), true});
       return true;
     }
     if (mode_ == Mode::kMerges && pair_.size() < 2) {
@@ -225,9 +239,9 @@ class TokenizerJsonSax {
   }
   bool start_object(std::size_t n) {
     if (mode_ != Mode::kNone) return other();
-    if (at_model_key("vocab") && !have_vocab) {
+    if (at_model_key("vocab") && !out_.have_vocab) {
       mode_ = Mode::kVocab;
-      have_vocab = true;
+      out_.have_vocab = true;
       return true;
     }
     frames_.push_back({true, {}});
@@ -258,9 +272,9 @@ class TokenizerJsonSax {
       return true;
     }
     if (mode_ != Mode::kNone) return other();
-    if (at_model_key("merges") && !have_merges) {
+    if (at_model_key("merges") && !out_.have_merges) {
       mode_ = Mode::kMerges;
-      have_merges = true;
+      out_.have_merges = true;
       return true;
     }
     frames_.push_back({false, {}});
@@ -273,7 +287,8 @@ class TokenizerJsonSax {
         return true;
       }
       if (pair_.size() != 2) other();
-      merges.push_back({std::move(pair_[0]), std::move(pair_[1]), false});
+      std::string_view a = out_.own(std::move(pair_[0])), b = out_.own(std::move(pair_[1]));
+      out_.merges.push_back({a, b, false});
       pair_depth_ = 0;
       return true;
     }
@@ -299,15 +314,16 @@ class TokenizerJsonSax {
   bool integer(int64_t id) {
     if (mode_ != Mode::kVocab) return other();
     if (id < 0 || id > (1 << 28)) bad(origin_, str("model.vocab[", json(key_).dump(), "]: id ", id, " out of range"));
-    vocab.emplace_back(std::move(key_), id);
+    out_.vocab.push_back({out_.own(std::move(key_)), id});
     return true;
   }
   // Anything else inside the streamed parts.
   [[noreturn]] bool other() {
     if (mode_ == Mode::kVocab) bad(origin_, str("model.vocab[", json(key_).dump(), "]: expected an integer id"));
-    bad(origin_, str("model.merges[", merges.size(), "]: expected a pair of strings"));
+    bad(origin_, str("model.merges[", out_.merges.size(), "]: expected a pair of strings"));
   }
 
+  StreamedModel& out_;
   nlohmann::detail::json_sax_dom_parser<json> dom_;
   const std::string& origin_;
   std::vector<Frame> frames_;
@@ -317,7 +333,287 @@ class TokenizerJsonSax {
   std::vector<std::string> pair_;
 };
 
-void load_model(Tokenizer::Impl& t, const json& m, const TokenizerJsonSax& streamed) {
+// The fast path for tokenizer.json: a scanner made for what Hugging Face writes. It reads
+// model.vocab and model.merges straight into StreamedModel (views of the text: no copy of a
+// string without escapes) and hands the rest of the file, with those two values replaced by
+// `null`, to nlohmann (a few kB: added_tokens, normalizer, pre_tokenizer, ...). Anything it
+// does not handle (a control character, a surrogate escape, invalid UTF-8, a non-integer or
+// out-of-range id, a duplicate "model"/"vocab"/"merges" key, a merge that is not "a b" or
+// ["a", "b"], ...) makes it give up and the file is read again by the full parser (the SAX
+// path above), which accepts or rejects it with its own messages. So it accepts only what
+// the full parser accepts, with the same result (test RealQwenVocab.FastLoadEqualsFullParse
+// and the tokenizer_json fuzz target compare the two).
+class FastTokenizerJson {
+ public:
+  FastTokenizerJson(std::string_view text, StreamedModel& out) : p_(text.data()), end_(text.data() + text.size()), out_(out) {}
+
+  // False: not handled here (use the full parser). Else `rest` is the file without the two.
+  bool run(std::string& rest) {
+    const char* copied = p_;
+    ws();
+    if (!eat('{')) return false;
+    ws();
+    if (at('}')) return false;
+    bool seen_model = false;
+    for (;;) {
+      std::string_view key;
+      if (!string(key)) return false;
+      ws();
+      if (!eat(':')) return false;
+      ws();
+      if (key == "model") {
+        if (seen_model || !at('{')) return false;
+        seen_model = true;
+        if (!model(rest, copied)) return false;
+      } else if (!skip_value()) {
+        return false;
+      }
+      ws();
+      if (eat(',')) {
+        ws();
+        continue;
+      }
+      if (eat('}')) break;
+      return false;
+    }
+    ws();
+    if (p_ != end_ || !seen_model) return false;
+    rest.append(copied, end_);
+    return true;
+  }
+
+ private:
+  const char* p_;
+  const char* end_;
+  StreamedModel& out_;
+
+  void ws() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+  bool at(char c) const { return p_ < end_ && *p_ == c; }
+  bool eat(char c) {
+    if (!at(c)) return false;
+    ++p_;
+    return true;
+  }
+
+  // The object that is root.model, at '{'.
+  bool model(std::string& rest, const char*& copied) {
+    ++p_;
+    ws();
+    if (eat('}')) return true;
+    for (;;) {
+      std::string_view key;
+      if (!string(key)) return false;
+      ws();
+      if (!eat(':')) return false;
+      ws();
+      const bool is_vocab = key == "vocab", is_merges = key == "merges";
+      if (is_vocab || is_merges) {
+        if (is_vocab ? out_.have_vocab : out_.have_merges) return false;
+        const char* start = p_;
+        if (!(is_vocab ? vocab() : merges())) return false;
+        (is_vocab ? out_.have_vocab : out_.have_merges) = true;
+        rest.append(copied, start).append("null");
+        copied = p_;
+      } else if (!skip_value()) {
+        return false;
+      }
+      ws();
+      if (eat(',')) {
+        ws();
+        continue;
+      }
+      return eat('}');
+    }
+  }
+
+  // {"token": id, ...}
+  bool vocab() {
+    if (!eat('{')) return false;
+    ws();
+    if (eat('}')) return true;
+    for (;;) {
+      std::string_view token;
+      if (!string(token)) return false;
+      ws();
+      if (!eat(':')) return false;
+      ws();
+      int64_t id = 0;
+      if (!integer(id)) return false;
+      out_.vocab.push_back({token, id});
+      ws();
+      if (eat(',')) {
+        ws();
+        continue;
+      }
+      return eat('}');
+    }
+  }
+
+  // ["a b", ...] or [["a", "b"], ...]
+  bool merges() {
+    if (!eat('[')) return false;
+    ws();
+    if (eat(']')) return true;
+    for (;;) {
+      if (at('"')) {
+        std::string_view both;
+        if (!string(both)) return false;
+        size_t sp = both.find(' ');
+        if (sp == std::string_view::npos || both.find(' ', sp + 1) != std::string_view::npos) return false;
+        out_.merges.push_back({both.substr(0, sp), both.substr(sp + 1), true});
+      } else {
+        std::string_view a, b;
+        if (!eat('[')) return false;
+        ws();
+        if (!string(a)) return false;
+        ws();
+        if (!eat(',')) return false;
+        ws();
+        if (!string(b)) return false;
+        ws();
+        if (!eat(']')) return false;
+        out_.merges.push_back({a, b, false});
+      }
+      ws();
+      if (eat(',')) {
+        ws();
+        continue;
+      }
+      return eat(']');
+    }
+  }
+
+  // A non-negative integer id up to 2^28, as JSON writes it (no sign, no leading zero,
+  // no fraction or exponent).
+  bool integer(int64_t& v) {
+    const char* s = p_;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9' && p_ - s < 10) v = v * 10 + (*p_++ - '0');
+    if (p_ == s || (*s == '0' && p_ - s > 1) || v > (1 << 28)) return false;
+    return !(p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E' || (*p_ >= '0' && *p_ <= '9')));
+  }
+
+  // A string at '"': its value as a view of the text, or of a decoded copy when it has escapes.
+  bool string(std::string_view& value) {
+    if (!eat('"')) return false;
+    const char* s = p_;
+    bool ascii = true;
+    while (p_ < end_) {
+      unsigned char c = static_cast<unsigned char>(*p_);
+      if (c == '"' || c == '\\' || c < 0x20) break;
+      ascii = ascii && c < 0x80;
+      ++p_;
+    }
+    if (p_ == end_ || static_cast<unsigned char>(*p_) < 0x20) return false;
+    if (*p_ == '"') {
+      value = std::string_view(s, static_cast<size_t>(p_ - s));
+      ++p_;
+      return ascii || valid_utf8(value);
+    }
+    std::string decoded(s, static_cast<size_t>(p_ - s));
+    while (p_ < end_ && *p_ != '"') {
+      unsigned char c = static_cast<unsigned char>(*p_);
+      if (c < 0x20) return false;
+      if (c != '\\') {
+        decoded.push_back(static_cast<char>(c));
+        ++p_;
+        continue;
+      }
+      if (end_ - p_ < 2) return false;
+      char e = p_[1];
+      p_ += 2;
+      switch (e) {
+        case '"': decoded.push_back('"'); break;
+        case '\\': decoded.push_back('\\'); break;
+        case '/': decoded.push_back('/'); break;
+        case 'b': decoded.push_back('\b'); break;
+        case 'f': decoded.push_back('\f'); break;
+        case 'n': decoded.push_back('\n'); break;
+        case 'r': decoded.push_back('\r'); break;
+        case 't': decoded.push_back('\t'); break;
+        case 'u': {
+          if (end_ - p_ < 4) return false;
+          char32_t cp = 0;
+          for (int k = 0; k < 4; ++k) {
+            char h = *p_++;
+            int d = h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+            if (d < 0) return false;
+            cp = cp * 16 + static_cast<char32_t>(d);
+          }
+          if (cp >= 0xD800 && cp <= 0xDFFF) return false;  // surrogates: the full parser
+          tok::append_utf8(decoded, cp);
+          break;
+        }
+        default: return false;
+      }
+    }
+    if (!eat('"') || !valid_utf8(decoded)) return false;
+    value = out_.own(std::move(decoded));
+    return true;
+  }
+
+  // Any other value, skipped: nlohmann parses (and checks) it with the rest of the file.
+  bool skip_value() {
+    if (at('"')) return skip_string();
+    if (at('{') || at('[')) {
+      int depth = 0;
+      while (p_ < end_) {
+        char c = *p_;
+        if (c == '"') {
+          if (!skip_string()) return false;
+          continue;
+        }
+        ++p_;
+        if (c == '{' || c == '[') ++depth;
+        else if ((c == '}' || c == ']') && --depth == 0) return true;
+      }
+      return false;
+    }
+    const char* s = p_;
+    while (p_ < end_ && *p_ != ',' && *p_ != '}' && *p_ != ']' && *p_ != ' ' && *p_ != '\n' && *p_ != '\r' && *p_ != '\t') ++p_;
+    return p_ > s;
+  }
+  bool skip_string() {
+    ++p_;
+    while (p_ < end_) {
+      if (*p_ == '\\') p_ += 2;
+      else if (*p_++ == '"') return true;
+    }
+    return false;
+  }
+
+  // Well-formed UTF-8 as JSON parsers require it (no overlong forms, surrogates or code
+  // points above U+10FFFF).
+  static bool valid_utf8(std::string_view s) {
+    const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+    const auto* e = p + s.size();
+    while (p < e) {
+      unsigned c = *p;
+      if (c < 0x80) {
+        ++p;
+        continue;
+      }
+      int n;
+      char32_t cp;
+      if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F;
+      else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F;
+      else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07;
+      else return false;
+      if (e - p <= n) return false;
+      for (int k = 1; k <= n; ++k) {
+        if ((p[k] & 0xC0) != 0x80) return false;
+        cp = (cp << 6) | (p[k] & 0x3F);
+      }
+      if (n == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) return false;
+      if (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) return false;
+      p += n + 1;
+    }
+    return true;
+  }
+};
+
+void load_model(Tokenizer::Impl& t, const json& m, const StreamedModel& streamed) {
   const std::string w = "model";
   if (!m.is_object()) bad(t.origin, "model: expected an object");
   std::string type = m.contains("type") ? get_string(m["type"], t.origin, "model.type") : "BPE";
@@ -328,26 +624,46 @@ void load_model(Tokenizer::Impl& t, const json& m, const TokenizerJsonSax& strea
     if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
       bad(t.origin, str("model.", k, ": unsupported"));
   t.ignore_merges = opt_bool(m, "ignore_merges", false, t.origin, w);
-  auto add_vocab = [&t](const std::string& token, int64_t id) {
-    std::string bytes = token_to_bytes(token);
+  std::string bytes;
+  auto add_vocab = [&t, &bytes](std::string_view token, int64_t id, bool in_token_ids = false) {
+    bytes.clear();
+    append_token_bytes(bytes, token);
     set_token(t, static_cast<TokenId>(id), token, bytes, IdKind::kModel);
-    t.token_ids[token] = static_cast<TokenId>(id);
-    t.bytes_ids.emplace(std::move(bytes), static_cast<TokenId>(id));
+    if (!in_token_ids) t.token_ids.insert_or_assign(token, static_cast<TokenId>(id));
+    if (t.ignore_merges) t.bytes_ids.try_emplace(bytes, static_cast<TokenId>(id));
   };
   if (streamed.have_vocab) {
-    t.token_ids.reserve(streamed.vocab.size() * 2);
-    t.bytes_ids.reserve(streamed.vocab.size() * 2);
-    // A key given twice: the last id wins, as in a parsed JSON object.
-    std::unordered_map<std::string_view, size_t> last;
-    for (size_t i = 0; i < streamed.vocab.size(); ++i) last[streamed.vocab[i].first] = i;
-    const bool dups = last.size() != streamed.vocab.size();
-    for (size_t i = 0; i < streamed.vocab.size(); ++i)
-      if (!dups || last[streamed.vocab[i].first] == i) add_vocab(streamed.vocab[i].first, streamed.vocab[i].second);
+    const auto& vocab = streamed.vocab;
+    size_t text_bytes = 0;
+    for (const auto& e : vocab) text_bytes += e.token.size();
+    t.token_ids.reserve(vocab.size());
+    if (t.ignore_merges) t.bytes_ids.reserve(vocab.size());
+    t.id_token.reserve(vocab.size(), text_bytes);
+    t.id_bytes.reserve(vocab.size(), text_bytes);
+    // Keys are unique in every real file: add them in one pass.
+    bool dups = false;
+    for (size_t i = 0; i < vocab.size() && !dups; ++i) {
+      dups = !t.token_ids.try_emplace(vocab[i].token, static_cast<TokenId>(vocab[i].id)).second;
+      if (!dups) add_vocab(vocab[i].token, vocab[i].id, /*in_token_ids=*/true);
+    }
+    if (dups) {
+      // A key given twice: the last id wins, as in a parsed JSON object, and only the last
+      // occurrence names a token. Start again, knowing each key's last occurrence.
+      t.token_ids.clear();
+      t.bytes_ids.clear();
+      t.id_kind.clear();
+      t.id_token = StringTable();
+      t.id_bytes = StringTable();
+      StringIdMap last;
+      for (size_t i = 0; i < vocab.size(); ++i) last.insert_or_assign(vocab[i].token, static_cast<TokenId>(i));
+      for (size_t i = 0; i < vocab.size(); ++i)
+        if (*last.find(vocab[i].token) == static_cast<TokenId>(i)) add_vocab(vocab[i].token, vocab[i].id);
+    }
   } else {
     const json& vocab = field(m, "vocab", t.origin, w);
     if (!vocab.is_object()) bad(t.origin, "model.vocab: expected an object");
-    t.token_ids.reserve(vocab.size() * 2);
-    t.bytes_ids.reserve(vocab.size() * 2);
+    t.token_ids.reserve(vocab.size());
+    t.bytes_ids.reserve(vocab.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
       if (!it.value().is_number_integer()) bad(t.origin, str("model.vocab[", json(it.key()).dump(), "]: expected an integer id"));
       int64_t id = it.value().get<int64_t>();
@@ -359,22 +675,35 @@ void load_model(Tokenizer::Impl& t, const json& m, const TokenizerJsonSax& strea
   for (int b = 0; b < 256; ++b) {
     std::string s;
     tok::append_utf8(s, bm.to_char[b]);
-    auto it = t.token_ids.find(s);
-    t.byte_id[b] = it == t.token_ids.end() ? -1 : it->second;
+    const TokenId* id = t.token_ids.find(s);
+    t.byte_id[b] = id ? *id : -1;
   }
-  auto add_merge = [&t](size_t r, const std::string& a, const std::string& b, const auto& shown) {
-    auto ia = t.token_ids.find(a), ib = t.token_ids.find(b), ic = t.token_ids.find(a + b);
-    if (ia == t.token_ids.end() || ib == t.token_ids.end())
-      bad(t.origin, str("model.merges[", r, "]: token not in vocab: ", shown()));
-    if (ic == t.token_ids.end())
-      bad(t.origin, str("model.merges[", r, "]: merged token ", json(a + b).dump(), " not in vocab"));
-    t.merges.insert(ia->second, ib->second, {static_cast<int32_t>(r), ic->second});
+  std::string joined;
+  auto add_merge = [&t, &joined](size_t r, std::string_view a, std::string_view b, const auto& shown) {
+    joined.assign(a).append(b);
+    const TokenId *ia = t.token_ids.find(a), *ib = t.token_ids.find(b), *ic = t.token_ids.find(joined);
+    if (!ia || !ib) bad(t.origin, str("model.merges[", r, "]: token not in vocab: ", shown()));
+    if (!ic) bad(t.origin, str("model.merges[", r, "]: merged token ", json(joined).dump(), " not in vocab"));
+    t.merges.insert(*ia, *ib, {static_cast<int32_t>(r), *ic});
   };
   if (streamed.have_merges) {
-    t.merges.reserve(streamed.merges.size());
-    for (size_t r = 0; r < streamed.merges.size(); ++r) {
-      const auto& e = streamed.merges[r];
-      add_merge(r, e.a, e.b, [&] { return e.from_string ? json(e.a + " " + e.b).dump() : json::array({e.a, e.b}).dump(); });
+    const auto& merges = streamed.merges;
+    t.merges.reserve(merges.size());
+    // The lookups miss the cache; asking for the slots a few merges ahead overlaps the misses.
+    constexpr size_t kAhead = 8;
+    for (size_t r = 0; r < std::min(kAhead, merges.size()); ++r) {
+      t.token_ids.prefetch(merges[r].a);
+      t.token_ids.prefetch(merges[r].b);
+    }
+    for (size_t r = 0; r < merges.size(); ++r) {
+      if (r + kAhead < merges.size()) {
+        t.token_ids.prefetch(merges[r + kAhead].a);
+        t.token_ids.prefetch(merges[r + kAhead].b);
+      }
+      const auto& e = merges[r];
+      add_merge(r, e.a, e.b, [&] {
+        return e.from_string ? json(str(e.a, " ", e.b)).dump() : json::array({std::string(e.a), std::string(e.b)}).dump();
+      });
     }
     return;
   }
@@ -423,7 +752,7 @@ void load_added(Tokenizer::Impl& t, const json& list) {
     std::string valid;
     if (!tok::sanitize_utf8(tk.content, valid)) bad(t.origin, w + ".content: invalid UTF-8");
     set_token(t, tk.id, tk.content, tk.content, tk.special ? IdKind::kSpecial : IdKind::kAdded);
-    t.token_ids[tk.content] = tk.id;
+    t.token_ids.insert_or_assign(tk.content, tk.id);
     t.added.push_back(std::move(tk));
   }
   for (size_t i = 0; i < t.added.size(); ++i) {
@@ -468,14 +797,35 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
   auto t = std::make_shared<Impl>();
   t->origin = origin;
   json root;
-  TokenizerJsonSax sax(root, origin);
-  try {
-    json::sax_parse(tokenizer_json.begin(), tokenizer_json.end(), &sax);
-  } catch (const json::exception& e) {
-    bad(origin, str("invalid JSON: ", e.what()));
+  StreamedModel streamed;
+  bool fast = false;
+  if (!tokenizer_detail::full_json_parse_only()) {
+    std::string rest;
+    if (FastTokenizerJson(tokenizer_json, streamed).run(rest)) {
+      try {
+        root = json::parse(rest);
+        const json& m = root.at("model");
+        fast = m.is_object() && (!streamed.have_vocab || m.at("vocab").is_null()) &&
+               (!streamed.have_merges || m.at("merges").is_null());
+      } catch (const json::exception&) {
+        fast = false;
+      }
+    }
+  }
+  if (fast) {
+    ++tokenizer_detail::fast_json_loads();
+  } else {
+    root = json();
+    streamed = StreamedModel();
+    TokenizerJsonSax sax(root, streamed, origin);
+    try {
+      json::sax_parse(tokenizer_json.begin(), tokenizer_json.end(), &sax);
+    } catch (const json::exception& e) {
+      bad(origin, str("invalid JSON: ", e.what()));
+    }
   }
   if (!root.is_object()) bad(origin, "expected a JSON object");
-  load_model(*t, field(root, "model", origin, "root"), sax);
+  load_model(*t, field(root, "model", origin, "root"), streamed);
   if (root.contains("truncation") && !root["truncation"].is_null()) bad(origin, "truncation: unsupported");
   if (root.contains("padding") && !root["padding"].is_null()) bad(origin, "padding: unsupported");
   load_normalizer(*t, root.value("normalizer", json()), "normalizer");

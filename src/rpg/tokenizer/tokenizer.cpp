@@ -25,9 +25,8 @@ using tok::SplitPattern;
 
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) const {
   if (ignore_merges) {
-    auto it = bytes_ids.find(piece);
-    if (it != bytes_ids.end()) {
-      out.push_back(it->second);
+    if (const TokenId* id = bytes_ids.find(piece)) {
+      out.push_back(*id);
       return;
     }
   }
@@ -273,13 +272,13 @@ size_t Tokenizer::vocab_size() const { return impl_->id_kind.size(); }
 std::string Tokenizer::id_to_token(TokenId id) const {
   if (id < 0 || static_cast<size_t>(id) >= impl_->id_kind.size() || impl_->id_kind[id] == IdKind::kNone)
     throw ValueError(str("token id ", id, " is not in the vocabulary of ", impl_->origin));
-  return impl_->id_token[id];
+  return std::string(impl_->id_token[id]);
 }
 
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token) const {
-  auto it = impl_->token_ids.find(token);
-  if (it == impl_->token_ids.end()) return std::nullopt;
-  return it->second;
+  const TokenId* id = impl_->token_ids.find(token);
+  if (!id) return std::nullopt;
+  return *id;
 }
 
 bool Tokenizer::is_special(TokenId id) const {

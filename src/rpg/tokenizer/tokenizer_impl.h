@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,35 +29,155 @@ using tok::SplitPattern;
 // GPT-2's reversible byte <-> printable character map used by the byte-level
 // pre-tokenizer: printable Latin-1 bytes stand for themselves, the other 68 bytes are
 // shifted to U+0100.. in byte order.
+// The characters are all below U+0144, so the reverse map is a table.
 struct ByteMap {
+  static constexpr char32_t kChars = 256 + 68;
   std::array<char32_t, 256> to_char{};
-  std::unordered_map<char32_t, uint8_t> to_byte;
+  std::array<int16_t, kChars> to_byte{};  // -1: not a byte character
   ByteMap() {
+    to_byte.fill(-1);
     char32_t next = 256;
     for (int b = 0; b < 256; ++b) {
       bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
       to_char[b] = printable ? static_cast<char32_t>(b) : next++;
-      to_byte[to_char[b]] = static_cast<uint8_t>(b);
+      to_byte[to_char[b]] = static_cast<int16_t>(b);
     }
   }
+  int byte_of(char32_t c) const { return c < kChars ? to_byte[c] : -1; }
 };
 inline const ByteMap& byte_map() {
   static const ByteMap m;
   return m;
 }
 
-// A byte-level token string back to the bytes it stands for. Characters outside the map
-// are kept as their own UTF-8, as the Hugging Face ByteLevel decoder does.
-inline std::string token_to_bytes(std::string_view token) {
+// A byte-level token string back to the bytes it stands for, appended to `out`. Characters
+// outside the map are kept as their own UTF-8, as the Hugging Face ByteLevel decoder does.
+inline void append_token_bytes(std::string& out, std::string_view token) {
   const auto& m = byte_map();
-  std::string out;
   for_each_codepoint(token, [&](const CodePoint& c) {
-    auto it = c.valid ? m.to_byte.find(c.cp) : m.to_byte.end();
-    if (it != m.to_byte.end()) out.push_back(static_cast<char>(it->second));
+    int b = c.valid ? m.byte_of(c.cp) : -1;
+    if (b >= 0) out.push_back(static_cast<char>(b));
     else out.append(token.substr(c.pos, c.len));  // ill-formed bytes pass through
   });
+}
+inline std::string token_to_bytes(std::string_view token) {
+  std::string out;
+  append_token_bytes(out, token);
   return out;
 }
+
+// Strings by token id, all in one buffer (a vocabulary is ~150k short strings: one
+// std::string each costs an allocation or 32 bytes apiece). Filled while loading, then
+// read-only.
+class StringTable {
+ public:
+  size_t size() const { return spans_.size(); }
+  void resize(size_t n) { spans_.resize(n, Span{0, 0}); }
+  void reserve(size_t n, size_t bytes) {
+    spans_.reserve(n);
+    data_.reserve(bytes);
+  }
+  void set(size_t i, std::string_view s) {
+    spans_[i] = Span{static_cast<uint32_t>(data_.size()), static_cast<uint32_t>(s.size())};
+    data_.append(s);
+  }
+  std::string_view operator[](size_t i) const { return std::string_view(data_).substr(spans_[i].off, spans_[i].len); }
+
+ private:
+  struct Span {
+    uint32_t off, len;
+  };
+  std::string data_;
+  std::vector<Span> spans_;
+};
+
+// String -> token id, open addressing with linear probing; the keys live in one buffer.
+// Replaces std::unordered_map<std::string, TokenId>, whose one node per entry made loading
+// a 150k vocabulary slow (allocations, and cache misses on every merge's three lookups).
+class StringIdMap {
+ public:
+  size_t size() const { return size_; }
+  void clear() {
+    keys_.clear();
+    slots_.clear();
+    size_ = mask_ = 0;
+  }
+  // Room for n keys without rehashing (load factor <= 0.7: a 150k vocabulary takes 2^18
+  // slots, 4 MiB).
+  void reserve(size_t n) {
+    if (n * 10 > slots_.size() * 7) rehash(n * 10 / 7 + 1);
+  }
+  // Where the key's probe sequence starts: prefetched ahead of a find() on a batch of keys.
+  void prefetch(std::string_view key) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[hash(key) & mask_]);
+  }
+  // Inserts `key` -> `id`, or finds the existing entry. Returns its value and whether it is new.
+  std::pair<TokenId*, bool> try_emplace(std::string_view key, TokenId id) {
+    if ((size_ + 1) * 10 > slots_.size() * 7) rehash(std::max<size_t>(16, slots_.size() * 2));
+    uint32_t h = hash(key);
+    size_t i = h & mask_;
+    while (slots_[i].id >= 0) {
+      if (slots_[i].hash == h && key_of(slots_[i]) == key) return {&slots_[i].id, false};
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = Slot{h, id, static_cast<uint32_t>(keys_.size()), static_cast<uint32_t>(key.size())};
+    keys_.append(key);
+    ++size_;
+    return {&slots_[i].id, true};
+  }
+  void insert_or_assign(std::string_view key, TokenId id) { *try_emplace(key, id).first = id; }
+  const TokenId* find(std::string_view key) const {
+    if (slots_.empty()) return nullptr;
+    uint32_t h = hash(key);
+    size_t i = h & mask_;
+    while (slots_[i].id >= 0) {
+      if (slots_[i].hash == h && key_of(slots_[i]) == key) return &slots_[i].id;
+      i = (i + 1) & mask_;
+    }
+    return nullptr;
+  }
+
+ private:
+  struct Slot {
+    uint32_t hash;
+    TokenId id;  // -1: empty
+    uint32_t off, len;
+  };
+  static uint32_t hash(std::string_view s) {
+    // FNV-1a over 8-byte words, then a 64-bit finaliser: token strings are short.
+    uint64_t h = 0xcbf29ce484222325ULL ^ s.size();
+    size_t i = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, s.data() + i, 8);
+      h = (h ^ w) * 0x100000001b3ULL;
+    }
+    uint64_t tail = 0;
+    std::memcpy(&tail, s.data() + i, s.size() - i);
+    h = (h ^ tail) * 0x100000001b3ULL;
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return static_cast<uint32_t>(h);
+  }
+  std::string_view key_of(const Slot& s) const { return std::string_view(keys_).substr(s.off, s.len); }
+  void rehash(size_t want) {
+    size_t cap = 16;
+    while (cap < want) cap <<= 1;
+    std::vector<Slot> old(cap, Slot{0, -1, 0, 0});
+    old.swap(slots_);
+    mask_ = cap - 1;
+    for (const Slot& s : old) {
+      if (s.id < 0) continue;
+      size_t i = s.hash & mask_;
+      while (slots_[i].id >= 0) i = (i + 1) & mask_;
+      slots_[i] = s;
+    }
+  }
+  std::string keys_;
+  std::vector<Slot> slots_;
+  size_t size_ = 0, mask_ = 0;
+};
 
 // Open-addressing map from a pair of token ids to (merge rank, merged id). The merge
 // lookup is the innermost operation of BPE, so it avoids std::unordered_map's node chasing.
@@ -226,6 +347,18 @@ inline uint64_t next_tokenizer_id() {
 
 enum class IdKind : uint8_t { kNone, kModel, kAdded, kSpecial };
 
+// Test switch: true makes the loader skip its fast tokenizer.json scanner and read every
+// file with the full JSON parser, so tests can compare the two (load.cpp).
+inline bool& full_json_parse_only() {
+  static bool only = false;
+  return only;
+}
+// How many tokenizer.json files the fast scanner has read (the rest went to the full parser).
+inline std::atomic<int64_t>& fast_json_loads() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
 }  // namespace tokenizer_detail
 
 using namespace tokenizer_detail;  // NOLINT: the module's own private names
@@ -233,11 +366,11 @@ using namespace tokenizer_detail;  // NOLINT: the module's own private names
 struct Tokenizer::Impl {
   std::string origin;
   // Model.
-  std::vector<std::string> id_bytes;   // raw bytes (model tokens) or content (added tokens)
-  std::vector<std::string> id_token;   // the token string of tokenizer.json
+  StringTable id_bytes;  // raw bytes (model tokens) or content (added tokens)
+  StringTable id_token;  // the token string of tokenizer.json
   std::vector<IdKind> id_kind;
-  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> token_ids;  // vocab + added
-  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> bytes_ids;  // model vocab by bytes
+  StringIdMap token_ids;  // vocab + added
+  StringIdMap bytes_ids;  // model vocab by bytes (built only with ignore_merges, its only user)
   std::array<TokenId, 256> byte_id{};
   MergeMap merges;
   bool ignore_merges = false;
@@ -259,9 +392,9 @@ struct Tokenizer::Impl {
   void append_decoded(std::string& out, std::string& pending, TokenId id, bool skip_special) const;
   std::optional<TokenId> id_of(const std::string& token) const {
     if (token.empty()) return std::nullopt;
-    auto it = token_ids.find(token);
-    if (it == token_ids.end()) return std::nullopt;
-    return it->second;
+    const TokenId* id = token_ids.find(token);
+    if (!id) return std::nullopt;
+    return *id;
   }
 };
 
