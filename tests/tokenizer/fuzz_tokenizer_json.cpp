@@ -18,7 +18,7 @@
 namespace {
 
 std::string outcome(std::string_view tok_json, std::string_view cfg, bool full_only) {
-  rpg::tokenizer_detail::full_json_parse_only() = full_only;
+  rpg::tok::tokenizer_detail::full_json_parse_only() = full_only;
   std::string out;
   try {
     auto tok = rpg::tok::Tokenizer::from_json(tok_json, "fuzz/tokenizer.json", cfg, "fuzz/tokenizer_config.json");
@@ -39,7 +39,7 @@ std::string outcome(std::string_view tok_json, std::string_view cfg, bool full_o
   } catch (const rpg::Error& e) {
     out = std::string("error ") + e.what();
   }
-  rpg::tokenizer_detail::full_json_parse_only() = false;
+  rpg::tok::tokenizer_detail::full_json_parse_only() = false;
   return out;
 }
 

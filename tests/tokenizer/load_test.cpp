@@ -52,7 +52,7 @@ std::string fingerprint(const Tokenizer& tok, const std::vector<std::string>& te
 
 // The outcome of loading `text` with the fast scanner allowed, or with the full parser only.
 std::string outcome(const std::string& text, bool full_only, const std::vector<std::string>& texts) {
-  rpg::tokenizer_detail::full_json_parse_only() = full_only;
+  rpg::tok::tokenizer_detail::full_json_parse_only() = full_only;
   std::string out;
   try {
     Tokenizer tok = Tokenizer::from_json(text, "t/tokenizer.json");
@@ -60,7 +60,7 @@ std::string outcome(const std::string& text, bool full_only, const std::vector<s
   } catch (const rpg::Error& e) {
     out = rpg::str("error: ", e.what());
   }
-  rpg::tokenizer_detail::full_json_parse_only() = false;
+  rpg::tok::tokenizer_detail::full_json_parse_only() = false;
   return out;
 }
 
@@ -168,7 +168,7 @@ TEST(TokenizerLoad, FastScannerAgreesWithTheFullParser) {
   cases.emplace_back("not an object", "[" + compact + "]");
   cases.emplace_back("empty", "");
 
-  const int64_t fast_before = rpg::tokenizer_detail::fast_json_loads();
+  const int64_t fast_before = rpg::tok::tokenizer_detail::fast_json_loads();
   int accepted = 0;
   for (const auto& [name, text] : cases) {
     SCOPED_TRACE(name);
@@ -180,7 +180,7 @@ TEST(TokenizerLoad, FastScannerAgreesWithTheFullParser) {
   // Both kinds occur, and the fast scanner did read the usual files itself.
   EXPECT_GE(accepted, 8);
   EXPECT_LE(accepted, static_cast<int>(cases.size()) - 15);
-  EXPECT_GE(rpg::tokenizer_detail::fast_json_loads() - fast_before, 7);
+  EXPECT_GE(rpg::tok::tokenizer_detail::fast_json_loads() - fast_before, 7);
 }
 
 // The real Qwen3 tokenizer.json (151,643 ranks, 11 MB): both readers give the same tokenizer,
@@ -190,10 +190,10 @@ TEST(RealQwenVocab, FastLoadEqualsFullParse) {
   const std::string text = rpg::read_file(dir / "tokenizer.json");
   std::vector<std::string> texts = kTexts;
   texts.push_back("Let $f(x) = x^2 + 3x$. Find f(12). <think>\nThe answer is \\boxed{180}.</think>");
-  const int64_t fast_before = rpg::tokenizer_detail::fast_json_loads();
+  const int64_t fast_before = rpg::tok::tokenizer_detail::fast_json_loads();
   std::string full = outcome(text, /*full_only=*/true, texts);
   std::string fast = outcome(text, /*full_only=*/false, texts);
-  EXPECT_EQ(rpg::tokenizer_detail::fast_json_loads() - fast_before, 1);
+  EXPECT_EQ(rpg::tok::tokenizer_detail::fast_json_loads() - fast_before, 1);
   ASSERT_FALSE(full.starts_with("error:")) << full;
   EXPECT_GT(full.size(), 151643u * 8);
   EXPECT_TRUE(fast == full) << first_difference(fast, full);
