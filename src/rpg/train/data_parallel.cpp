@@ -80,6 +80,28 @@ std::filesystem::path metrics_dir(const std::filesystem::path& root) {
   return root / ("rank_" + std::to_string(dist::world()->rank()));
 }
 
+dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
+  const auto& a = cfg.actor_rollout_ref;
+  if (a.model.path.empty()) throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
+  dist::PlanInput in;
+  in.model = dist::read_model_shape(a.model.path);
+  in.world = world;
+  in.zero_stage = cfg.dist.zero_stage;
+  in.bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
+  const bool needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
+  in.fixed_reference = needs_reference && !(a.actor.use_iterative_ref_model && a.actor.ref_update_freq == 1);
+  in.gradient_checkpointing = a.model.enable_gradient_checkpointing;
+  in.sequence = cfg.data.max_prompt_length + cfg.data.max_response_length;
+  const int64_t mini_rows = a.actor.ppo_mini_batch_size * a.rollout.n;
+  in.micro_batch_tokens = a.actor.use_dynamic_bsz
+                              ? static_cast<double>(a.actor.ppo_max_token_len_per_gpu)
+                              : static_cast<double>(a.actor.ppo_micro_batch_size_per_gpu.value_or(mini_rows) * in.sequence);
+  in.rollout_sequences = cfg.data.train_batch_size * a.rollout.n;
+  in.max_num_seqs = a.rollout.max_num_seqs;
+  in.optimizer = a.actor.optim.optim_type;
+  return in;
+}
+
 void join_world(const TrainConfig& cfg, const dist::RankLayout& layout) {
   const auto& t = cfg.trainer;
   if (layout.distributed()) {

@@ -26,6 +26,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "rpg/dist/layout.h"
+#include "rpg/dist/plan.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/train/optim.h"
 
@@ -136,6 +137,11 @@ OptimizerState read_optimizer_shards(const std::filesystem::path& dir, const nlo
                                      const Optimizer& optimizer);
 // Waits for every rank (no-op alone): the others wait until rank 0 has published a checkpoint.
 void barrier();
+
+// ---- rpg plan ---------------------------------------------------------------------------------
+// dist::estimate's input for `world` ranks of this training config (reads the model
+// directory's config.json and safetensors headers).
+dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world);
 
 // ---- Preemption -------------------------------------------------------------------------------
 // At a step boundary (collective): whether any rank was asked to stop (SIGTERM / SIGINT on
