@@ -39,7 +39,8 @@ args=(train - "actor_rollout_ref.model.path=$work/model" "data.train_files=$work
       actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_mini_batch_size=4
       actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 actor_rollout_ref.actor.policy_loss=rpg_reinforce
       actor_rollout_ref.rollout.ignore_eos=true algorithm.adv_estimator=rpg_batch trainer.save_freq=-1
-      trainer.device=cpu trainer.seed=1 trainer.val_before_train=false)
+      trainer.device=cpu trainer.seed=1 trainer.val_before_train=false trainer.sample_log_freq=1
+      trainer.sample_log_count=100)
 "$repo/.venv/bin/python" - "$rpg" "$work" "$steps" "${args[@]}" <<'PY'
 import json, os, resource, subprocess, sys
 rpg, work, steps, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
