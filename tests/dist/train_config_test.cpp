@@ -65,12 +65,12 @@ TEST(TrainDistConfig, NcclTimeoutIsTheGroupTimeout) {
 }
 
 TEST(TrainDistConfig, ZeroStageIsValidated) {
-  auto two = run_process({test::rpg_binary().string(), "train", "-", "dist.zero_stage=2"});
+  auto two = run_process({test::rpg_binary().string(), "train", "-", "dist.zero_stage=2"});  // accepted: fails later
   EXPECT_EQ(two.exit_code, 1);
-  EXPECT_TRUE(has(two.err, "rpg: error: dist.zero_stage: 2 (sharded gradients) is not implemented yet")) << two.err;
+  EXPECT_TRUE(has(two.err, "actor_rollout_ref.model.path: required")) << two.err;
   auto three = run_process({test::rpg_binary().string(), "train", "-", "dist.zero_stage=3"});
   EXPECT_EQ(three.exit_code, 1);
-  EXPECT_TRUE(has(three.err, "rpg: error: dist.zero_stage: must be 0 or 1, got 3")) << three.err;
+  EXPECT_TRUE(has(three.err, "rpg: error: dist.zero_stage: must be 0, 1 or 2, got 3")) << three.err;
   auto bad = run_process({test::rpg_binary().string(), "train", "-", "actor_rollout_ref.nccl_timeout=0"});
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_TRUE(has(bad.err, "rpg: error: actor_rollout_ref.nccl_timeout: must be >= 1, got 0")) << bad.err;
@@ -134,7 +134,7 @@ TEST(TrainDistConfig, PlanEstimateMatchesMeasuredPeak) {
 
 // rpg plan's parameter count is Hugging Face's (transformers' num_parameters(), tied
 // embeddings counted once), and ZeRO-1 over 2 ranks saves exactly half of AdamW's 8 bytes per
-// parameter; --world-size is checked.
+// parameter (ZeRO-2 the same at the peak); --world-size is checked.
 TEST(TrainDistConfig, PlanCountsParametersAndShardsTheOptimizer) {
   const auto model = test::oracle_output_dir("tiny_chat_model.py") / "model";
   auto hf = run_process({test::python().string(), "-c",
@@ -157,6 +157,11 @@ TEST(TrainDistConfig, PlanCountsParametersAndShardsTheOptimizer) {
   EXPECT_TRUE(has(two, "per rank of 2, ZeRO-1")) << two;
   EXPECT_EQ(total(one) - total(two), 4 * params);
   EXPECT_EQ(total(plan({"--world-size", "2"})), total(one));  // ZeRO-0: replicated
+  // rpg's ZeRO-2 reduce-scatters the gradient after backward: its peak is ZeRO-1's.
+  const std::string zero2 = plan({"--world-size", "2", "dist.zero_stage=2"});
+  EXPECT_TRUE(has(zero2, "per rank of 2, ZeRO-2")) << zero2;
+  EXPECT_TRUE(has(zero2, "(full during the backward passes, 1/N after the reduce-scatter)")) << zero2;
+  EXPECT_EQ(total(zero2), total(two));
   auto bad = run_process({test::rpg_binary().string(), "plan", "-", "--world-size", "0"});
   EXPECT_EQ(bad.exit_code, 2) << bad.err;
   EXPECT_TRUE(has(bad.err, "--world-size must be >= 1, got 0")) << bad.err;

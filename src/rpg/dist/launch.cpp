@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "rpg/core/error.h"
+#include "rpg/core/signals.h"
 
 extern char** environ;
 
@@ -203,7 +204,8 @@ void launch(const LaunchOptions& o) {
       if (w != r.pid) continue;
       r.running = false;
       r.status = status;
-      bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      // A preempted rank (exit 75) stopped where the others agreed to stop: they exit 75 too.
+      const bool ok = WIFEXITED(status) && (WEXITSTATUS(status) == 0 || WEXITSTATUS(status) == kPreemptedExitCode);
       if (!ok && !failed && !forwarded) {
         failed = i;
         std::fprintf(stderr, "rpg: launch: rank %d %s; stopping the other ranks\n", r.index, describe_status(status).c_str());
@@ -211,10 +213,15 @@ void launch(const LaunchOptions& o) {
         kill_at = std::chrono::steady_clock::now() + o.grace;
       }
     }
-    if (g_signal && !forwarded) {
-      forwarded = g_signal;
-      signal_others(forwarded, std::nullopt);
-      kill_at = std::chrono::steady_clock::now() + o.grace;
+    // A signal to the launcher goes to every rank: the first lets them finish the step, save
+    // and exit 75 (core/signals.h; no time limit, as their own would not have one), a second
+    // one ends them at once.
+    if (g_signal) {
+      const int sig = g_signal;
+      g_signal = 0;
+      signal_others(sig, std::nullopt);
+      if (forwarded) kill_at = std::chrono::steady_clock::now() + o.grace;
+      forwarded = sig;
     }
     if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
       signal_others(SIGKILL, std::nullopt);
@@ -226,6 +233,20 @@ void launch(const LaunchOptions& o) {
   if (failed) {
     const Rank& r = ranks[*failed];
     throw Error(str("launch: rank ", r.index, " ", describe_status(r.status), " (of ", world, " ranks; the others were stopped)"));
+  }
+  std::vector<int> preempted;
+  bool all_preempted = true;
+  for (const Rank& r : ranks) {
+    const bool p = WIFEXITED(r.status) && WEXITSTATUS(r.status) == kPreemptedExitCode;
+    if (p) preempted.push_back(r.index);
+    all_preempted = all_preempted && p;
+  }
+  if (!preempted.empty()) {
+    std::string which;
+    for (size_t k = 0; k < preempted.size(); ++k) which += str(k ? ", " : "", preempted[k]);
+    if (!all_preempted) throw Error(str("launch: only rank(s) ", which, " of ", world, " stopped on a preemption"));
+    throw Preempted(str("launch: every rank stopped on a preemption (exit ", kPreemptedExitCode,
+                        "); run the same command again to resume"));
   }
   if (forwarded) throw Error(str("launch: interrupted by signal ", forwarded, "; the ranks were stopped"));
 }

@@ -2,8 +2,10 @@
 // WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, NODE_RANK), each
 // output line prefixed `[rank k] `. When a rank fails (non-zero exit or a signal) the
 // others get SIGTERM, then SIGKILL after `grace`; the launch fails naming that rank.
-// SIGINT / SIGTERM to the launcher are passed on to the ranks. Each rank gets
-// PR_SET_PDEATHSIG, so a killed launcher takes its ranks with it.
+// SIGINT / SIGTERM to the launcher are passed on to the ranks (a second one too, then
+// SIGKILL after `grace`). Exit 75 (preempted: the ranks agreed to stop and saved) is not a
+// failure: when every rank exits 75 the launch throws Preempted (rpg exits 75). Each rank
+// gets PR_SET_PDEATHSIG, so a killed launcher takes its ranks with it.
 #pragma once
 
 #include <chrono>

@@ -220,9 +220,8 @@ void TrainConfig::validate() const {
   at_least<int64_t>(trainer.nnodes, 1, "trainer.nnodes");
   at_least<int64_t>(trainer.n_gpus_per_node, 1, "trainer.n_gpus_per_node");
   at_least<int64_t>(actor_rollout_ref.nccl_timeout, 1, "actor_rollout_ref.nccl_timeout");
-  require(dist.zero_stage != 2, "dist.zero_stage",
-          "2 (sharded gradients) is not implemented yet; use 0 (replicated) or 1 (sharded optimizer state)");
-  require(dist.zero_stage == 0 || dist.zero_stage == 1, "dist.zero_stage", str("must be 0 or 1, got ", dist.zero_stage));
+  require(dist.zero_stage >= 0 && dist.zero_stage <= 2, "dist.zero_stage",
+          str("must be 0, 1 or 2, got ", dist.zero_stage));
 }
 
 namespace {

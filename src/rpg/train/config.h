@@ -459,11 +459,12 @@ struct TrainerConfig {
 
 // rpg's data-parallel settings (docs/scaling.md).
 struct DistConfig {
-  int64_t zero_stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded over the ranks
+  int64_t zero_stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded; 2: and the gradients
 
   template <class V>
   void visit(V& v) {
-    v("zero_stage", zero_stage, "0 (replicated optimizer state) | 1 (optimizer state sharded over the ranks)");
+    v("zero_stage", zero_stage,
+      "0 (replicated optimizer state) | 1 (optimizer state sharded over the ranks) | 2 (and the gradients)");
   }
 };
 

@@ -73,31 +73,33 @@ std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vect
   return out;
 }
 
-void reduce_update(const std::vector<at::Tensor>& params, std::map<std::string, std::vector<double>>& metrics,
-                   const std::map<std::string, size_t>& before) {
-  dist::ProcessGroup* pg = dist::world();
-  if (!pg) return;
-  dist::all_reduce_gradients(*pg, params);
-  // Metric names: a rank without micro-batches has none, so they are gathered first.
-  std::vector<std::vector<int64_t>> names;
-  for (const auto& [k, v] : metrics) names.emplace_back(k.begin(), k.end());
-  std::map<std::string, bool> all_names;
-  for (const auto& n : dist::all_gather_sequences(*pg, names)) all_names[std::string(n.begin(), n.end())] = true;
-  for (const auto& [name, unused] : all_names) {
-    std::vector<double>& values = metrics[name];
-    auto it = before.find(name);
-    const size_t keep = it == before.end() ? 0 : it->second;
-    std::vector<double> mine(values.begin() + static_cast<std::ptrdiff_t>(keep), values.end());
-    values.resize(keep);
-    for (double v : dist::all_gather_values(*pg, mine)) values.push_back(v);
-  }
-}
-
 bool writes_run_dir() { return dist::is_main(); }
 
 std::filesystem::path metrics_dir(const std::filesystem::path& root) {
   if (dist::is_main()) return root;
   return root / ("rank_" + std::to_string(dist::world()->rank()));
+}
+
+dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
+  const auto& a = cfg.actor_rollout_ref;
+  if (a.model.path.empty()) throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
+  dist::PlanInput in;
+  in.model = dist::read_model_shape(a.model.path);
+  in.world = world;
+  in.zero_stage = cfg.dist.zero_stage;
+  in.bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
+  const bool needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
+  in.fixed_reference = needs_reference && !(a.actor.use_iterative_ref_model && a.actor.ref_update_freq == 1);
+  in.gradient_checkpointing = a.model.enable_gradient_checkpointing;
+  in.sequence = cfg.data.max_prompt_length + cfg.data.max_response_length;
+  const int64_t mini_rows = a.actor.ppo_mini_batch_size * a.rollout.n;
+  in.micro_batch_tokens = a.actor.use_dynamic_bsz
+                              ? static_cast<double>(a.actor.ppo_max_token_len_per_gpu)
+                              : static_cast<double>(a.actor.ppo_micro_batch_size_per_gpu.value_or(mini_rows) * in.sequence);
+  in.rollout_sequences = cfg.data.train_batch_size * a.rollout.n;
+  in.max_num_seqs = a.rollout.max_num_seqs;
+  in.optimizer = a.actor.optim.optim_type;
+  return in;
 }
 
 void join_world(const TrainConfig& cfg, const dist::RankLayout& layout) {
@@ -154,13 +156,13 @@ int64_t state_bytes(const OptimizerState& st) {
 
 class ShardedOptimizer final : public Optimizer {
  public:
-  ShardedOptimizer(dist::ProcessGroup& pg, const OptimizerOptions& o, NamedTensors params)
-      : Optimizer(std::move(params)), pg_(pg), sync_on_mode_switch_(o.type != "adamw") {
+  ShardedOptimizer(dist::ProcessGroup& pg, const OptimizerOptions& o, NamedTensors params, bool shard_grads)
+      : Optimizer(std::move(params)), pg_(pg), sync_on_mode_switch_(o.type != "adamw"), shard_grads_(shard_grads) {
     const int w = pg.size(), r = pg.rank();
     int64_t total = 0;
     bool first = true;
     for (const auto& [name, p] : params_) {
-      if (!p.is_contiguous()) throw ValueError(str("zero_stage 1: parameter '", name, "' is not contiguous"));
+      if (!p.is_contiguous()) throw ValueError(str("dist.zero_stage: parameter '", name, "' is not contiguous"));
       offsets_.push_back(total);
       total += p.numel();
       dtype_ = first ? p.scalar_type() : at::promote_types(dtype_, p.scalar_type());
@@ -173,7 +175,7 @@ class ShardedOptimizer final : public Optimizer {
       const int64_t n = params_[i].second.numel();
       const int64_t a = std::max(bounds_[r], offsets_[i]), b = std::min(bounds_[r + 1], offsets_[i] + n);
       if (a >= b) continue;
-      pieces_.push_back({i, a - offsets_[i], b - a});
+      pieces_.push_back({i, a - offsets_[i], b - a, a});
       mine.emplace_back(params_[i].first, flat(i).narrow(0, a - offsets_[i], b - a));
     }
     inner_ = train::make_optimizer(o, std::move(mine));
@@ -181,9 +183,14 @@ class ShardedOptimizer final : public Optimizer {
 
   void step(double lr) override {
     for (size_t k = 0; k < pieces_.size(); ++k) {
+      if (shard_grads_) {  // ZeRO-2: the summed gradient piece reduce_scatter_grads() left
+        inner_params(k).mutable_grad() = grad_pieces_.empty() ? at::Tensor() : grad_pieces_[k];
+        continue;
+      }
       const at::Tensor& g = params_[pieces_[k].param].second.grad();
       inner_params(k).mutable_grad() = g.defined() ? g.reshape({-1}).narrow(0, pieces_[k].start, pieces_[k].length) : at::Tensor();
     }
+    grad_pieces_.clear();
     inner_->step(lr);
     for (size_t k = 0; k < pieces_.size(); ++k) inner_params(k).mutable_grad() = at::Tensor();
     steps_ = inner_->step_count();
@@ -274,12 +281,75 @@ class ShardedOptimizer final : public Optimizer {
   }
 
   int64_t local_bytes() const { return state_bytes(inner_->state()); }
+  bool shards_gradients() const { return shard_grads_; }
+  // This rank's range of the flattened parameters and their total.
+  FlatRange range() const { return {bounds_[pg_.rank()], bounds_[pg_.rank() + 1], bounds_.back()}; }
+  // The inner optimizer's state: tensors of this rank's pieces (flat), their scalars, the globals.
+  OptimizerState local_state() const { return inner_->state(); }
+
+  // ZeRO-2: every rank's full gradients (accumulated over its micro-batches) are summed by a
+  // reduce-scatter, in buckets of at most `bucket_bytes` per rank: this rank keeps only the
+  // sum over its 1/N of the flattened parameters; the full gradients are dropped. Bucket j
+  // takes positions [j, j + len) of every rank's range, so each rank's output is contiguous.
+  void reduce_scatter_grads(int64_t bucket_bytes) {
+    c10::NoGradGuard no_grad;
+    const int w = pg_.size(), me = pg_.rank();
+    const int64_t chunk = max_chunk();
+    const int64_t bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
+    grad_pieces_.clear();
+    for (const Piece& pc : pieces_) grad_pieces_.push_back(at::zeros({pc.length}, at::TensorOptions().dtype(dtype_)));
+    for (int64_t j = 0; j < chunk; j += bucket) {
+      const int64_t len = std::min(bucket, chunk - j);
+      at::Tensor in = at::zeros({w * len}, at::TensorOptions().dtype(dtype_));
+      for (int r = 0; r < w; ++r) {
+        const int64_t a = bounds_[r] + j, b = std::min(bounds_[r] + j + len, bounds_[r + 1]);
+        if (a < b) copy_flat_grads(a, b, in.narrow(0, static_cast<int64_t>(r) * len, b - a));
+      }
+      const at::Tensor out = pg_.reduce_scatter(in);
+      // out[x] is flat position bounds_[me] + j + x of the summed gradient.
+      const int64_t a = bounds_[me] + j, b = std::min(a + len, bounds_[me + 1]);
+      for (size_t k = 0; k < pieces_.size(); ++k) {
+        const int64_t pa = std::max(a, pieces_[k].flat_begin), pb = std::min(b, pieces_[k].flat_begin + pieces_[k].length);
+        if (pa < pb) grad_pieces_[k].narrow(0, pa - pieces_[k].flat_begin, pb - pa).copy_(out.narrow(0, pa - a, pb - pa));
+      }
+    }
+    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+  }
+
+  // ZeRO-2: clip_grad_norm on the global norm of the sharded gradient (each rank's squared
+  // norm, summed over the ranks in double).
+  double clip_sharded_grads(double max_norm) {
+    c10::NoGradGuard no_grad;
+    at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+    for (const at::Tensor& g : grad_pieces_) sq += at::linalg_vector_norm(g, 2).to(at::kDouble).pow(2);
+    pg_.all_reduce(sq, dist::ReduceOp::Sum);
+    const double total = std::sqrt(sq.item<double>());
+    if (!std::isfinite(total)) {
+      grad_pieces_.clear();  // the step is skipped
+      return total;
+    }
+    const double coef = std::min(1.0, max_norm / (total + 1e-6));
+    for (at::Tensor& g : grad_pieces_) g.mul_(coef);
+    return total;
+  }
 
  private:
   struct Piece {
     size_t param;
     int64_t start, length;  // within the flattened parameter
+    int64_t flat_begin;     // within all parameters flattened
   };
+
+  // Positions [a, b) of the flattened gradients (zeros for a parameter without one) into `dst`.
+  void copy_flat_grads(int64_t a, int64_t b, at::Tensor dst) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t n = params_[i].second.numel();
+      const int64_t pa = std::max(a, offsets_[i]), pb = std::min(b, offsets_[i] + n);
+      if (pa >= pb) continue;
+      const at::Tensor& g = params_[i].second.grad();
+      if (g.defined()) dst.narrow(0, pa - a, pb - pa).copy_(g.reshape({-1}).narrow(0, pa - offsets_[i], pb - pa));
+    }
+  }
 
   at::Tensor flat(size_t i) const { return params_[i].second.detach().view({-1}); }
   const at::Tensor& inner_params(size_t k) const { return inner_->params()[k].second; }
@@ -312,6 +382,8 @@ class ShardedOptimizer final : public Optimizer {
 
   dist::ProcessGroup& pg_;
   bool sync_on_mode_switch_;
+  bool shard_grads_;                     // ZeRO-2
+  std::vector<at::Tensor> grad_pieces_;  // ZeRO-2: this rank's summed gradient, per piece
   std::vector<int64_t> offsets_, bounds_;
   at::ScalarType dtype_ = at::kFloat;
   std::map<at::ScalarType, SlotLayout> layouts_;
@@ -322,14 +394,32 @@ class ShardedOptimizer final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const OptimizerOptions& options,
-                                                  NamedTensors params) {
-  return std::make_unique<ShardedOptimizer>(pg, options, std::move(params));
+                                                  NamedTensors params, bool shard_gradients) {
+  return std::make_unique<ShardedOptimizer>(pg, options, std::move(params), shard_gradients);
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage) {
   dist::ProcessGroup* pg = dist::world();
-  if (zero_stage >= 1 && pg) return make_sharded_optimizer(*pg, options, std::move(params));
+  if (zero_stage >= 1 && pg) return make_sharded_optimizer(*pg, options, std::move(params), zero_stage >= 2);
   return train::make_optimizer(options, std::move(params));
+}
+
+FlatRange flat_range(const Optimizer& optimizer) {
+  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer)) return s->range();
+  int64_t total = 0;
+  for (const auto& [name, p] : optimizer.params()) total += p.numel();
+  return {0, total, total};
+}
+
+OptimizerState local_state(const Optimizer& optimizer) {
+  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer)) return s->local_state();
+  return optimizer.state();
+}
+
+double clip_grad_norm(Optimizer& optimizer, double max_norm) {
+  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer); s && s->shards_gradients())
+    return s->clip_sharded_grads(max_norm);
+  return train::clip_grad_norm(optimizer.params(), max_norm);
 }
 
 int64_t local_state_bytes(const Optimizer& optimizer) {
@@ -337,12 +427,28 @@ int64_t local_state_bytes(const Optimizer& optimizer) {
   return state_bytes(optimizer.state());
 }
 
-void join_checkpoint(Optimizer& optimizer) {
-  if (!dynamic_cast<ShardedOptimizer*>(&optimizer)) return;
-  // The collectives of rank 0's save_checkpoint, in its order.
-  optimizer.use_eval_weights();
-  optimizer.use_train_weights();
-  (void)optimizer.state();
+
+void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before) {
+  dist::ProcessGroup* pg = dist::world();
+  if (!pg) return;
+  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer); s && s->shards_gradients())
+    s->reduce_scatter_grads(int64_t{25} << 20);  // ZeRO-2: each rank keeps its shard of the sum
+  else
+    dist::all_reduce_gradients(*pg, params);
+  // Metric names: a rank without micro-batches has none, so they are gathered first.
+  std::vector<std::vector<int64_t>> names;
+  for (const auto& [k, v] : metrics) names.emplace_back(k.begin(), k.end());
+  std::map<std::string, bool> all_names;
+  for (const auto& n : dist::all_gather_sequences(*pg, names)) all_names[std::string(n.begin(), n.end())] = true;
+  for (const auto& [name, unused] : all_names) {
+    std::vector<double>& values = metrics[name];
+    auto it = before.find(name);
+    const size_t keep = it == before.end() ? 0 : it->second;
+    std::vector<double> mine(values.begin() + static_cast<std::ptrdiff_t>(keep), values.end());
+    values.resize(keep);
+    for (double v : dist::all_gather_values(*pg, mine)) values.push_back(v);
+  }
 }
 
 }  // namespace rpg::train::dp

@@ -1,6 +1,6 @@
-// The trainer's data-parallel hooks on the dist module's world group (ZeRO-0, and ZeRO-1
-// through make_optimizer below). Each is a
-// no-op pass-through when the process runs alone, so a one-process run is unchanged.
+// The trainer's data-parallel hooks on the dist module's world group (ZeRO-0, and ZeRO-1/2
+// through make_optimizer below), and the collective checkpoints. Each is a no-op
+// pass-through when the process runs alone, so a one-process run is unchanged.
 // What a data-parallel step does (docs/scaling.md):
 //   rollout   each rank generates a contiguous share of whole prompts, keyed like a one-process
 //             run (SamplingParams::prompt_index_offset); the responses are all-gathered, so
@@ -17,12 +17,16 @@
 #include <ATen/core/Tensor.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "rpg/dist/layout.h"
+#include "rpg/dist/plan.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/train/optim.h"
 
@@ -51,16 +55,29 @@ void join_world(const TrainConfig& cfg, const dist::RankLayout& layout);
 // collective (every rank must call it) and returns the full, un-sharded state, as a
 // replicated optimizer would; load_state() takes a full state and keeps this rank's piece,
 // so checkpoints resume at any world size or stage.
+// ZeRO-2 (`shard_gradients`): the gradients too. reduce_update() reduce-scatters every rank's
+// accumulated full gradients so that this rank keeps only the sum over its 1/N (the full
+// gradients are then dropped); clip_grad_norm() below clips on the global norm of the shards;
+// step() updates the piece from that shard. The update equals the replicated one.
 std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const OptimizerOptions& options,
-                                                  NamedTensors params);
-// The trainer's optimizer: sharded over the world group when zero_stage is 1 and more than
-// one process runs, else the replicated one (make_optimizer).
+                                                  NamedTensors params, bool shard_gradients = false);
+// The trainer's optimizer: sharded over the world group when zero_stage is 1 or 2 and more
+// than one process runs, else the replicated one (make_optimizer).
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage);
-// Bytes of optimizer-state tensors this rank holds (its shard under ZeRO-1). Not collective.
+// Bytes of optimizer-state tensors this rank holds (its shard under ZeRO-1/2). Not collective.
 int64_t local_state_bytes(const Optimizer& optimizer);
-// What a rank that does not write the checkpoint must do while rank 0 saves one: take part
-// in the sharded optimizer's collectives (no-op for a replicated optimizer).
-void join_checkpoint(Optimizer& optimizer);
+// The positions [begin, end) of all parameters flattened (in params() order, `total` in all)
+// whose optimizer state this rank holds: its 1/N when sharded, everything when replicated.
+struct FlatRange {
+  int64_t begin = 0, end = 0, total = 0;
+};
+FlatRange flat_range(const Optimizer& optimizer);
+// The state this rank holds (not collective): a sharded optimizer's pieces ("<param>.<slot>",
+// flat, the part of the parameter in flat_range), or the whole state of a replicated one.
+OptimizerState local_state(const Optimizer& optimizer);
+// train::clip_grad_norm on the optimizer's gradients; under ZeRO-2 on the global norm of the
+// gradient shards (collective).
+double clip_grad_norm(Optimizer& optimizer, double max_norm);
 
 // engine.generate(ids, sp), shared out over the ranks; the responses of every rank in
 // prompt order, with prompt_index relative to `ids` as in a one-process call.
@@ -77,14 +94,62 @@ void sum_rows(at::Tensor& rows);
 // Sizes of the loss-metric lists (taken before a mini-batch's micro-batches).
 std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vector<double>>& metrics);
 
-// After a mini-batch's backward passes: gradients summed over the ranks, and the loss
-// metrics appended since `before` gathered in rank order (= micro-batch order).
-void reduce_update(const std::vector<at::Tensor>& params, std::map<std::string, std::vector<double>>& metrics,
-                   const std::map<std::string, size_t>& before);
+// After a mini-batch's backward passes: gradients summed over the ranks (all-reduced, or
+// reduce-scattered into the optimizer's shards under ZeRO-2), and the loss metrics appended
+// since `before` gathered in rank order (= micro-batch order).
+void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
+                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before);
 
-// Rank 0 (or a process alone) owns the run directory: checkpoints, metrics, samples. The
-// state is replicated, so its checkpoint is every rank's, for any later world size.
+// Rank 0 (or a process alone) owns the run directory: metrics, samples, and the checkpoint
+// directory, into which every rank writes its optimizer shard (below).
 bool writes_run_dir();
+
+// ---- Collective checkpoints (docs/scaling.md) -------------------------------------------------
+// A data-parallel run's checkpoint: rank 0 writes the Hugging Face actor/ and
+// train_state.safetensors (exact weights, reference), every rank k of N writes its shard of
+// the optimizer state, optim_shard_<k>_of_<N>.safetensors (the flattened parameters' range
+// [total*k/N, total*(k+1)/N): a ZeRO-1/2 rank's own state, a ZeRO-0 rank's slice of its
+// replicated state), and rank 0 writes the manifest last: train_state.json's
+// "optimizer_shards" {world_size, elements, shards: [{rank, file, begin, end, bytes, scalars}]}.
+// All of it goes into rank 0's temporary directory, published by one rename once every rank
+// has reported its shard written: a checkpoint is complete when its manifest exists. A
+// one-process run keeps the whole optimizer state in train_state.safetensors ("optim.*").
+// Resuming reads the shards that cover this rank's range at any world size or ZeRO stage.
+
+// Whether checkpoints hold the optimizer state as per-rank shards (more than one process).
+bool shards_checkpoints();
+// Runs `body` on this rank, then agrees with the others (collective): when any rank failed,
+// every rank throws -- the failing rank its own exception, the others an Error
+// "<what>: rank K failed: <its message>" -- so no rank is left waiting in a collective. A
+// process alone just runs `body`.
+void all_or_none(const std::string& what, const std::function<void()>& body);
+// Rank 0's `path` on every rank (collective; a process alone gets its own).
+std::filesystem::path main_path(const std::filesystem::path& path);
+// Rank 0's `value` on every rank (collective): decisions that depend on files rank 0 owns.
+bool main_decides(bool value);
+// Writes this rank's optimizer shard into `dir`; returns its manifest entry.
+nlohmann::json write_optimizer_shard(const Optimizer& optimizer, const std::filesystem::path& dir);
+// Every rank's manifest entry (collective), as train_state.json's "optimizer_shards".
+nlohmann::json gather_shard_manifest(const nlohmann::json& mine, const Optimizer& optimizer);
+// The optimizer state for this rank's flat_range from a checkpoint's shards: full-shaped
+// tensors for the parameters that overlap it (filled where the range is), and the scalars.
+// Throws FormatError (naming the file) for a manifest that does not cover the parameters, or
+// a shard file that is missing or of the wrong size.
+OptimizerState read_optimizer_shards(const std::filesystem::path& dir, const nlohmann::json& manifest,
+                                     const Optimizer& optimizer);
+// Waits for every rank (no-op alone): the others wait until rank 0 has published a checkpoint.
+void barrier();
+
+// ---- rpg plan ---------------------------------------------------------------------------------
+// dist::estimate's input for `world` ranks of this training config (reads the model
+// directory's config.json and safetensors headers).
+dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world);
+
+// ---- Preemption -------------------------------------------------------------------------------
+// At a step boundary (collective): whether any rank was asked to stop (SIGTERM / SIGINT on
+// one rank, or on all as SLURM does), so that every rank stops after the same step and
+// takes part in one checkpoint. `who` gets "rank 1" / "ranks 0, 1" when one did.
+bool agree_stop(bool mine, std::string* who);
 // Where this rank's own metrics go: the run directory for rank 0, `<root>/rank_<k>` otherwise.
 std::filesystem::path metrics_dir(const std::filesystem::path& root);
 

@@ -333,13 +333,13 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
     if (recording) record.loss += out.loss.item<double>();
     for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
   }
-  dp::reduce_update(policy.model.parameters(), stats.loss_metrics, metrics_before);  // data-parallel: sum over ranks
+  dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before);  // data-parallel: sum over ranks
   if (recording) {
     for (const auto& p : policy.model.parameters())
       record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
     updates.push_back(std::move(record));
   }
-  const double norm = clip_grad_norm(optimizer->params(), actor.grad_clip);
+  const double norm = dp::clip_grad_norm(*optimizer, actor.grad_clip);  // ZeRO-2: the shards' global norm
   stats.grad_norms.push_back(norm);
   if (std::isfinite(norm)) {
     optimizer->step(stats.lr);

@@ -173,29 +173,55 @@ nlohmann::json Trainer::Impl::fingerprint() const {
 }
 
 void Trainer::Impl::save_checkpoint() {
-  if (!dp::writes_run_dir()) return dp::join_checkpoint(*optimizer);  // data-parallel: rank 0 writes (gathers) the state
-  AtomicDir out(run_dir.checkpoint(step));
+  // Data-parallel (data_parallel.h): every rank writes its optimizer shard into rank 0's
+  // temporary directory; each part is agreed on (all_or_none), so a rank's failure stops all
+  // of them at the same point; rank 0 writes the manifest (train_state.json) last and
+  // publishes. A process alone runs the same code without collectives.
+  const bool main = dp::writes_run_dir(), sharded = dp::shards_checkpoints();
+  std::optional<AtomicDir> out;
+  dp::all_or_none("checkpoint", [&] {
+    if (main) out.emplace(run_dir.checkpoint(step));
+  });
+  const fs::path dir = dp::main_path(out ? out->path() : fs::path());
   optimizer->use_eval_weights();
-  model::SaveOptions so;
-  so.copy_files_from = cfg.actor_rollout_ref.model.path;
-  policy.model.save_pretrained(out.path() / "actor", so);
+  dp::all_or_none("checkpoint", [&] {
+    if (!main) return;
+    model::SaveOptions so;
+    so.copy_files_from = cfg.actor_rollout_ref.model.path;
+    policy.model.save_pretrained(dir / "actor", so);
+  });
   optimizer->use_train_weights();
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& [name, p] : policy.model.named_parameters()) tensors["param." + name] = p;
-  OptimizerState os = optimizer->state();
-  for (const auto& [k, t] : os.tensors) tensors["optim." + k] = t;
-  if (reference)
-    for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
-  save_tensor_file(out.path() / "train_state.safetensors", tensors);
-  write_train_state(out.path(), {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
-                                 {"kl_in_reward_coef", kl_in_reward_coef}, {"optimizer", os.scalars},
-                                 {"config", fingerprint()}, {"ref_updates", ref_updates},
-                                 {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}});
-  save_checkpoint_config(out.path(), cfg);
-  out.commit();
-  run_dir.mark_latest(step);
-  run_dir.prune(cfg.trainer.max_actor_ckpt_to_keep);
-  eval::write_report(run_dir.root());
+  nlohmann::json scalars, shard;
+  dp::all_or_none("checkpoint", [&] {
+    if (main) {
+      std::map<std::string, at::Tensor> tensors;
+      for (const auto& [name, p] : policy.model.named_parameters()) tensors["param." + name] = p;
+      if (!sharded) {
+        OptimizerState os = optimizer->state();
+        for (const auto& [k, t] : os.tensors) tensors["optim." + k] = t;
+        scalars = os.scalars;
+      }
+      if (reference)
+        for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
+      save_tensor_file(dir / "train_state.safetensors", tensors);
+    }
+    if (sharded) shard = dp::write_optimizer_shard(*optimizer, dir);
+  });
+  nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
+                          {"kl_in_reward_coef", kl_in_reward_coef}, {"config", fingerprint()},
+                          {"ref_updates", ref_updates},
+                          {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
+  if (sharded) state["optimizer_shards"] = dp::gather_shard_manifest(shard, *optimizer);
+  else state["optimizer"] = scalars;
+  if (main) {
+    write_train_state(dir, state);  // the manifest, last: the checkpoint is complete with it
+    save_checkpoint_config(dir, cfg);
+    out->commit();
+    run_dir.mark_latest(step);
+    run_dir.prune(cfg.trainer.max_actor_ckpt_to_keep);
+    eval::write_report(run_dir.root());
+  }
+  dp::barrier();  // the other ranks go on once rank 0 has published it
 }
 
 std::vector<fs::path> Trainer::Impl::resume_candidates() const {
@@ -213,7 +239,6 @@ bool Trainer::Impl::resume() {
   const auto candidates = resume_candidates();
   for (const auto& dir : candidates) {
     try {
-      if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
       load_checkpoint(dir);
       return true;
     } catch (const ConfigError&) {
@@ -230,31 +255,46 @@ bool Trainer::Impl::resume() {
 }
 
 void Trainer::Impl::load_checkpoint(const fs::path& dir) {
-  auto state = read_train_state(dir);
-  const auto want = fingerprint();
-  for (const auto& [key, value] : want.items())
-    if (state["config"][key] != value)
-      throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", state["config"][key].dump(),
-                            ", the config now says ", value.dump(), " (use trainer.resume_mode=disable or another "
-                            "trainer.default_local_dir to start over)"));
-  auto tensors = load_tensor_file(dir / "train_state.safetensors");
-  {
-    c10::NoGradGuard no_grad;
-    auto copy_into = [&](const std::string& prefix, const model::CausalLM& m) {
+  // Read on every rank, agreed (a rank that cannot read it makes every rank skip it), then
+  // applied: the sharded optimizer's load_state is collective.
+  nlohmann::json state;
+  std::map<std::string, at::Tensor> tensors;
+  OptimizerState os;
+  dp::all_or_none(str("resume from ", dir.string()), [&] {
+    if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
+    state = read_train_state(dir);
+    const auto want = fingerprint();
+    for (const auto& [key, value] : want.items())
+      if (state["config"][key] != value)
+        throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", state["config"][key].dump(),
+                              ", the config now says ", value.dump(), " (use trainer.resume_mode=disable or another "
+                              "trainer.default_local_dir to start over)"));
+    tensors = load_tensor_file(dir / "train_state.safetensors");
+    auto check = [&](const std::string& prefix, const model::CausalLM& m) {
       for (const auto& [name, p] : m.named_parameters()) {
         auto it = tensors.find(prefix + name);
         if (it == tensors.end() || it->second.sizes() != p.sizes())
           throw FormatError(str(dir.string(), "/train_state.safetensors: missing or mis-shaped '", prefix, name, "'"));
-        p.detach().copy_(it->second);
       }
+    };
+    check("param.", policy.model);
+    if (reference) check("ref.", *reference);
+    if (state.contains("optimizer_shards")) {
+      os = dp::read_optimizer_shards(dir, state["optimizer_shards"], *optimizer);  // any world size or stage
+    } else {
+      for (const auto& [k, t] : tensors)
+        if (k.rfind("optim.", 0) == 0) os.tensors[k.substr(6)] = t;
+      os.scalars = state["optimizer"].get<std::map<std::string, double>>();
+    }
+  });
+  {
+    c10::NoGradGuard no_grad;
+    auto copy_into = [&](const std::string& prefix, const model::CausalLM& m) {
+      for (const auto& [name, p] : m.named_parameters()) p.detach().copy_(tensors.at(prefix + name));
     };
     copy_into("param.", policy.model);
     if (reference) copy_into("ref.", *reference);
   }
-  OptimizerState os;
-  for (const auto& [k, t] : tensors)
-    if (k.rfind("optim.", 0) == 0) os.tensors[k.substr(6)] = t;
-  os.scalars = state["optimizer"].get<std::map<std::string, double>>();
   optimizer->load_state(os);
   step = state["step"].get<int64_t>();
   kl_in_reward_coef = state["kl_in_reward_coef"].get<double>();
@@ -514,17 +554,21 @@ void Trainer::fit() {
   ProgressBar bar("train", s.total_steps, "step");
   bar.advance(s.step);
   // Preemption (core/signals.h): polled between steps only, so a step is never half applied.
+  // Data-parallel: the ranks agree at each boundary (a signal on any rank stops all after the
+  // same step, with one checkpoint that every rank takes part in; each exits 75).
   auto stop_if_signalled = [&] {
-    if (!signals::stop_requested()) return;
+    std::string who;
+    if (!dp::agree_stop(signals::stop_requested(), &who)) return;
     s.logger->flush(/*durable=*/true);
     std::string saved = "nothing to save before the first step";
     if (!t.save_on_preempt) saved = "no checkpoint written (trainer.save_on_preempt=false)";
     else if (s.step > 0) {
-      if (!s.run_dir.has_complete(s.step)) s.save_checkpoint();
+      if (!dp::main_decides(s.run_dir.has_complete(s.step))) s.save_checkpoint();
       saved = str("checkpoint ", s.run_dir.checkpoint(s.step).string());
     }
-    throw Preempted(str(signals::stop_signal_name(), " at step ", s.step, "/", s.total_steps, ": ", saved,
-                        "; run the same command again to resume"));
+    const std::string what = signals::stop_requested() ? signals::stop_signal_name() : "a stop signal";
+    throw Preempted(str(what, who.empty() ? "" : str(" (received by ", who, ")"), " at step ", s.step, "/",
+                        s.total_steps, ": ", saved, "; run the same command again to resume"));
   };
   while (s.step < s.total_steps) {
     stop_if_signalled();
@@ -543,7 +587,7 @@ void Trainer::fit() {
   }
   bar.finish();
   s.logger->flush(/*durable=*/true);
-  if (!s.run_dir.has_complete(s.step)) s.save_checkpoint();
+  if (!dp::main_decides(s.run_dir.has_complete(s.step))) s.save_checkpoint();
 }
 
 }  // namespace rpg::train

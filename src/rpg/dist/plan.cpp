@@ -1,0 +1,154 @@
+#include "rpg/dist/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "rpg/core/error.h"
+#include "rpg/core/io.h"
+
+namespace rpg::dist {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file_prefix(const fs::path& file, uint64_t n) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw IoError(str(file.string(), ": cannot open"));
+  std::string out(n, '\0');
+  in.read(out.data(), static_cast<std::streamsize>(n));
+  out.resize(static_cast<size_t>(in.gcount()));
+  return out;
+}
+
+std::string format_fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// Elements of every tensor in a safetensors file (its JSON header only).
+int64_t safetensors_elements(const fs::path& file) {
+  const std::string head = read_file_prefix(file, 8);
+  if (head.size() < 8) throw FormatError(str(file.string(), ": not a safetensors file (shorter than 8 bytes)"));
+  uint64_t n = 0;
+  std::memcpy(&n, head.data(), 8);
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(read_file_prefix(file, 8 + n).substr(8));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(str(file.string(), ": bad safetensors header: ", e.what()));
+  }
+  int64_t total = 0;
+  for (const auto& [name, info] : h.items()) {
+    if (name == "__metadata__") continue;
+    int64_t e = 1;
+    for (const auto& d : info.at("shape")) e *= d.get<int64_t>();
+    total += e;
+  }
+  return total;
+}
+
+int64_t model_parameters(const fs::path& dir) {
+  if (fs::exists(dir / "model.safetensors")) return safetensors_elements(dir / "model.safetensors");
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (!fs::exists(index)) throw IoError(str(dir.string(), ": no model.safetensors or model.safetensors.index.json"));
+  std::set<std::string> shards;
+  for (const auto& [name, file] : nlohmann::json::parse(read_file(index)).at("weight_map").items())
+    shards.insert(file.get<std::string>());
+  int64_t total = 0;
+  for (const auto& s : shards) total += safetensors_elements(dir / s);
+  return total;
+}
+
+std::string gib(double bytes) {
+  return bytes >= 1024.0 * 1024 * 1024 ? str(format_fixed(bytes / (1024.0 * 1024 * 1024), 2), " GiB")
+                                      : str(format_fixed(bytes / (1024.0 * 1024), 1), " MiB");
+}
+
+}  // namespace
+
+ModelShape read_model_shape(const fs::path& dir) {
+  const auto mc = nlohmann::json::parse(read_file(dir / "config.json"), nullptr, false);
+  if (!mc.is_object()) throw FormatError(str((dir / "config.json").string(), ": malformed JSON"));
+  auto dim = [&](const char* key) {
+    if (!mc.contains(key) || !mc[key].is_number_integer())
+      throw FormatError(str((dir / "config.json").string(), ": missing integer '", key, "'"));
+    return mc[key].get<int64_t>();
+  };
+  ModelShape m;
+  m.parameters = model_parameters(dir);
+  m.hidden = dim("hidden_size");
+  m.layers = dim("num_hidden_layers");
+  m.intermediate = dim("intermediate_size");
+  m.heads = dim("num_attention_heads");
+  m.kv_heads = mc.contains("num_key_value_heads") ? dim("num_key_value_heads") : m.heads;
+  m.head_dim = mc.contains("head_dim") && mc["head_dim"].is_number_integer() ? dim("head_dim") : m.hidden / m.heads;
+  return m;
+}
+
+MemoryPlan estimate(const PlanInput& in) {
+  const ModelShape& m = in.model;
+  MemoryPlan p;
+  p.stage = in.world > 1 ? in.zero_stage : 0;
+  const double P = static_cast<double>(m.parameters), N = static_cast<double>(in.world);
+  p.weights = 4 * P;
+  p.compute = in.bf16_compute ? 2 * P : 0;
+  // ZeRO-2 keeps only the 1/N shard after the reduce-scatter, but rpg accumulates the full
+  // fp32 gradient over a mini-batch's micro-batches first: the peak still holds all of it.
+  p.grads = 4 * P;
+  p.optimizer = 8 * P / (p.stage >= 1 ? N : 1.0);
+  p.reference = in.fixed_reference ? 4 * P : 0;
+  p.states = p.weights + p.compute + p.grads + p.optimizer + p.reference;
+  // One micro-batch of T tokens: each layer's input kept (checkpointing) plus one layer's
+  // full set during recomputation; without checkpointing every layer's full set.
+  const double T = in.micro_batch_tokens;
+  p.micro_batch_tokens = T;
+  const double b = in.bf16_compute ? 2 : 4;
+  const double h = static_cast<double>(m.hidden), L = static_cast<double>(m.layers);
+  const double layer_full =
+      static_cast<double>(5 * m.hidden + 2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + 4 * m.intermediate) * T * b;
+  // Attention probabilities: per head, each row's seq x seq (CPU attention materialises them).
+  const double scores = static_cast<double>(m.heads) * static_cast<double>(in.sequence) * T * b;
+  // Backward of a layer holds its activations and their gradients at once (2 x layer_full).
+  p.activations = in.gradient_checkpointing ? L * h * T * b + 2 * layer_full + scores
+                                            : L * (layer_full + h * T * b + scores) + layer_full;
+  // Rollouts: every sequence of this rank's share at full length, fp32 K and V.
+  p.rollout_sequences = std::min(static_cast<double>(in.max_num_seqs), std::ceil(static_cast<double>(in.rollout_sequences) / N));
+  p.kv_cache = 2.0 * static_cast<double>(m.layers * m.kv_heads * m.head_dim) * 4 * p.rollout_sequences *
+               static_cast<double>(in.sequence);
+  p.total = p.states + std::max(p.activations, p.kv_cache);
+  return p;
+}
+
+std::string format_plan(const fs::path& model_dir, const PlanInput& in, const MemoryPlan& p) {
+  const ModelShape& m = in.model;
+  const double P = static_cast<double>(m.parameters);
+  std::ostringstream o;
+  o << "model " << model_dir.string() << ": " << format_fixed(P / 1e9, 3) << " B parameters (" << m.parameters << "), "
+    << m.layers << " layers, hidden " << m.hidden << ", heads " << m.heads << "/" << m.kv_heads << " x " << m.head_dim
+    << ", MLP " << m.intermediate << "\n"
+    << "per rank of " << in.world << ", ZeRO-" << p.stage << ", compute " << (in.bf16_compute ? "bf16" : "fp32") << ", "
+    << in.optimizer << ":\n"
+    << "  weights (fp32)            " << gib(p.weights) << "\n"
+    << "  compute copy (bf16)       " << gib(p.compute) << "\n"
+    << "  gradients (fp32)          " << gib(p.grads)
+    << (p.stage >= 2 ? " (full during the backward passes, 1/N after the reduce-scatter)" : "") << "\n"
+    << "  optimizer state (fp32)    " << gib(p.optimizer) << (p.stage >= 1 ? " (1/N)" : "") << "\n"
+    << "  fixed reference (fp32)    " << gib(p.reference) << "\n"
+    << "  states                    " << gib(p.states) << "\n"
+    << "  activations               " << gib(p.activations) << " (" << static_cast<int64_t>(p.micro_batch_tokens)
+    << " tokens per micro-batch, gradient checkpointing " << (in.gradient_checkpointing ? "on" : "off") << ")\n"
+    << "  KV cache (rollout, fp32)  " << gib(p.kv_cache) << " (" << static_cast<int64_t>(p.rollout_sequences)
+    << " sequences x " << in.sequence << " tokens)\n"
+    << "  peak = states + max(activations, KV cache)\n"
+    << "total " << gib(p.total) << " (" << static_cast<int64_t>(p.total) << " bytes)\n";
+  return o.str();
+}
+
+}  // namespace rpg::dist

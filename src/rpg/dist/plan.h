@@ -1,0 +1,47 @@
+// `rpg plan`'s memory model (docs/scaling.md): the bytes one rank of a data-parallel run
+// needs, from a model directory's shapes and a run's batch / dtype / ZeRO settings.
+// src/rpg/train/data_parallel.h turns a TrainConfig into a PlanInput; `rpg plan` prints it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace rpg::dist {
+
+// What the estimate needs of a Hugging Face model directory.
+struct ModelShape {
+  int64_t parameters = 0;  // every tensor's elements (safetensors headers; tied weights once)
+  int64_t hidden = 0, layers = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
+};
+// Reads config.json and the safetensors headers (model.safetensors or the index's shards).
+// Throws IoError / FormatError naming the file.
+ModelShape read_model_shape(const std::filesystem::path& dir);
+
+struct PlanInput {
+  ModelShape model;
+  int64_t world = 1;
+  int64_t zero_stage = 0;       // dist.zero_stage; only counts with world > 1
+  bool bf16_compute = false;    // a bf16 working copy next to the fp32 master weights
+  bool fixed_reference = false;  // a resident fp32 reference model
+  bool gradient_checkpointing = false;
+  int64_t sequence = 0;          // max prompt + max response tokens
+  double micro_batch_tokens = 0;  // tokens per micro-batch
+  int64_t rollout_sequences = 0;  // sequences generated per step (whole world)
+  int64_t max_num_seqs = 0;       // the rollout engine's concurrent sequences
+  std::string optimizer;          // named in the output only
+};
+
+// Bytes per rank.
+struct MemoryPlan {
+  int64_t stage = 0;  // the effective ZeRO stage (0 alone)
+  double weights = 0, compute = 0, grads = 0, optimizer = 0, reference = 0, states = 0;
+  double activations = 0, kv_cache = 0, total = 0;
+  double micro_batch_tokens = 0, rollout_sequences = 0;
+};
+MemoryPlan estimate(const PlanInput& in);
+
+// The report `rpg plan` prints; its last line is "total <size> (<bytes> bytes)".
+std::string format_plan(const std::filesystem::path& model_dir, const PlanInput& in, const MemoryPlan& plan);
+
+}  // namespace rpg::dist
