@@ -81,7 +81,7 @@ int zero1(rpg::dist::ProcessGroup& pg, const std::string& type, const std::strin
   torch::manual_seed(7);
   torch::nn::Sequential mlp(torch::nn::Linear(4, 8), torch::nn::Tanh(), torch::nn::Linear(8, 3));
   mlp->to(dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
-  rpg::NamedTensors params;
+  rpg::train::NamedTensors params;
   for (const auto& item : mlp->named_parameters()) params.emplace_back(item.key(), item.value());
   rpg::train::OptimizerOptions o;
   o.type = type;
