@@ -519,7 +519,8 @@ struct TrainConfig {
   // (another policy_loss, seq-mean-token-sum-norm, a kl_loss_type the fork lacks, rollout
   // old log-probs, ref_kl_target, rollout correction).
   void check_fork_semantics() const;
-  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree.
+  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree
+  // outside fork semantics.
   void check_trainable() const;
 };
 
