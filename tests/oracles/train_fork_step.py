@@ -33,7 +33,10 @@ OUT: "w.<name>" the weights after the last step (named_parameters), "g.<k>.<name
 gradient accumulated by optimizer step k of the last training step before clipping (at the
 trainer's recorded weights "before.<k>.<name>" of the last batch file), "old_log_probs",
 "advantages", "token_level_rewards" of the last step (".<s>" suffixed: of step s, from 0),
-"grad_norm" (one per optimizer step, all steps).
+"grad_norm" (one per optimizer step, all steps); with "rg.<k>.<name>" in every batch file
+(the trainer's gradient of its optimizer step k of that training step, before clipping),
+"r.<name>": the weights after the fork's optimizer loop (clip, AdamW or schedulefree with
+eval/train, LambdaLR) run on those gradients instead of its own.
 """
 import importlib.util
 import json
@@ -111,7 +114,7 @@ def make_optimizer():
                              weight_decay=case["weight_decay"])
 
 
-def update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, grads, inject):
+def update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, grads, inject, replay=False):
     """dp_actor.update_policy on one batch. With inject, mini-batch k starts from the trainer's
     recorded weights "before.<k>.<name>" and uses the trainer's old log-probs / reference /
     advantages (so that its gradient is compared at the same point, free of earlier rounding)."""
@@ -138,7 +141,7 @@ def update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, g
                 with torch.no_grad():
                     for name, prm in model.named_parameters():
                         prm.copy_(b[f"before.{len(grad_norms) - first}.{name}"])
-            for rows in micro_batches:
+            for rows in ([] if replay else micro_batches):
                 rows_t = torch.tensor(rows)
                 mask = response_mask[rows_t]
                 old = (b["old_log_probs"] if inject else old_log_probs)[rows_t]
@@ -162,6 +165,9 @@ def update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, g
                 else:
                     loss = policy_loss / gradient_accumulation
                 loss.backward()
+            if replay:  # the trainer's own accumulated gradient of this optimizer step
+                for name, prm in model.named_parameters():
+                    prm.grad = b[f"rg.{len(grad_norms) - first}.{name}"].clone()
             for name, prm in model.named_parameters():  # the accumulated gradient before clipping
                 if prm.grad is not None:
                     grads[f"g.{len(grad_norms) - first}.{name}"] = prm.grad.detach().clone()
@@ -173,8 +179,10 @@ def update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, g
                 opt.zero_grad()
 
 
-def train(inject):
-    """The fork's training steps from the initial weights (inject: the last batch only)."""
+def train(inject, replay=False):
+    """The fork's training steps from the initial weights (inject: the last batch only;
+    replay: every optimizer step takes the trainer's recorded gradient "rg.<k>.<name>" instead
+    of the fork's forward/backward, so that the optimizer side is compared alone)."""
     with torch.no_grad():
         for name, prm in model.named_parameters():
             prm.copy_(initial[name])
@@ -201,7 +209,7 @@ def train(inject):
         if inject:
             grad_norms = []
             grads = {}
-        update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, grads, inject)
+        update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, grads, inject, replay)
         opt.zero_grad()
         sched.step()
     weights = {name: prm.detach().clone().contiguous() for name, prm in model.named_parameters()}
@@ -211,7 +219,10 @@ def train(inject):
 weights, _, grad_norms, per_step = train(inject=False)
 _, grads, _, _ = train(inject=True) if any(k.startswith("before.") for k in batches[-1]) else ({}, {}, [], [])
 
+replayed, _, _, _ = train(inject=False, replay=True) if any(k.startswith("rg.") for k in batches[-1]) else ({}, 0, 0, 0)
+
 out = {f"w.{name}": w for name, w in weights.items()}
+out.update({f"r.{name}": w for name, w in replayed.items()})
 for s, (old, adv, rewards) in enumerate(per_step):
     out[f"old_log_probs.{s}"] = old.contiguous()
     out[f"advantages.{s}"] = adv.contiguous()

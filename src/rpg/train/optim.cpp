@@ -275,16 +275,21 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, Named
 
 double clip_grad_norm(const NamedTensors& params, double max_norm) {
   c10::NoGradGuard no_grad;
+  // torch.nn.utils.clip_grad_norm_ operation for operation, in the gradients' dtype: the norm
+  // of the per-tensor norms, clip_coef = max_norm / (total + 1e-6) (Python's float / tensor is
+  // reciprocal() * float), clamped to 1 and multiplied in as a tensor. A coefficient computed
+  // in double instead differs by an ulp and moves fp32 weights by an ulp after the step.
   std::vector<at::Tensor> norms;
   for (const auto& [name, p] : params)
-    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2).to(at::kDouble));
+    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2));
   if (norms.empty()) return 0.0;
-  const double total = at::linalg_vector_norm(at::stack(norms), 2).item<double>();
-  if (!std::isfinite(total)) return total;
-  const double coef = std::min(1.0, max_norm / (total + 1e-6));
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  const double total_d = total.item<double>();
+  if (!std::isfinite(total_d)) return total_d;
+  const at::Tensor coef = ((total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
   for (const auto& [name, p] : params)
     if (p.grad().defined()) p.grad().mul_(coef);
-  return total;
+  return total_d;
 }
 
 double LrSchedule::factor(int64_t step) const {
