@@ -2,7 +2,7 @@
 torch.nn.utils.clip_grad_norm_ and verl's LR schedules on inputs written by the C++ test.
 
 usage: train_optim.py CASE.json IN.safetensors OUT.safetensors
-CASE.json: {"kind": "adamw"|"schedule_free"|"clip"|"lr", ...}. IN holds "p.<i>" (initial
+CASE.json: {"kind": "adamw"|"schedule_free"|"schedule_free_events"|"clip"|"lr", ...}. IN holds "p.<i>" (initial
 parameters) and "g.<step>.<i>" (gradient of parameter i at step; absent -> no gradient).
 OUT gets "p.<step>.<i>" after each step (and "x.<i>" = schedule-free evaluation weights).
 """
@@ -46,6 +46,37 @@ if kind == "lr":
 tensors = load_file(sys.argv[2])
 n = case["num_params"]
 params = [torch.nn.Parameter(tensors[f"p.{i}"].clone()) for i in range(n)]
+
+if kind == "schedule_free_events":
+    # schedulefree.AdamWScheduleFree driven as the authors' fork drives it: constructed with
+    # lr/betas/weight_decay (fsdp_workers.py:282), a LambdaLR writing the scheduled LR into the
+    # param group before each step, eval()/train() at the trainer's switching points
+    # (dp_actor.py:205-208, 259-262), foreach as its default. Events: {"op": "train"|"eval"} or
+    # {"op": "step", "lr": group lr}; "p.<event>.<i>" after each.
+    import schedulefree
+
+    opt = schedulefree.AdamWScheduleFree(params, lr=case["lr"], betas=(case["beta1"], case["beta2"]), eps=case["eps"],
+                                         weight_decay=case["weight_decay"], warmup_steps=case["warmup"],
+                                         r=case["r"], weight_lr_power=case["weight_lr_power"])
+    step = 0
+    for e, ev in enumerate(case["events"]):
+        if ev["op"] == "train":
+            opt.train()
+        elif ev["op"] == "eval":
+            opt.eval()
+        else:
+            for i, p in enumerate(params):
+                key = f"g.{step}.{i}"
+                p.grad = tensors[key].clone() if key in tensors else None
+            for group in opt.param_groups:
+                group["lr"] = ev["lr"]
+            opt.step()
+            out[f"lr.{step}"] = torch.tensor([opt.param_groups[0]["scheduled_lr"]], dtype=torch.float64)
+            step += 1
+        for i, p in enumerate(params):
+            out[f"p.{e}.{i}"] = p.detach().clone()
+    save_file(out, sys.argv[3])
+    sys.exit(0)
 
 if kind == "clip":
     for i, p in enumerate(params):

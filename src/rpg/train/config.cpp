@@ -116,8 +116,7 @@ void ActorConfig::validate() const {
   in_range(optim.min_lr_ratio, 0, 1, /*hi_open=*/false, p + "optim.min_lr_ratio");
   above(optim.num_cycles, 0.0, p + "optim.num_cycles");
   minus_one_or_at_least(optim.total_training_steps, 1, p + "optim.total_training_steps", "set by the trainer");
-  // "schedulefree" (the fork's spelling) loads, so that every fork script's config can be shown;
-  // TrainConfig::check_trainable() refuses to train with it.
+  // "schedulefree" (the fork's spelling) trains in fork semantics only (TrainConfig::check_trainable).
   require_one_of(optim.optim_type, {"adamw", "schedule_free_adamw", "schedulefree"}, p + "optim.optim_type");
   require_one_of(optim.warmup_style.value_or(optim.lr_scheduler_type), {"constant", "cosine"},
                  p + (optim.warmup_style ? "optim.warmup_style" : "optim.lr_scheduler_type"));
@@ -251,8 +250,9 @@ std::string algorithm_summary(const TrainConfig& c) {
     if (alg.use_kl_in_reward)
       in_reward = str("reward -= ", number(alg.kl_ctrl.kl_coef), " * ", a.kl_loss_type, "(pi_old, ", ref, ")");
     return str("fork semantics: PPO dual-clip (eps ", low, "/", high, ", c ", number(a.clip_ratio_c), "), ", adv, ", ",
-               kl, ", ", in_reward, ", ", a.optim.optim_type, " lr ", number(a.optim.lr), ", reward ",
-               c.choices.dapo_variant);
+               kl, ", ", in_reward, ", ", a.optim.optim_type,
+               a.optim.optim_type == "schedulefree" ? " (old log-probs at x; sampling, update, validation, saving at y)" : "",
+               " lr ", number(a.optim.lr), ", reward ", c.choices.dapo_variant);
   }
   std::string loss = "policy_loss " + a.policy_loss;
   if (a.policy_loss == "rpg" || a.policy_loss == "rpg_reinforce")
@@ -295,10 +295,12 @@ void TrainConfig::check_fork_semantics() const {
 
 void TrainConfig::check_trainable() const {
   const auto& o = actor_rollout_ref.actor.optim;
-  require(o.optim_type != "schedulefree", "actor_rollout_ref.actor.optim.optim_type",
-          "'schedulefree' (the authors' fork: schedulefree.AdamWScheduleFree with verl's LambdaLR warm-up on top, old "
-          "log-probs at x, sampling/training/validation at y) is not implemented in rpg train; use adamw, or "
-          "schedule_free_adamw (rpg's schedule-free AdamW with its own warm-up) with rpg.semantics=paper");
+  require(o.optim_type != "schedulefree" || choices.semantics == Semantics::kFork,
+          "actor_rollout_ref.actor.optim.optim_type",
+          "'schedulefree' is the authors' fork's optimizer as its code runs it (schedulefree.AdamWScheduleFree with "
+          "verl's LambdaLR on top, old log-probs at x, sampling/training/validation/saving at y) and needs "
+          "rpg.semantics=fork; with rpg.semantics=paper use schedule_free_adamw (rpg's schedule-free AdamW: its own "
+          "warm-up, validation and export at x)");
 }
 
 std::vector<std::string> TrainConfig::resolve() {

@@ -138,11 +138,15 @@ struct RolloutConfig {
                             "expert_parallel_size", "pipeline_model_parallel_size", "gpu_memory_utilization",
                             "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "max_model_len",
                             "enable_chunked_prefill", "enable_prefix_caching", "load_format", "dtype",
-                            "log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu",
-                            "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", "disable_log_stats",
-                            "engine_kwargs", "calculate_log_probs", "layered_summon", "multi_turn", "agent",
-                            "cudagraph_capture_sizes", "prompt_length", "response_length", "do_sample"})
+                            "disable_log_stats", "engine_kwargs", "calculate_log_probs", "layered_summon",
+                            "multi_turn", "agent", "cudagraph_capture_sizes", "prompt_length", "response_length",
+                            "do_sample"})
       v.ignored(key, "vLLM/SGLang setting; rpg generates in-process");
+    for (const char* key : {"log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
+                            "log_prob_max_token_len_per_gpu"})
+      v.ignored(key, "micro-batching of the no-grad old log-prob pass; rpg cuts that pass like the actor's update "
+                     "(actor.use_dynamic_bsz / ppo_max_token_len_per_gpu / ppo_micro_batch_size_per_gpu), which "
+                     "changes no log-prob beyond float rounding");
   }
 };
 
@@ -263,10 +267,12 @@ struct ModelConfig {
     v("path", path, "Hugging Face model directory");
     v("enable_gradient_checkpointing", enable_gradient_checkpointing, "recompute layer activations in backward");
     v("tokenizer_path", tokenizer_path, "tokenizer directory (model path when null)");
-    for (const char* key : {"use_remove_padding", "trust_remote_code", "external_lib", "override_config",
+    for (const char* key : {"use_remove_padding", "trust_remote_code", "external_lib",
                             "enable_activation_offload", "use_shm", "use_liger", "use_fused_kernels",
                             "lora_rank", "lora_alpha", "target_modules"})
       v.ignored(key, "HF/FSDP loading option");
+    v.ignored("override_config", "HF config overrides are not applied: rpg's models have no dropout, and dropout 0 "
+                                 "(attention_dropout, embd_pdrop, resid_pdrop) is all the fork's scripts override");
   }
 };
 
@@ -450,7 +456,8 @@ struct TrainerConfig {
     v("sample_log_count", sample_log_count, "responses per sample log");
     v("nnodes", nnodes, "nodes launched (checked against the launcher when set and more than one process runs)");
     v("n_gpus_per_node", n_gpus_per_node, "processes per node (checked like nnodes)");
-    for (const char* key : {"logger", "log_val_generations", "balance_batch",
+    v.ignored("logger", "rpg always writes metrics.jsonl and TensorBoard events in the run directory");
+    for (const char* key : {"log_val_generations", "balance_batch",
                             "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
                             "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})
       v.ignored(key, "Ray/cluster setting");
@@ -520,7 +527,8 @@ struct TrainConfig {
   // (another policy_loss, seq-mean-token-sum-norm, a kl_loss_type the fork lacks, rollout
   // old log-probs, ref_kl_target, rollout correction).
   void check_fork_semantics() const;
-  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree.
+  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree
+  // outside fork semantics.
   void check_trainable() const;
 };
 

@@ -139,16 +139,18 @@ class ScheduleFreeAdamW final : public Optimizer {
     }
   }
 
-  double lr_of_next_step(double /*scheduled*/) const override {
+  // schedulefree's lr = group['lr'] * sched, sched = (k + 1) / warmup_steps during its warm-up.
+  double lr_of_next_step(double scheduled) const override {
     const double k = static_cast<double>(steps_);
-    return o_.lr * (steps_ < o_.warmup_steps ? (k + 1.0) / static_cast<double>(o_.warmup_steps) : 1.0);
+    const double group_lr = o_.scheduled_lr ? scheduled : o_.lr;
+    return group_lr * (steps_ < o_.warmup_steps ? (k + 1.0) / static_cast<double>(o_.warmup_steps) : 1.0);
   }
 
-  void step(double /*lr*/) override {
+  void step(double scheduled) override {
     if (!train_mode_) throw ValueError("schedule_free_adamw: step() called with evaluation weights loaded");
     c10::NoGradGuard no_grad;
     const double k = static_cast<double>(steps_);
-    const double lr = lr_of_next_step(0.0);
+    const double lr = lr_of_next_step(scheduled);
     lr_max_ = std::max(lr, lr_max_);
     const double weight = std::pow(k + 1.0, o_.r) * std::pow(lr_max_, o_.weight_lr_power);
     weight_sum_ += weight;
@@ -176,12 +178,14 @@ class ScheduleFreeAdamW final : public Optimizer {
   }
 
   // y -> x -> y by interpolation is not bit-exact in floating point, and validation or a
-  // checkpoint in the middle of training must not perturb it: y is kept while x is loaded.
+  // checkpoint in the middle of training must not perturb it: y is kept while x is loaded
+  // (restore_exact_y; without it, as schedulefree, y is interpolated back from x and z).
   void use_eval_weights() override {
     if (!train_mode_) return;
     c10::NoGradGuard no_grad;
     saved_y_.clear();
-    for (size_t i = 0; i < params_.size(); ++i) saved_y_.push_back(target_of(params_[i].second, slots_[i].master).clone());
+    if (o_.restore_exact_y)
+      for (size_t i = 0; i < params_.size(); ++i) saved_y_.push_back(target_of(params_[i].second, slots_[i].master).clone());
     interpolate(1.0 - 1.0 / o_.beta1);  // y -> x
     train_mode_ = false;
   }
@@ -271,16 +275,21 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, Named
 
 double clip_grad_norm(const NamedTensors& params, double max_norm) {
   c10::NoGradGuard no_grad;
+  // torch.nn.utils.clip_grad_norm_ operation for operation, in the gradients' dtype: the norm
+  // of the per-tensor norms, clip_coef = max_norm / (total + 1e-6) (Python's float / tensor is
+  // reciprocal() * float), clamped to 1 and multiplied in as a tensor. A coefficient computed
+  // in double instead differs by an ulp and moves fp32 weights by an ulp after the step.
   std::vector<at::Tensor> norms;
   for (const auto& [name, p] : params)
-    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2).to(at::kDouble));
+    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad(), 2));
   if (norms.empty()) return 0.0;
-  const double total = at::linalg_vector_norm(at::stack(norms), 2).item<double>();
-  if (!std::isfinite(total)) return total;
-  const double coef = std::min(1.0, max_norm / (total + 1e-6));
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  const double total_d = total.item<double>();
+  if (!std::isfinite(total_d)) return total_d;
+  const at::Tensor coef = ((total + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
   for (const auto& [name, p] : params)
     if (p.grad().defined()) p.grad().mul_(coef);
-  return total;
+  return total_d;
 }
 
 double LrSchedule::factor(int64_t step) const {

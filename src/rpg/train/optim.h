@@ -31,6 +31,15 @@ struct OptimizerOptions {
   int64_t warmup_steps = 0;
   double r = 0.0;
   double weight_lr_power = 2.0;
+  // schedule_free_adamw only. false (rpg): the LR is `lr` times the own warm-up, whatever step()
+  // is handed. true (the authors' fork, fsdp_workers.py:282 + 306-312): verl's LambdaLR writes
+  // the scheduled LR into the param group, so the LR is step()'s argument times the own warm-up
+  // (the fork passes no warmup_steps: 0).
+  bool scheduled_lr = false;
+  // schedule_free_adamw only. true (rpg): use_train_weights() after use_eval_weights() restores
+  // the exact y it saved. false (schedulefree.AdamWScheduleFree.train()): y is recomputed from x
+  // and z by interpolation, as the fork's every eval()/train() pair does (a few ulp off y).
+  bool restore_exact_y = true;
 };
 
 // The complete state of an optimizer: tensors by "<param name>.<slot>" and scalars.
@@ -43,10 +52,11 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // One update from the gradients in the parameters' .grad(). `lr` is the scheduled
-  // learning rate (AdamW); schedule-free AdamW ignores it and uses its own warm-up.
+  // learning rate (AdamW); schedule-free AdamW multiplies it by its own warm-up with
+  // scheduled_lr, else ignores it and uses `lr` times its own warm-up.
   virtual void step(double lr) = 0;
   // The learning rate the next step() uses given the scheduled one: `scheduled` for AdamW,
-  // its own warm-up for schedule-free AdamW (what the trainer logs as actor/lr).
+  // see step() for schedule-free AdamW (what the trainer logs as actor/lr).
   virtual double lr_of_next_step(double scheduled) const { return scheduled; }
   void zero_grad();
   // Schedule-free AdamW trains at y but evaluates at x: the trainer switches the live

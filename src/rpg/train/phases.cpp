@@ -214,6 +214,10 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
   const at::Tensor& mask = sb.batch.get("response_mask");
   PolicyLogProbs lp;
   auto t_old = Clock::now();
+  // The fork's compute_log_prob calls actor_optimizer.eval() (dp_actor.py:205-208): with
+  // schedule-free AdamW the old log-probs (and the in-reward KL, and ref under
+  // use_iterative_ref_model) come from x, while the responses were sampled at y.
+  if (fork) optimizer->use_eval_weights();
   sync_compute_weights();
   lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
                                    : sb.batch.get("rollout_log_probs");
@@ -289,9 +293,12 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   const algo::PolicyLossConfig& lc = loss_cfg;
   UpdateStats stats;
-  // The LR every update of this step uses: the schedule advances once per training step, as
-  // verl's LambdaLR (schedule-free AdamW: its own warm-up over optimizer steps).
-  stats.lr = optimizer->lr_of_next_step(actor.optim.lr * schedule.factor(step));
+  // update_policy calls actor_optimizer.train() (dp_actor.py:259-262): back to y.
+  optimizer->use_train_weights();
+  // The scheduled LR of this step: the schedule advances once per training step, as verl's
+  // LambdaLR. The LR each optimizer step really uses (schedule-free AdamW: times its own
+  // warm-up over optimizer steps) is averaged into stats.lr.
+  stats.scheduled_lr = actor.optim.lr * schedule.factor(step);
   const int64_t rows_per_mini =
       std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
   const auto t_update = Clock::now();
@@ -307,6 +314,10 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
       update_mini_batch(batch, mini_rows, lc, stats);
     }
   }
+  // One LR for the whole step (AdamW, the fork) is logged as is, not as a rounded mean.
+  const bool one_lr = std::all_of(stats.lrs.begin(), stats.lrs.end(), [&](double x) { return x == stats.lrs.front(); });
+  stats.lr = stats.lrs.empty() ? optimizer->lr_of_next_step(stats.scheduled_lr)
+                               : one_lr ? stats.lrs.front() : mean_of(stats.lrs);
   stats.seconds = seconds_since(t_update);
   return stats;
 }
@@ -342,7 +353,8 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
   const double norm = dp::clip_grad_norm(*optimizer, actor.grad_clip);  // ZeRO-2: the shards' global norm
   stats.grad_norms.push_back(norm);
   if (std::isfinite(norm)) {
-    optimizer->step(stats.lr);
+    stats.lrs.push_back(optimizer->lr_of_next_step(stats.scheduled_lr));
+    optimizer->step(stats.scheduled_lr);
     consecutive_skips = 0;
   } else {
     // A non-finite loss or gradient: the update is skipped, the weights stay as they were.

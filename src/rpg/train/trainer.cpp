@@ -172,6 +172,14 @@ nlohmann::json Trainer::Impl::fingerprint() const {
           {"optim_type", cfg.actor_rollout_ref.actor.optim.optim_type}};
 }
 
+void Trainer::Impl::use_export_weights() {
+  // Schedule-free AdamW: rpg validates and exports the average x. The fork switches only
+  // around its old log-probs (eval) and its update (train), so it samples, validates and
+  // saves (hf_model included) at y: fork semantics does the same. No-op for AdamW.
+  if (fork) optimizer->use_train_weights();
+  else optimizer->use_eval_weights();
+}
+
 void Trainer::Impl::save_checkpoint() {
   // Data-parallel (data_parallel.h): every rank writes its optimizer shard into rank 0's
   // temporary directory; each part is agreed on (all_or_none), so a rank's failure stops all
@@ -183,7 +191,7 @@ void Trainer::Impl::save_checkpoint() {
     if (main) out.emplace(run_dir.checkpoint(step));
   });
   const fs::path dir = dp::main_path(out ? out->path() : fs::path());
-  optimizer->use_eval_weights();
+  use_export_weights();
   dp::all_or_none("checkpoint", [&] {
     if (!main) return;
     model::SaveOptions so;
@@ -351,6 +359,15 @@ void Trainer::Impl::build_optimizer() {
   oo.weight_decay = o.weight_decay;
   const int64_t warmup = resolve_warmup_steps(o.lr_warmup_steps, o.lr_warmup_steps_ratio, total_steps);
   oo.warmup_steps = warmup;
+  if (o.optim_type == "schedulefree") {
+    // The fork (fsdp_workers.py:278-285): schedulefree.AdamWScheduleFree(lr, betas, weight_decay),
+    // eps 1e-8, no warmup_steps of its own; the LambdaLR below writes the scheduled LR into its
+    // param group; eval()/train() interpolate between x and y (dp_actor.py:205-208, 259-262).
+    oo.type = "schedule_free_adamw";
+    oo.warmup_steps = 0;
+    oo.scheduled_lr = true;
+    oo.restore_exact_y = false;
+  }
   optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
@@ -522,7 +539,7 @@ Metrics Trainer::validate() {
   Impl& s = *impl_;
   Metrics m;
   if (s.val_rows.empty()) return m;
-  s.optimizer->use_eval_weights();
+  s.use_export_weights();
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
                                s.scorers, /*progress=*/false, /*chat_template=*/true,
                                s.cfg.data.apply_chat_template_kwargs);
@@ -535,7 +552,7 @@ Metrics Trainer::validate() {
 
 void Trainer::save_model(const std::string& dir) {
   Impl& s = *impl_;
-  s.optimizer->use_eval_weights();
+  s.use_export_weights();
   model::SaveOptions so;
   so.copy_files_from = s.cfg.actor_rollout_ref.model.path;
   s.policy.model.save_pretrained(dir, so);

@@ -96,7 +96,9 @@ struct UpdateStats {
   std::map<std::string, std::vector<double>> loss_metrics;
   std::vector<double> grad_norms;
   int64_t skipped = 0;
-  double lr = 0, seconds = 0;
+  double scheduled_lr = 0;  // optim.lr times the schedule's factor for this training step
+  std::vector<double> lrs;  // the LR each optimizer step of this training step used
+  double lr = 0, seconds = 0;  // lr: the mean of lrs (every step skipped: the LR the next one would use)
 };
 
 struct Trainer::Impl {
@@ -156,6 +158,8 @@ struct Trainer::Impl {
   at::Tensor log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature);
   // Settings a resumed run must share with the run that wrote the checkpoint.
   nlohmann::json fingerprint() const;
+  // The weights validation and export see: x for schedule-free AdamW, y in fork semantics.
+  void use_export_weights();
   // A checkpoint (layout: RunDir) written into a temporary directory and published by one
   // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
   void save_checkpoint();
