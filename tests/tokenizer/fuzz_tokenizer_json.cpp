@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "rpg/core/error.h"
 #include "rpg/tokenizer/tokenizer.h"
 #include "rpg/tokenizer/tokenizer_impl.h"
