@@ -11,15 +11,16 @@
 # schedule is constant, so the step count does not change the training). Then:
 #   1. the final weights and training state are byte-identical, the per-step metrics
 #      (wall-clock ones aside) equal;
-#   2. memory over the long run: the whole run's RSS at the end is within 10% of its RSS
-#      after step 1, and the least-squares slope of RSS over time, extrapolated over the
-#      run, is under 10% of it as well (no creep);
+#   2. memory over the long run (rss_verdict below): the peak RSS of the last tenth of the
+#      whole run is within 10% of the peak of its first tenth, and the least-squares slope
+#      of RSS over time, extrapolated over the run, is under 10% of it as well (no creep);
 #   3. the RSS of every restarted process, sampled when it is signalled (after at least one
 #      finished step), is within 10% of the first such sample.
 #   scripts/soak.sh [WORK_DIR]
 # Environment: RPG (binary, default build/rpg), SOAK_SECONDS, SOAK_SEED (random moments),
 # SOAK_MIN_GAP / SOAK_MAX_GAP (seconds between a restart and its signal, default 5 / 40),
-# SOAK_SAMPLE (seconds between RSS samples). Run it at low priority on a shared machine:
+# SOAK_SAMPLE (seconds between RSS samples); SOAK_RSS_ONLY=<rss_whole.tsv> only judges a
+# recorded memory series (check 2) and exits. Run it at low priority on a shared machine:
 # `nice -n 19 scripts/soak.sh`. Exit 0 when every check passes; the summary lines are the
 # result to record.
 set -euo pipefail
@@ -36,6 +37,38 @@ RANDOM=$seed
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$work"
 log() { echo "[soak $(date -u +%T)] $*" >&2; }
+
+# Memory over the long run, from the samples "seconds step rss_kb" after step 1. RSS swings
+# within every step (tensors of a step are allocated and freed; glibc returns some of it),
+# so single samples compare a trough with a crest: the judged quantities are the peak of
+# the first tenth of the samples against the peak of the last tenth (a leak raises the
+# peak; heap reuse only lifts the troughs towards it), and the least-squares slope
+# extrapolated over the run; both must stay within 10% of the first peak. Prints the
+# figures and 1 (pass) or 0 last.
+rss_verdict() {
+  python3 - "$1" <<'PY'
+import statistics, sys
+rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()[1:]]
+pts = [(float(t), float(r)) for t, s, r in rows if int(s) >= 1]
+if len(pts) < 10:
+    print("too few samples 0"); sys.exit()
+n = len(pts); k = max(3, n // 10)
+t0, t1 = pts[0][0], pts[-1][0]
+mt = sum(t for t, _ in pts) / n; mr = sum(r for _, r in pts) / n
+slope = sum((t - mt) * (r - mr) for t, r in pts) / sum((t - mt) ** 2 for t, _ in pts)  # kB/s
+first = [r for _, r in pts[:k]]; last = [r for _, r in pts[-k:]]
+p0, p1 = max(first), max(last)
+drift = slope * (t1 - t0)
+ok = p1 <= 1.10 * p0 and drift <= 0.10 * p0
+print(f"{n} samples over {t1 - t0:.0f}s; first tenth min/median/peak {min(first):.0f}/{statistics.median(first):.0f}/{p0:.0f} kB, "
+      f"last tenth {min(last):.0f}/{statistics.median(last):.0f}/{p1:.0f} kB (peak {100 * (p1 / p0 - 1):+.1f}%); "
+      f"least-squares slope {slope * 3600:+.0f} kB/h ({100 * drift / p0:+.1f}% of the first peak over the run) {int(ok)}")
+PY
+}
+if [ -n "${SOAK_RSS_ONLY:-}" ]; then  # evaluate a recorded rss_whole.tsv only
+  v=$(rss_verdict "$SOAK_RSS_ONLY"); echo "soak: whole-run RSS: ${v% *}; $([ "${v##* }" = 1 ] && echo 'no creep' || echo CREEP)"
+  [ "${v##* }" = 1 ]; exit
+fi
 
 # A small model, tokenizer and data of our own (no downloads): the demo's pieces.
 if [ ! -f "$work/model/model.safetensors" ]; then
@@ -156,23 +189,7 @@ def load(p):
 a, b = load(sys.argv[1]), load(sys.argv[2])
 sys.exit(0 if a == b else print(f"metrics differ: {len(a)} vs {len(b)} steps") or 1)
 PY
-# Memory over the long run: start (first sample after step 1), end, least-squares slope.
-creep=$(python3 - "$work/rss_whole.tsv" <<'PY'
-import sys
-rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()[1:]]
-pts = [(float(t), float(r)) for t, s, r in rows if int(s) >= 1]
-if len(pts) < 3:
-    print("too few samples 0"); sys.exit()
-t0, r0 = pts[0]; t1, r1 = pts[-1]
-n = len(pts); mt = sum(t for t, _ in pts) / n; mr = sum(r for _, r in pts) / n
-slope = sum((t - mt) * (r - mr) for t, r in pts) / sum((t - mt) ** 2 for t, _ in pts)  # kB/s
-drift = slope * (t1 - t0)
-ok = r1 <= 1.10 * r0 and drift <= 0.10 * r0
-peak = max(r for _, r in pts)
-print(f"{n} samples over {t1 - t0:.0f}s: step 1 {r0:.0f} kB -> end {r1:.0f} kB (peak {peak:.0f}); "
-      f"slope {slope * 3600:+.0f} kB/h ({100 * drift / r0:+.1f}% over the run) {int(ok)}")
-PY
-)
+creep=$(rss_verdict "$work/rss_whole.tsv")
 creep_ok=${creep##* }; creep=${creep% *}
 [ "$creep_ok" = 1 ] || fail=1
 restart_ok=1
@@ -182,6 +199,6 @@ if [ ${#rss_list[@]} -gt 0 ]; then
 fi
 [ "$restart_ok" = 1 ] || fail=1
 echo "soak: ${elapsed}s, whole run step $n_whole (one process$([ $resumed_whole = yes ] && echo ', resumed once at the end to the interrupted run'\''s step')), interrupted run step $n_soak, both to step $target; $starts starts ($kills SIGKILL, $terms SIGTERM); final weights, training state and metrics $([ $same = 1 ] && echo equal || echo NOT equal)"
-echo "soak: whole-run RSS: $creep; $([ "$creep_ok" = 1 ] && echo 'no creep (within 10%)' || echo 'CREEP (over 10%)')"
+echo "soak: whole-run RSS: $creep; $([ "$creep_ok" = 1 ] && echo 'no creep (peak and drift within 10%)' || echo 'CREEP (over 10%)')"
 echo "soak: RSS at each signal (kB): ${rss_list[*]:-none}; $([ $restart_ok = 1 ] && echo 'within 10% of the first' || echo 'NOT within 10% of the first')"
 exit $fail
