@@ -16,7 +16,7 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=thread -I "$src/src"
        -I "$src/tests/tokenizer")
 sources=(src/rpg/core/{args,config,io,log,metrics,progress,rng,signals,test_hook,text,unicode,jsonl}.cpp
          src/rpg/jinja/{lexer,parser,renderer,builtins,pystr,value,template}.cpp
-         src/rpg/tokenizer/{unicode,pretokenize,tokenizer,bpe_trainer}.cpp
+         src/rpg/tokenizer/{unicode,pretokenize,load,tokenizer,bpe_trainer}.cpp
          src/rpg/reward/{text,math_dapo,math_lighteval,registry,overlong}.cpp
          tests/common/test_util.cpp tests/core/threads_test.cpp)
 objs=()

@@ -3,7 +3,7 @@
 // ENOSPC and EIO. Each time: one `rpg: error:` line naming the file and the errno, exit 1,
 // no temporary file or directory left, every loadable checkpoint complete; a rerun picks
 // the checkpoint the latest marker names (complete) and ends bit-identical to an uninterrupted run, with a
-// metrics.jsonl without torn lines. Once more on a real full filesystem (a small tmpfs,
+// metrics.jsonl and samples.jsonl without torn lines. Once more on a real full filesystem (a small tmpfs,
 // mounted when the test runs as root).
 #include <gtest/gtest.h>
 #include <sys/mount.h>
@@ -11,6 +11,7 @@
 
 #include <regex>
 
+#include "rpg/core/jsonl.h"
 #include "run_fixture.h"
 
 namespace fs = std::filesystem;
@@ -65,15 +66,24 @@ class FailingWrites : public ::testing::Test {
 
 TEST_F(FailingWrites, EveryWriteOfATrainingRunFailsCleanlyAndTheRerunIsBitIdentical) {
   const fs::path whole = dir_ / "whole";
-  const auto writes = count_writes(test::tiny_train_argv(fixture_, data_, whole, kSteps, 1), dir_ / "writes.txt");
+  // Sample generations logged at every step, so samples.jsonl's appends are swept too.
+  const auto train_argv = [&](const fs::path& run) {
+    auto argv = test::tiny_train_argv(fixture_, data_, run, kSteps, 1);
+    argv.push_back("trainer.sample_log_freq=1");
+    return argv;
+  };
+  const auto writes = count_writes(train_argv(whole), dir_ / "writes.txt");
   ASSERT_GT(writes.size(), 20u);
   // Every kind of file the trainer writes is among them.
-  for (const std::string kind : {"metrics.jsonl", "events.out.tfevents", "train_state.safetensors", "model.safetensors",
-                                 "train_state.json", "latest_checkpointed_iteration.txt", "report.html", "config.yaml"})
+  for (const std::string kind : {"metrics.jsonl", "samples.jsonl", "rpg.lock", "events.out.tfevents",
+                                 "train_state.safetensors", "model.safetensors", "train_state.json",
+                                 "latest_checkpointed_iteration.txt", "report.html", "config.yaml"})
     EXPECT_TRUE(std::any_of(writes.begin(), writes.end(), [&](const std::string& w) { return w.find(kind) != std::string::npos; }))
         << "no write of " << kind;
   const std::string want_model = read_file(whole / ("global_step_" + std::to_string(kSteps)) / "actor" / "model.safetensors");
   const auto want_metrics = test::step_metrics(whole / "metrics.jsonl");
+  const std::string want_samples = read_file(whole / "samples.jsonl");
+  ASSERT_EQ(jsonl::read(whole / "samples.jsonl").size(), static_cast<size_t>(kSteps) * 4) << want_samples;
   std::cerr << writes.size() << " write calls\n";
   for (size_t i = 0; i < writes.size(); ++i) {
     const int n = static_cast<int>(i) + 1;
@@ -81,8 +91,7 @@ TEST_F(FailingWrites, EveryWriteOfATrainingRunFailsCleanlyAndTheRerunIsBitIdenti
                  errno_of(n));
     const fs::path run = dir_ / ("run" + std::to_string(n));
     const std::string run_s = run.string();
-    auto r = test::run_process(test::tiny_train_argv(fixture_, data_, run, kSteps, 1),
-                               {"RPG_TEST_FAIL_WRITE=" + std::to_string(n), std::string("RPG_TEST_FAIL_ERRNO=") + errno_of(n)});
+    auto r = test::run_process(train_argv(run), {"RPG_TEST_FAIL_WRITE=" + std::to_string(n), std::string("RPG_TEST_FAIL_ERRNO=") + errno_of(n)});
     std::string file = writes[i];
     file.replace(0, whole.string().size(), run_s);  // same layout, other run directory
     expect_write_error(r, n, file);
@@ -97,7 +106,7 @@ TEST_F(FailingWrites, EveryWriteOfATrainingRunFailsCleanlyAndTheRerunIsBitIdenti
       EXPECT_TRUE(fs::exists(run / ("global_step_" + std::to_string(newest)) / "train_state.json"));
     }
     // The rerun resumes from that checkpoint and finishes identically.
-    r = test::run_process(test::tiny_train_argv(fixture_, data_, run, kSteps, 1));
+    r = test::run_process(train_argv(run));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     if (newest > 0) {
       EXPECT_NE(r.err.find("resumed from " + run_s + "/global_step_" + std::to_string(newest) + " at step"),
@@ -107,6 +116,8 @@ TEST_F(FailingWrites, EveryWriteOfATrainingRunFailsCleanlyAndTheRerunIsBitIdenti
     EXPECT_EQ(r.err.find("skipping damaged"), std::string::npos) << r.err;
     EXPECT_EQ(read_file(run / ("global_step_" + std::to_string(kSteps)) / "actor" / "model.safetensors"), want_model);
     EXPECT_EQ(test::step_metrics(run / "metrics.jsonl"), want_metrics);
+    // samples.jsonl: a line torn by the failure is dropped on resume, the steps redone once.
+    EXPECT_EQ(read_file(run / "samples.jsonl"), want_samples);
     EXPECT_EQ(test::temporaries(run), std::vector<std::string>{});
     fs::remove_all(run);
     if (HasFailure()) break;  // one broken write is enough to read

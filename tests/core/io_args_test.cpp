@@ -42,6 +42,22 @@ TEST(Io, ReadMissingFileNamesIt) {
   }
 }
 
+TEST(Io, AppendFileCreatesThenAppendsAndNamesTheFileOnError) {
+  test::TempDir dir;
+  const fs::path log = dir / "samples.jsonl";
+  append_file(log, "{\"step\": 1}\n");
+  append_file(log, "{\"step\": 2}\n");
+  append_file(log, "");
+  EXPECT_EQ(read_file(log), "{\"step\": 1}\n{\"step\": 2}\n");
+  try {
+    append_file(dir / "missing" / "samples.jsonl", "x\n");
+    FAIL() << "no error for a missing directory";
+  } catch (const IoError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "cannot open " + (dir / "missing" / "samples.jsonl").string() + ": No such file or directory (ENOENT)");
+  }
+}
+
 TEST(Io, AtomicDirPublishesOnlyOnCommit) {
   test::TempDir dir;
   fs::path final_path = dir / "ckpt";

@@ -68,6 +68,18 @@ void flush_stream(std::FILE* f, const fs::path& path, bool durable) {
   if (durable && ::fsync(::fileno(f)) != 0) throw_errno("cannot fsync", path);
 }
 
+void append_file(const fs::path& path, std::string_view data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw_errno("cannot open", path);
+  try {
+    write_fd(fd, data, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) throw_errno("cannot write", path);
+}
+
 OutputFile::OutputFile(fs::path path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) throw_errno("cannot create", path_);

@@ -31,6 +31,12 @@ void write_fd(int fd, std::string_view data, const std::filesystem::path& path);
 void write_stream(std::FILE* f, std::string_view data, const std::filesystem::path& path);
 void flush_stream(std::FILE* f, const std::filesystem::path& path, bool durable = false);
 
+// Appends `data` to `path` (created when missing; its directory must exist) in one write_fd
+// call, so the fault hook sees it. For JSON Lines logs (samples.jsonl): a write that fails
+// or is killed half way leaves a torn last line, which jsonl's readers and keep_steps drop.
+// Throws IoError "cannot open|write <path>: <errno_text>".
+void append_file(const std::filesystem::path& path, std::string_view data);
+
 // A file created (or truncated) for writing through write_fd. Small pieces (a safetensors
 // header, small tensors) are gathered into writes of >= 4 MiB; larger ones are written
 // directly. close() writes the rest and reports errors; the destructor closes silently.

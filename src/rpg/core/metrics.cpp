@@ -93,7 +93,12 @@ TensorBoardWriter::TensorBoardWriter(const std::filesystem::path& dir) {
 }
 
 TensorBoardWriter::~TensorBoardWriter() {
-  if (file_ && !pending_.empty()) std::fwrite(pending_.data(), 1, pending_.size(), file_);  // best effort
+  if (file_ && !pending_.empty()) {
+    try {
+      write_stream(file_, pending_, path_);  // best effort: a destructor does not throw
+    } catch (const std::exception&) {
+    }
+  }
   if (file_) std::fclose(file_);
 }
 

@@ -1,6 +1,7 @@
 #include "rpg/jinja/builtins.h"
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 #include <ctime>
 #include <map>
@@ -23,7 +24,18 @@ Value attr_path(const Value& v, const std::string& path, Renderer& r, Pos at) {
     if (j == std::string::npos) j = path.size();
     std::string part = path.substr(i, j - i);
     bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = digits ? r.get_item(cur, Value::integer(std::stoll(part)), at) : r.get_item(cur, Value::str(part), at);
+    if (digits) {
+      // jinja2 turns a digit part into a Python int of any size; past int64 no list or
+      // string has such an index, so the largest one gives the same undefined.
+      int64_t idx = std::numeric_limits<int64_t>::max();
+      try {
+        idx = std::stoll(part);
+      } catch (const std::out_of_range&) {
+      }
+      cur = r.get_item(cur, Value::integer(idx), at);
+    } else {
+      cur = r.get_item(cur, Value::str(part), at);
+    }
     i = j + 1;
   }
   return cur;

@@ -495,7 +495,12 @@ class Parser {
         if (cur().type == Tk::kInt) {
           n->k = Expr::K::kItem;
           auto idx = make(Expr::K::kLiteral, cur());
-          idx->literal = Value::integer(std::stoll(t_[i_++].text));
+          const Token& num = t_[i_++];
+          try {
+            idx->literal = Value::integer(std::stoll(num.text));
+          } catch (const std::exception&) {  // as an integer literal (fuzz_chat_template finding)
+            fail(num, "integer literal out of range");
+          }
           n->kids.push_back(std::move(e));
           n->kids.push_back(std::move(idx));
         } else {

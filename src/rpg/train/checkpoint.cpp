@@ -127,13 +127,14 @@ bool create_exclusive(const std::filesystem::path& file, const std::string& cont
     if (errno == EEXIST) return false;
     throw IoError(str("cannot create ", file.string(), ": ", std::strerror(errno)));
   }
-  const bool ok = ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size());
-  const int saved = errno;
-  ::close(fd);
-  if (!ok) {
+  try {
+    write_fd(fd, content, file);  // core/io: under the write-fault hook
+  } catch (...) {
+    ::close(fd);
     ::unlink(file.c_str());
-    throw IoError(str("cannot write ", file.string(), ": ", std::strerror(saved)));
+    throw;
   }
+  ::close(fd);
   return true;
 }
 

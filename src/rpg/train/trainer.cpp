@@ -59,13 +59,6 @@ std::vector<tok::ChatMessage> messages_of(const data::Row& row) {
   return m;
 }
 
-void append_file(const fs::path& path, const std::string& text) {
-  std::FILE* f = std::fopen(path.c_str(), "ab");
-  if (!f) throw IoError(str("cannot open ", path.string()));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !ok) throw IoError(str("cannot write ", path.string()));
-}
-
 }  // namespace
 
 std::vector<int64_t> truncate_prompt(std::vector<int64_t> ids, int64_t max_len, Truncation how) {
@@ -409,7 +402,7 @@ void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>
   if (dp::writes_run_dir() && cfg.trainer.sample_log_freq > 0 && step % cfg.trainer.sample_log_freq == 0) {
     std::string lines;
     for (const auto& j : samples) lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    append_file(run_dir.root() / "samples.jsonl", lines);
+    rpg::append_file(run_dir.root() / "samples.jsonl", lines);  // core/io: under the write-fault hook
   }
 }
 
