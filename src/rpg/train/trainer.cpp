@@ -174,6 +174,7 @@ nlohmann::json Trainer::Impl::fingerprint() const {
 
 void Trainer::Impl::save_checkpoint() {
   if (!dp::writes_run_dir()) return dp::join_checkpoint(*optimizer);  // data-parallel: rank 0 writes (gathers) the state
+  const auto t_save = Clock::now();
   AtomicDir out(run_dir.checkpoint(step));
   optimizer->use_eval_weights();
   model::SaveOptions so;
@@ -196,6 +197,7 @@ void Trainer::Impl::save_checkpoint() {
   run_dir.mark_latest(step);
   run_dir.prune(cfg.trainer.max_actor_ckpt_to_keep);
   eval::write_report(run_dir.root());
+  last_save_seconds = seconds_since(t_save);  // logged with the next step's metrics
 }
 
 std::vector<fs::path> Trainer::Impl::resume_candidates() const {
@@ -337,6 +339,7 @@ void Trainer::Impl::build_models() {
     compute->set_requires_grad(true);
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
   }
+  build_rollout_copy();
 }
 
 void Trainer::Impl::open_run_dir() {
@@ -473,6 +476,7 @@ Metrics Trainer::train_step() {
   m["timing_s/ref"] = lp.ref_seconds;
   m["timing_s/adv"] = adv.seconds;
   m["timing_s/step"] = seconds_since(t_step);
+  s.perf_metrics(sb, lp, up, m);
   s.last_batch = std::move(sb.batch);
   s.log_step(m, gen.samples);
   return m;
@@ -482,6 +486,7 @@ Metrics Trainer::validate() {
   Impl& s = *impl_;
   Metrics m;
   if (s.val_rows.empty()) return m;
+  const auto t_testing = Clock::now();
   s.optimizer->use_eval_weights();
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
                                s.scorers, /*progress=*/false, /*chat_template=*/true,
@@ -489,6 +494,7 @@ Metrics Trainer::validate() {
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
     for (const auto& [name, value] : table) m[validation_metric_key(source, name, table)] = value;
+  m["timing_s/testing"] = seconds_since(t_testing);  // verl's name for the validation time
   s.logger->log(s.step, m);
   return m;
 }
