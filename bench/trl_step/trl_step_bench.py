@@ -3,7 +3,7 @@ prompts, batch, group size and lengths, in one run. Prints the median seconds pe
 each (the first step of every run is dropped as warm-up), rpg's phases, and the ratios.
 
   .venv/bin/python bench/trl_step/trl_step_bench.py [--rpg build/rpg] [--steps 4] [--rounds 2]
-      [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64]
+      [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64] [--packed]
 
 GRPO on both sides: group-normalised advantages, PPO-clip token loss, k3 KL to the fixed
 initial policy with beta 1e-3, one optimizer step per batch (one mini-batch, one epoch:
@@ -11,7 +11,7 @@ on-policy), fp32, no gradient checkpointing, temperature 1. The model: a random 
 4 layers, hidden 256 (intermediate 1024, 4 heads, 2 KV heads) over the byte-level BPE
 vocabulary of tests/oracles/tiny_chat_model.py (its tokenizer and chat template). Random
 weights rarely emit EOS, so responses run to --max-new-tokens on both sides. Runs alternate
-(rpg, rpg with use_remove_padding, TRL) --rounds times; each is a fresh process.
+(rpg, with --packed rpg with use_remove_padding, TRL) --rounds times; each is a fresh process.
 """
 import argparse
 import json
@@ -33,6 +33,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--prompts", type=int, default=16)
 ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=64)
+ap.add_argument("--packed", action="store_true", help="also run rpg with actor_rollout_ref.model.use_remove_padding")
 ap.add_argument("--trl-worker", nargs=2, metavar=("WORKDIR", "OUT"), help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -126,7 +127,9 @@ def rpg_run(work, name, extra):
 
 with tempfile.TemporaryDirectory() as work:
     make_inputs(work)
-    variants = {"rpg": [], "rpg use_remove_padding": ["actor_rollout_ref.model.use_remove_padding=true"]}
+    variants = {"rpg": []}
+    if args.packed:
+        variants["rpg use_remove_padding"] = ["actor_rollout_ref.model.use_remove_padding=true"]
     rpg_rows = {k: [] for k in variants}
     trl_steps = []
     for r in range(args.rounds):

@@ -225,6 +225,7 @@ TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
       EXPECT_TRUE(j.contains("val-aux/letters/acc/std@2")) << line;
       EXPECT_TRUE(j.contains("val-aux/letters/score/mean@2")) << line;
       EXPECT_FALSE(j.contains("val-core/letters/score/mean@2")) << line;
+      EXPECT_GT(j.value("timing_s/testing", 0.0), 0.0) << line;  // verl's name for the validation time
     }
     return steps;
   };
