@@ -2,7 +2,7 @@
 // side (transformers generate) and the ratio are in rollout_bench.py, which runs this.
 //
 //   rollout_bench --model DIR --prompts prompts.json --n N --max-new-tokens T
-//                 [--stop id,id,...] [--max-num-seqs S] [--seed S]
+//                 [--stop id,id,...] [--max-num-seqs S] [--seed S] [--dtype float32|bfloat16|float16]
 // Prints one JSON object: generated tokens, seconds, tokens/s, peak RSS (VmHWM, MiB).
 #include <ATen/Parallel.h>
 
@@ -27,7 +27,7 @@ double peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model_dir, prompts_file, stop;
+  std::string model_dir, prompts_file, stop, dtype = "float32";
   rpg::rollout::SamplingParams p;
   rpg::rollout::EngineOptions e;
   int64_t seed = 0, threads = 0;
@@ -39,7 +39,8 @@ int main(int argc, char** argv) {
       .option("--stop", &stop, "comma-separated stop token ids", "IDS")
       .option("--max-num-seqs", &e.max_num_seqs, "sequence slots")
       .option("--seed", &seed, "seed")
-      .option("--threads", &threads, "intra-op threads (0: torch default)");
+      .option("--threads", &threads, "intra-op threads (0: torch default)")
+      .option("--dtype", &dtype, "weights and KV cache: float32 | bfloat16 | float16", "DTYPE");
   try {
     if (!parser.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
@@ -48,7 +49,12 @@ int main(int argc, char** argv) {
     std::string id;
     while (std::getline(ss, id, ',')) p.stop_token_ids.push_back(std::stoll(id));
     auto prompts = nlohmann::json::parse(rpg::read_file(prompts_file)).get<std::vector<std::vector<int64_t>>>();
-    auto model = rpg::model::CausalLM::from_pretrained(model_dir);
+    rpg::model::LoadOptions lo;
+    if (dtype == "float32") lo.dtype = at::kFloat;
+    else if (dtype == "bfloat16") lo.dtype = at::kBFloat16;
+    else if (dtype == "float16") lo.dtype = at::kHalf;
+    else throw std::invalid_argument("--dtype: float32, bfloat16 or float16, not '" + dtype + "'");
+    auto model = rpg::model::CausalLM::from_pretrained(model_dir, lo);
     rpg::rollout::RolloutEngine engine(model, e);
     auto out = engine.generate(prompts, p);
     const auto& s = engine.last_stats();

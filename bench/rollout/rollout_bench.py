@@ -3,7 +3,7 @@ sampling settings and stop tokens, in one run. Prints tokens/s of each, the rati
 peak memory (VmHWM).
 
   .venv/bin/python bench/rollout/rollout_bench.py [--bench build/bench/rollout/rollout_bench]
-      [--n 8] [--prompts 8] [--max-new-tokens 256] [--threads 2]
+      [--n 8] [--prompts 8] [--max-new-tokens 256] [--threads 2] [--dtype float32|bfloat16]
 
 The model is a random Qwen2 (hidden 512, 8 layers, vocab 16384) built here; 1/64 of the
 vocabulary are stop tokens, so response lengths are mixed (geometric, mean ~64, capped at
@@ -28,6 +28,8 @@ ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--prompts", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=256)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                help="weights (and KV cache) of both sides; the checkpoint is fp32, cast at load")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 
@@ -48,10 +50,12 @@ with tempfile.TemporaryDirectory() as d:
     # rpg (separate process: its own peak memory)
     out = subprocess.run([args.bench, "--model", d, "--prompts", os.path.join(d, "prompts.json"), "--n", str(args.n),
                           "--max-new-tokens", str(args.max_new_tokens), "--stop", ",".join(map(str, stop)),
-                          "--threads", str(args.threads)], check=True, capture_output=True, text=True)
+                          "--threads", str(args.threads), "--dtype", args.dtype], check=True, capture_output=True,
+                         text=True)
     ours = json.loads(out.stdout)
 
     # transformers: left-padded batch, n return sequences each, sampled
+    model = model.to(getattr(torch, args.dtype))
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -70,7 +74,8 @@ with tempfile.TemporaryDirectory() as d:
                 break
     hf_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-print(f"responses: {args.prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, threads={args.threads}")
+print(f"responses: {args.prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, threads={args.threads}, "
+      f"dtype={args.dtype}")
 print(f"rpg          {ours['generated_tokens']:6d} tokens in {ours['seconds']:.2f} s = "
       f"{ours['tokens_per_second']:.1f} tokens/s, peak RSS {ours['peak_rss_mib']:.0f} MiB")
 print(f"transformers {hf_tokens:6d} tokens in {hf_seconds:.2f} s = {hf_tokens / hf_seconds:.1f} tokens/s, "

@@ -18,7 +18,7 @@
 
 namespace rpg::test {
 
-// Every metric of every step except wall-clock ones (timing_s/*, perf/*), in step order.
+// Every metric of every step except wall-clock ones (timing_s/*, timing_per_token_ms/*, perf/*), in step order.
 // Fails the test when a line is not a JSON object (a torn line).
 inline std::vector<std::map<std::string, double>> step_metrics(const std::filesystem::path& metrics) {
   std::vector<std::map<std::string, double>> out;
@@ -30,7 +30,9 @@ inline std::vector<std::map<std::string, double>> step_metrics(const std::filesy
     if (!j.is_object()) continue;
     std::map<std::string, double> m;
     for (const auto& [k, v] : j.items())
-      if (v.is_number() && k.rfind("timing_s/", 0) != 0 && k.rfind("perf/", 0) != 0) m[k] = v.get<double>();
+      if (v.is_number() && k.rfind("timing_s/", 0) != 0 && k.rfind("timing_per_token_ms/", 0) != 0 &&
+          k.rfind("perf/", 0) != 0)
+        m[k] = v.get<double>();
     out.push_back(std::move(m));
   }
   return out;

@@ -176,5 +176,38 @@ TEST_P(EngineTest, BadRequestsAreValueErrors) {
   }
 }
 
+// bf16 rollouts: the engine on the fp32 checkpoint cast to bf16 (weights and KV cache in
+// bf16) picks transformers' greedy tokens with the same bf16 weights, wherever the top-2 logit
+// gap exceeds bf16 resolution (the oracle's "trusted" prefix of each response; below it two
+// valid bf16 summation orders may pick differently).
+TEST(EngineBf16, GreedyEqualsTransformersBf16WhereTheGapExceedsBf16Resolution) {
+  const fs::path dir = test::oracle_output_dir("rollout_hf_generate_bf16.py");
+  const auto ref = nlohmann::json::parse(read_file(dir / "generate_bf16.json"));
+  for (const std::string name : {"qwen2_fp32", "qwen3_fp32", "llama3_fp32"}) {
+    model::CausalLM m = model::CausalLM::from_pretrained(dir / name, {at::kBFloat16, at::kCPU});
+    ASSERT_EQ(m.dtype(), at::kBFloat16);
+    const auto prompts = ref[name]["prompts"].get<std::vector<std::vector<int64_t>>>();
+    const auto expected = ref[name]["greedy"].get<std::vector<std::vector<int64_t>>>();
+    const auto trusted = ref[name]["trusted"].get<std::vector<int64_t>>();
+    RolloutEngine engine(m, {4, 0});
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_new_tokens = static_cast<int64_t>(expected[0].size());
+    p.ignore_eos = true;
+    const auto out = engine.generate(prompts, p);
+    ASSERT_EQ(out.size(), expected.size());
+    int64_t compared = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto n = static_cast<size_t>(trusted[i]);
+      ASSERT_GE(out[i].token_ids.size(), n);
+      EXPECT_EQ(std::vector<int64_t>(out[i].token_ids.begin(), out[i].token_ids.begin() + n),
+                std::vector<int64_t>(expected[i].begin(), expected[i].begin() + n))
+          << name << " prompt " << i << ": the first " << n << " tokens";
+      compared += trusted[i];
+    }
+    EXPECT_GE(compared, 16) << name << ": too few tokens with a clear top-2 gap to compare";
+  }
+}
+
 }  // namespace
 }  // namespace rpg::rollout

@@ -231,6 +231,7 @@ TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
       EXPECT_TRUE(j.contains("val-aux/letters/acc/std@2")) << line;
       EXPECT_TRUE(j.contains("val-aux/letters/score/mean@2")) << line;
       EXPECT_FALSE(j.contains("val-core/letters/score/mean@2")) << line;
+      EXPECT_GT(j.value("timing_s/testing", 0.0), 0.0) << line;  // verl's name for the validation time
     }
     return steps;
   };
@@ -1110,6 +1111,210 @@ TEST_F(TrainerTest, Bf16ComputeKeepsFp32MasterWeights) {
   const at::Tensor d32 = flat(after[0]) - w0, d16 = flat(after[1]) - w0;
   const double update_cosine = (d32 * d16).sum().item<double>() / (d32.norm().item<double>() * d16.norm().item<double>());
   EXPECT_GT(update_cosine, 0.9);
+}
+
+// actor_rollout_ref.model.use_remove_padding (verl's key): the old, reference and update
+// log-prob passes run padding-free. A step with it equals the padded step within fp32
+// rounding: the old and reference log-probs, every optimizer step's loss and gradient, and
+// the weights after the step. Micro-batches of 3 rows whose responses have different lengths.
+TEST_F(TrainerTest, RemovePaddingStepEqualsThePaddedStep) {
+  // Prompts of 1..8 repeated words: left padding of different widths.
+  std::vector<data::Row> rows;
+  for (int i = 0; i < 8; ++i) {
+    data::Row r;
+    r.data_source = "letters";
+    std::string words;
+    for (int w = 0; w <= i; ++w) words += " word";
+    r.prompt = {{"Write" + words, "user"}};
+    r.reward_model.ground_truth = "e";
+    rows.push_back(r);
+  }
+  data::write_parquet(dir_->path() / "ragged.parquet", rows);
+  std::vector<std::vector<UpdateRecord>> updates;
+  std::vector<rollout::Batch> batches;
+  std::vector<std::vector<at::Tensor>> after;
+  for (const bool packed : {false, true}) {
+    TrainConfig c = config(packed ? "rmpad_on" : "rmpad_off");
+    c.data.train_files = {(dir_->path() / "ragged.parquet").string()};
+    c.actor_rollout_ref.model.use_remove_padding = packed;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 3;
+    c.actor_rollout_ref.actor.policy_loss = "grpo";  // a KL to the initial weights: a reference pass
+    c.algorithm.adv_estimator = "grpo";
+    c.actor_rollout_ref.actor.optim.lr = 1e-4;
+    Trainer t(c, scorers());
+    ASSERT_TRUE(t.has_reference_model());
+    TrainerTesting::record_updates(t, true);
+    t.train_step();
+    updates.push_back(TrainerTesting::last_updates(t));
+    batches.push_back(t.last_batch());
+    std::vector<at::Tensor> ps;
+    for (const auto& p : t.model().parameters()) ps.push_back(p.detach().clone());
+    after.push_back(std::move(ps));
+  }
+  const at::Tensor mask = batches[0].get("response_mask").to(at::kBool);
+  const at::Tensor lengths = batches[0].get("attention_mask").sum(1);
+  EXPECT_LT(lengths.min().item<int64_t>(), lengths.max().item<int64_t>()) << "rows of one length: no padding";
+  for (const char* key : {"old_log_probs", "ref_log_probs"}) {
+    const at::Tensor a = batches[0].get(key).masked_select(mask), b = batches[1].get(key).masked_select(mask);
+    EXPECT_LE((a - b).abs().max().item<double>(), 1e-5) << key;
+    EXPECT_FALSE(at::equal(a, b)) << key << ": bitwise equal, the packed path did not run";
+  }
+  ASSERT_EQ(updates[0].size(), 2u);
+  ASSERT_EQ(updates[1].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_NEAR(updates[1][i].loss, updates[0][i].loss, 1e-5 * std::max(1.0, std::abs(updates[0][i].loss))) << i;
+    const auto [diff, scale] = max_diff_and_scale(updates[1][i].grads, updates[0][i].grads);
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LE(diff, 1e-5 * scale) << "optimizer step " << i << ": gradient difference " << diff << " at scale " << scale;
+  }
+  const auto [wdiff, wscale] = max_diff_and_scale(after[1], after[0]);
+  EXPECT_LE(wdiff, 1e-5) << "weights after the step";
+}
+
+// One mini-batch and one epoch per step (verl's on_policy): the old log-probs are the update's
+// own, detached, with no separate forward pass (actor.on_policy_old_log_probs). The step equals
+// the step with the separate pass: old log-probs, loss, gradients, weights, the rollout
+// mismatch metrics; with a fixed reference and with the reference refreshed every step (then
+// pi_ref = pi_old, also taken from the update).
+TEST_F(TrainerTest, OnPolicyOldLogProbsEqualTheSeparatePass) {
+  for (const bool iterative : {false, true}) {
+    std::vector<UpdateRecord> updates;
+    std::vector<rollout::Batch> batches;
+    std::vector<Metrics> metrics;
+    std::vector<std::vector<at::Tensor>> after;
+    for (const bool shortcut : {false, true}) {
+      TrainConfig c = config(std::string("on_policy_") + (shortcut ? "on" : "off") + (iterative ? "_iter" : ""));
+      auto& a = c.actor_rollout_ref.actor;
+      a.on_policy_old_log_probs = shortcut;
+      a.ppo_mini_batch_size = 4;  // the whole batch: one optimizer step
+      a.ppo_micro_batch_size_per_gpu = 3;
+      a.policy_loss = "grpo";  // a k3 KL to the reference
+      c.algorithm.adv_estimator = "grpo";
+      a.use_iterative_ref_model = iterative;
+      a.ref_update_freq = 1;  // iterative: pi_ref = pi_old, no resident model
+      Trainer t(c, scorers());
+      EXPECT_EQ(t.has_reference_model(), !iterative);
+      TrainerTesting::record_updates(t, true);
+      metrics.push_back(t.train_step());
+      ASSERT_EQ(TrainerTesting::last_updates(t).size(), 1u);
+      updates.push_back(TrainerTesting::last_updates(t)[0]);
+      batches.push_back(t.last_batch());
+      std::vector<at::Tensor> ps;
+      for (const auto& p : t.model().parameters()) ps.push_back(p.detach().clone());
+      after.push_back(std::move(ps));
+    }
+    const std::string what = iterative ? "iterative reference" : "fixed reference";
+    const at::Tensor mask = batches[0].get("response_mask").to(at::kBool);
+    for (const char* key : {"old_log_probs", "ref_log_probs"}) {
+      const at::Tensor a = batches[0].get(key).masked_select(mask), b = batches[1].get(key).masked_select(mask);
+      EXPECT_LE((a - b).abs().max().item<double>(), 1e-6) << what << ": " << key;
+    }
+    EXPECT_GT(batches[1].get("old_log_probs").masked_select(mask).abs().min().item<double>(), 0.0)
+        << what << ": an old log-prob left unfilled";
+    EXPECT_NEAR(updates[1].loss, updates[0].loss, 1e-6 * std::max(1.0, std::abs(updates[0].loss))) << what;
+    const auto [diff, scale] = max_diff_and_scale(updates[1].grads, updates[0].grads);
+    EXPECT_GT(scale, 0.0);
+    EXPECT_LE(diff, 1e-6 * scale) << what << ": gradient difference " << diff << " at scale " << scale;
+    EXPECT_LE(max_diff_and_scale(after[1], after[0]).first, 1e-6) << what << ": weights after the step";
+    for (const char* key : {"training/rollout_log_prob_diff_max", "training/rollout_log_prob_diff_mean",
+                            "actor/pg_loss", "actor/grad_norm"}) {
+      ASSERT_EQ(metrics[1].count(key), 1u) << key;
+      EXPECT_NEAR(metrics[1].at(key), metrics[0].at(key), 1e-6 * std::max(1.0, std::abs(metrics[0].at(key))))
+          << what << ": " << key;
+    }
+  }
+}
+
+// verl's perf metrics of a real step equal verl's own functions (compute_timing_metrics,
+// compute_throughout_metrics, log_seqlen_unbalance, FlopsCounter with its CPU peak) given the
+// step's batch and phase times; the checkpoint time rides on the next step's line.
+TEST_F(TrainerTest, PerfMetricsEqualVerlsFunctions) {
+  TrainConfig c = config("perf_metrics");
+  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+  c.actor_rollout_ref.actor.ppo_epochs = 2;
+  c.trainer.save_freq = 1;
+  c.trainer.total_training_steps = 3;
+  Trainer t(c, scorers());
+  t.fit();  // steps 1 and 2 save a checkpoint each
+  const Metrics m = t.train_step();
+  const rollout::Batch& b = t.last_batch();
+  nlohmann::json step;
+  step["model_dir"] = (fixture_ / "model").string();
+  const at::Tensor am = b.get("attention_mask").to(at::kLong);
+  std::vector<std::vector<int64_t>> mask;
+  for (int64_t r = 0; r < am.size(0); ++r) {
+    const at::Tensor row = am[r].contiguous();
+    mask.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+  }
+  step["attention_mask"] = mask;
+  step["response_width"] = b.get("responses").size(1);
+  nlohmann::json timing = nlohmann::json::object();
+  for (const auto& [k, v] : m)
+    if (k.rfind("timing_s/", 0) == 0) timing[k.substr(9)] = v;
+  step["timing_s"] = timing;
+  step["n_gpus"] = 1;
+  std::vector<int64_t> all(static_cast<size_t>(am.size(0)));
+  std::iota(all.begin(), all.end(), 0);
+  step["partitions"] = {all};
+  step["ppo_epochs"] = 2;
+  const fs::path file = dir_->path() / "perf_step.json";
+  test::write_text(file, step.dump());
+  const auto verl = nlohmann::json::parse(test::run_oracle("train_perf_metrics.py", {file.string()}).out);
+  EXPECT_NEAR(verl.at("promised_tflops").get<double>(), 0.448, 1e-12) << "verl's CPU peak changed";
+  size_t compared = 0;
+  for (const auto& [k, v] : verl.items()) {
+    if (k == "promised_tflops") continue;
+    ASSERT_EQ(m.count(k), 1u) << k << " missing";
+    EXPECT_NEAR(m.at(k), v.get<double>(), 1e-9 * std::max(1.0, std::abs(v.get<double>()))) << k;
+    ++compared;
+  }
+  for (const char* k : {"timing_per_token_ms/gen", "timing_per_token_ms/update_actor", "perf/throughput",
+                        "perf/mfu/actor", "perf/mfu/actor_infer", "global_seqlen/balanced_max", "timing_s/save_checkpoint"})
+    EXPECT_TRUE(verl.contains(k)) << k;
+  EXPECT_GE(compared, 20u);
+  EXPECT_GT(m.at("perf/max_rss_gb"), 0.01);
+  EXPECT_GT(m.at("timing_s/save_checkpoint"), 0.0);
+  EXPECT_EQ(t.train_step().count("timing_s/save_checkpoint"), 0u) << "no checkpoint since the last step";
+}
+
+// actor_rollout_ref.rollout.dtype=bfloat16: the engine samples from a bf16 copy of the live
+// weights, refreshed in place after every optimizer step: right after each step it equals the
+// fp32 master weights cast to bf16, bitwise, in the same storage every time (no reallocation);
+// the master weights stay fp32. With compute_dtype=bfloat16 the compute copy is that copy.
+TEST_F(TrainerTest, Bf16RolloutWeightsAreTheMasterCastAfterEveryOptimizerStep) {
+  for (const std::string compute : {"float32", "bfloat16"}) {
+    TrainConfig c = config("rollout_bf16_" + compute);
+    c.actor_rollout_ref.rollout.dtype = "bfloat16";
+    c.actor_rollout_ref.actor.compute_dtype = compute;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+    Trainer t(c, scorers());
+    TrainerTesting::record_updates(t, true);
+    std::vector<const void*> storage;
+    for (int step = 0; step < 2; ++step) {
+      auto m = t.train_step();
+      // bf16 sampling vs the fp32 recomputation of the old log-probs: they differ.
+      if (compute == "float32") {
+        EXPECT_GT(m.at("training/rollout_log_prob_diff_max"), 1e-4);
+      }
+      const auto& ups = TrainerTesting::last_updates(t);
+      ASSERT_EQ(ups.size(), 2u);
+      for (size_t i = 0; i < ups.size(); ++i) {
+        // The master weights after step i: the weights before step i + 1, or the final ones.
+        std::vector<at::Tensor> master;
+        if (i + 1 < ups.size()) master = ups[i + 1].weights;
+        else for (const auto& p : t.model().parameters()) master.push_back(p.detach());
+        ASSERT_EQ(ups[i].rollout_weights.size(), master.size());
+        for (size_t k = 0; k < master.size(); ++k) {
+          EXPECT_EQ(master[k].scalar_type(), at::kFloat);
+          ASSERT_EQ(ups[i].rollout_weights[k].scalar_type(), at::kBFloat16);
+          EXPECT_TRUE(at::equal(ups[i].rollout_weights[k], master[k].to(at::kBFloat16)))
+              << compute << " step " << step << " update " << i << " parameter " << k;
+        }
+        if (storage.empty()) storage = ups[i].rollout_data;
+        EXPECT_EQ(ups[i].rollout_data, storage) << "the rollout weights were reallocated";
+      }
+    }
+  }
 }
 
 // algorithm.rollout_correction.rollout_is (verl's key): each token's loss is multiplied by

@@ -123,6 +123,9 @@ struct RolloutConfig {
   int64_t top_k = -1;
   bool ignore_eos = false;
   int64_t max_num_seqs = 256;  // sequence slots of the continuous-batching engine
+  // Weights and KV cache the engine samples with: a copy of the live fp32 weights in this
+  // dtype, refreshed in place after every optimizer step (auto: the faster on the device).
+  std::string dtype = "auto";
   SamplingKwargs val_kwargs;
 
   template <class V>
@@ -133,11 +136,12 @@ struct RolloutConfig {
     v("top_k", top_k, "keep the k most likely tokens (-1: all)");
     v("ignore_eos", ignore_eos, "keep generating past EOS");
     v("max_num_seqs", max_num_seqs, "concurrent sequences in the generation engine");
+    v("dtype", dtype, "auto | float32 | bfloat16 | float16: rollout weights and KV cache (auto: the faster on the device)");
     v.section("val_kwargs", val_kwargs, "sampling for validation");
     for (const char* key : {"name", "mode", "tensor_model_parallel_size", "data_parallel_size",
                             "expert_parallel_size", "pipeline_model_parallel_size", "gpu_memory_utilization",
                             "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "max_model_len",
-                            "enable_chunked_prefill", "enable_prefix_caching", "load_format", "dtype",
+                            "enable_chunked_prefill", "enable_prefix_caching", "load_format",
                             "disable_log_stats", "engine_kwargs", "calculate_log_probs", "layered_summon",
                             "multi_turn", "agent", "cudagraph_capture_sizes", "prompt_length", "response_length",
                             "do_sample"})
@@ -210,6 +214,11 @@ struct ActorConfig {
   // rpg: where the old log-probs (pi_old) come from: recomputed by a forward pass of the
   // trainer (verl's default), or the sampling engine's own log-probs (saves that pass).
   std::string old_log_prob_source = "recompute";
+  // rpg: with one mini-batch and one epoch per step (verl's on_policy), the recomputed old
+  // log-probs are the update's own log-probs, detached, and no separate forward pass runs;
+  // applies when nothing needs them before the update (no KL in the reward, no
+  // ref_kl_target, not fork semantics).
+  bool on_policy_old_log_probs = true;
   // rpg: dtype of forward/backward; the master weights and the optimizer state stay fp32.
   std::string compute_dtype = "float32";
   std::string policy_loss = "vanilla";   // policy loss by registry name
@@ -243,6 +252,8 @@ struct ActorConfig {
     v("ref_kl_target", ref_kl_target, "also refresh the reference when the moving-average token KL to it exceeds this (0: off)");
     v("ref_kl_ema", ref_kl_ema, "weight of the newest step in the moving-average token KL, in (0, 1]");
     v("old_log_prob_source", old_log_prob_source, "recompute (a trainer forward pass) | rollout (the engine's log-probs)");
+    v("on_policy_old_log_probs", on_policy_old_log_probs,
+      "one mini-batch, one epoch: old log-probs = the update's own, detached (no separate pass)");
     v("compute_dtype", compute_dtype, "float32 | bfloat16 forward/backward (master weights stay fp32)");
     v("policy_loss", policy_loss, "policy loss by registry name (docs/algorithms.md)");
     v("kl_form", kl_form, "rpg / rpg_reinforce regulariser: fkl | rkl | ufkl | urkl");
@@ -261,13 +272,19 @@ struct ModelConfig {
   std::string path;  // Hugging Face model directory
   bool enable_gradient_checkpointing = true;
   std::optional<std::string> tokenizer_path;  // model path when null
+  // Padding-free log-prob passes (old, reference, update): each micro-batch's real tokens
+  // packed into one stream. Equal to the padded path within fp32 rounding. Off by default
+  // (verl 0.9 defaults to true) so that runs without the key, the demo's included, keep
+  // their numbers.
+  bool use_remove_padding = false;
 
   template <class V>
   void visit(V& v) {
     v("path", path, "Hugging Face model directory");
     v("enable_gradient_checkpointing", enable_gradient_checkpointing, "recompute layer activations in backward");
     v("tokenizer_path", tokenizer_path, "tokenizer directory (model path when null)");
-    for (const char* key : {"use_remove_padding", "trust_remote_code", "external_lib",
+    v("use_remove_padding", use_remove_padding, "padding-free forward/backward: a micro-batch's real tokens packed");
+    for (const char* key : {"trust_remote_code", "external_lib",
                             "enable_activation_offload", "use_shm", "use_liger", "use_fused_kernels",
                             "lora_rank", "lora_alpha", "target_modules"})
       v.ignored(key, "HF/FSDP loading option");

@@ -10,8 +10,12 @@
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
 #include "rpg/core/rng.h"
+#include "rpg/dist/data_parallel.h"
+#include "rpg/dist/process_group.h"
+#include "rpg/dist/world.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/train/data_parallel.h"
+#include "rpg/train/perf_metrics.h"
 #include "rpg/train/trainer_impl.h"
 
 namespace rpg::train {
@@ -27,6 +31,33 @@ double masked_mean(const at::Tensor& x, const at::Tensor& mask) {
 
 void Trainer::Impl::sync_compute_weights() {
   if (compute) compute->copy_parameters_from(policy.model);
+}
+
+// The rollout dtype "auto" resolves to: measured on the CPU machine (docs/benchmarks.md,
+// "bf16 vs fp32 rollouts"), bf16 on CUDA (tensor cores; verl's default).
+static at::ScalarType rollout_dtype(const std::string& name, const at::Device& device) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "auto" && device.is_cuda()) return at::kBFloat16;
+  return at::kFloat;
+}
+
+void Trainer::Impl::build_rollout_copy() {
+  const at::ScalarType want = rollout_dtype(cfg.actor_rollout_ref.rollout.dtype, policy.model.device());
+  rollout_uses_copy = want != policy.model.dtype();
+  if (!rollout_uses_copy || (compute && compute->dtype() == want)) return;
+  rollout_copy = std::make_unique<model::CausalLM>(
+      model::CausalLM::from_pretrained(cfg.actor_rollout_ref.model.path, {want, policy.model.device()}));
+  rollout_copy->set_requires_grad(false);
+}
+
+model::CausalLM& Trainer::Impl::rollout_model() {
+  if (!rollout_uses_copy) return policy.model;
+  return rollout_copy ? *rollout_copy : *compute;
+}
+
+void Trainer::Impl::refresh_rollout_weights() {
+  if (rollout_uses_copy) rollout_model().copy_parameters_from(policy.model);
 }
 
 void Trainer::Impl::move_compute_grads() {
@@ -52,6 +83,7 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
     rollout::Batch mb = b.select(rows);
     model::LogProbOptions lo;
     lo.temperature = temperature;
+    lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
     parts.push_back(m.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                 mb.get("responses"), lo)
                         .log_probs);
@@ -95,9 +127,10 @@ std::vector<std::vector<int64_t>> Trainer::Impl::micro_batches(const rollout::Ba
 Generation Trainer::Impl::generate_groups() {
   const auto& fg = cfg.algorithm.filter_groups;
   const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
-  rollout::RolloutEngine engine(policy.model, {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
   Generation gen;
   optimizer->use_train_weights();
+  refresh_rollout_weights();  // also after a resume or a validation's weight switch
+  rollout::RolloutEngine engine(rollout_model(), {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
   while (static_cast<int64_t>(gen.kept.size()) < cfg.data.train_batch_size) {
     if (gen.rounds > 0 && fg.max_num_gen_batches > 0 && gen.rounds >= fg.max_num_gen_batches)
       throw ValueError(str("dynamic sampling: ", gen.rounds, " generation batches gave only ", gen.kept.size(),
@@ -219,8 +252,12 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
   // use_iterative_ref_model) come from x, while the responses were sampled at y.
   if (fork) optimizer->use_eval_weights();
   sync_compute_weights();
-  lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
-                                   : sb.batch.get("rollout_log_probs");
+  old_from_update = old_log_probs_from_update(sb);
+  if (old_from_update)  // filled by update_actor, micro-batch by micro-batch
+    lp.old_log_probs = at::zeros(sb.batch.get("responses").sizes(), at::TensorOptions().dtype(at::kFloat));
+  else
+    lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
+                                     : sb.batch.get("rollout_log_probs");
   lp.old_seconds = seconds_since(t_old);
   auto t_ref = Clock::now();
   if (reference) lp.ref_log_probs = log_probs_no_grad(*reference, sb.batch, temperature);
@@ -233,18 +270,27 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
     ref_kl_running = ref_kl_running ? (1 - actor.ref_kl_ema) * *ref_kl_running + actor.ref_kl_ema * kl : kl;
     m["actor/ref_kl_moving_avg"] = *ref_kl_running;
   }
-  if (recompute_old) {
-    // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
-    const at::Tensor valid = mask.to(at::kBool);
-    const at::Tensor diff = (lp.old_log_probs - sb.batch.get("rollout_log_probs")).masked_select(valid);
-    if (diff.numel() > 0) {
-      m["training/rollout_log_prob_diff_mean"] = diff.abs().mean().item<double>();
-      m["training/rollout_log_prob_diff_max"] = diff.abs().max().item<double>();
-      m["training/rollout_is_weight_min"] = diff.exp().min().item<double>();
-      m["training/rollout_is_weight_max"] = diff.exp().max().item<double>();
-    }
-  }
+  if (recompute_old && !old_from_update) rollout_mismatch_metrics(lp.old_log_probs, sb.batch, m);
   return lp;
+}
+
+bool Trainer::Impl::old_log_probs_from_update(const StepBatch& sb) const {
+  const auto& a = cfg.actor_rollout_ref.actor;
+  return recompute_old && a.on_policy_old_log_probs && !fork && a.ppo_epochs == 1 &&
+         mini_batch_rows() >= sb.batch.rows() && !cfg.algorithm.use_kl_in_reward && a.ref_kl_target <= 0;
+}
+
+void Trainer::Impl::rollout_mismatch_metrics(const at::Tensor& old_log_probs, const rollout::Batch& b,
+                                             std::map<std::string, double>& m) {
+  // Rollout/trainer mismatch: the engine's sampling log-probs vs the recomputation.
+  const at::Tensor valid = b.get("response_mask").to(at::kBool);
+  const at::Tensor diff = (old_log_probs - b.get("rollout_log_probs")).masked_select(valid);
+  if (diff.numel() > 0) {
+    m["training/rollout_log_prob_diff_mean"] = diff.abs().mean().item<double>();
+    m["training/rollout_log_prob_diff_max"] = diff.abs().max().item<double>();
+    m["training/rollout_is_weight_min"] = diff.exp().min().item<double>();
+    m["training/rollout_is_weight_max"] = diff.exp().max().item<double>();
+  }
 }
 
 AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogProbs& lp, Metrics& m) {
@@ -318,6 +364,13 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   const bool one_lr = std::all_of(stats.lrs.begin(), stats.lrs.end(), [&](double x) { return x == stats.lrs.front(); });
   stats.lr = stats.lrs.empty() ? optimizer->lr_of_next_step(stats.scheduled_lr)
                                : one_lr ? stats.lrs.front() : mean_of(stats.lrs);
+  if (old_from_update) {
+    at::Tensor old = batch.get("old_log_probs");
+    dp::sum_rows(old);  // data-parallel: every rank's rows (the others' are zeros here)
+    std::map<std::string, double> mismatch;
+    rollout_mismatch_metrics(old, batch, mismatch);
+    for (const auto& [k, v] : mismatch) stats.loss_metrics[k] = {v};
+  }
   stats.seconds = seconds_since(t_update);
   return stats;
 }
@@ -338,7 +391,13 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
   const auto metrics_before = dp::metric_sizes(stats.loss_metrics);
   for (size_t mb = first_micro; mb < end_micro; ++mb) {
     const auto& rows = micro[mb];
-    auto out = micro_batch_loss(mini.select(rows), lc, normaliser);
+    at::Tensor on_policy;
+    auto out = micro_batch_loss(mini.select(rows), lc, normaliser, old_from_update ? &on_policy : nullptr);
+    if (old_from_update) {  // the batch's old log-probs, at the rows of this micro-batch
+      std::vector<int64_t> batch_rows;
+      for (const int64_t r : rows) batch_rows.push_back(mini_rows[static_cast<size_t>(r)]);
+      batch.get("old_log_probs").index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(at::kFloat));
+    }
     out.loss.backward();
     move_compute_grads();
     if (recording) record.loss += out.loss.item<double>();
@@ -355,6 +414,12 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
   if (std::isfinite(norm)) {
     stats.lrs.push_back(optimizer->lr_of_next_step(stats.scheduled_lr));
     optimizer->step(stats.scheduled_lr);
+    refresh_rollout_weights();
+    if (recording && rollout_uses_copy)
+      for (const auto& p : rollout_model().parameters()) {
+        updates.back().rollout_weights.push_back(p.detach().clone());
+        updates.back().rollout_data.push_back(p.data_ptr());
+      }
     consecutive_skips = 0;
   } else {
     // A non-finite loss or gradient: the update is skipped, the weights stay as they were.
@@ -370,17 +435,25 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
 }
 
 algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc,
-                                        double normaliser) {
+                                        double normaliser, at::Tensor* on_policy_log_probs) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   model::LogProbOptions lo;
   lo.temperature = cfg.actor_rollout_ref.rollout.temperature;
   lo.with_entropy = true;
+  lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
   auto lp = compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                       mb.get("responses"), lo);
   algo::PolicyLossInputs in;
   in.log_probs = lp.log_probs;
   in.old_log_probs = mb.get("old_log_probs");
   if (mb.has("ref_log_probs")) in.ref_log_probs = mb.get("ref_log_probs");
+  if (on_policy_log_probs) {
+    // verl's on_policy (one mini-batch, one epoch): old = current, detached. A reference
+    // refreshed every step is pi_old itself.
+    *on_policy_log_probs = lp.log_probs.detach();
+    in.old_log_probs = *on_policy_log_probs;
+    if (!reference && needs_reference) in.ref_log_probs = *on_policy_log_probs;
+  }
   in.rollout_log_probs = mb.get("rollout_log_probs");
   in.advantages = mb.get("advantages");
   in.response_mask = mb.get("response_mask");
@@ -451,6 +524,67 @@ void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, con
   m["timing_s/reward"] = gen.reward_seconds;
   m["timing_s/update_actor"] = up.seconds;
   m["perf/gen_tokens_per_s"] = gen.gen_seconds > 0 ? static_cast<double>(gen.gen_tokens) / gen.gen_seconds : 0.0;
+}
+
+std::vector<std::vector<int64_t>> Trainer::Impl::rank_rows(const rollout::Batch& batch) const {
+  dist::ProcessGroup* pg = dist::world();
+  const int world = pg ? pg->size() : 1;
+  std::vector<std::vector<int64_t>> parts(static_cast<size_t>(world));
+  if (world == 1) {
+    parts[0].resize(static_cast<size_t>(batch.rows()));
+    std::iota(parts[0].begin(), parts[0].end(), 0);
+    return parts;
+  }
+  // update_actor's first epoch: mini-batches of consecutive rows, each cut into micro-batches
+  // shared out as dp::micro_batch_range does.
+  const int64_t per_mini = std::min<int64_t>(mini_batch_rows(), batch.rows());
+  for (int64_t start = 0; start < batch.rows(); start += per_mini) {
+    std::vector<int64_t> mini_rows(static_cast<size_t>(std::min(per_mini, batch.rows() - start)));
+    std::iota(mini_rows.begin(), mini_rows.end(), start);
+    const rollout::Batch mini = batch.select(mini_rows);
+    const auto micro = fork ? fork_micro_batches(mini) : micro_batches(mini);
+    for (int r = 0; r < world; ++r) {
+      const auto share = dist::shard(static_cast<int64_t>(micro.size()), world, r);
+      for (int64_t mb = share.begin; mb < share.end; ++mb)
+        for (const int64_t row : micro[static_cast<size_t>(mb)])
+          parts[static_cast<size_t>(r)].push_back(mini_rows[static_cast<size_t>(row)]);
+    }
+  }
+  return parts;
+}
+
+void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, const UpdateStats& up,
+                                 Metrics& m) {
+  const at::Tensor lengths = sb.batch.get("attention_mask").sum(1).to(at::kLong).contiguous();
+  const std::vector<int64_t> seqlens(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
+  const int64_t total = std::accumulate(seqlens.begin(), seqlens.end(), int64_t{0});
+  const int64_t response_tokens = sb.batch.get("response_mask").sum().item<int64_t>();
+  if (last_save_seconds) m["timing_s/save_checkpoint"] = *last_save_seconds;
+  last_save_seconds.reset();
+  std::map<std::string, double> timing;
+  for (const auto& [k, v] : m)
+    if (k.rfind("timing_s/", 0) == 0) timing[k.substr(9)] = v;
+  for (const auto& [k, v] : timing_metrics(timing, total - response_tokens, response_tokens)) m[k] = v;
+  dist::ProcessGroup* pg = dist::world();
+  const int64_t world = pg ? pg->size() : 1;
+  if (timing.count("step"))
+    for (const auto& [k, v] : throughput_metrics(seqlens, timing.at("step"), world)) m[k] = v;
+  for (const auto& [k, v] : seqlen_balance_metrics(seqlens, rank_rows(sb.batch))) m[k] = v;
+  // MFU as verl's fsdp worker: FLOPs of the batch's real tokens (times ppo_epochs) over the
+  // update's time, the device's peak and the world size; the old-log-prob pass is a forward
+  // (a third). Only where the peak is known (verl's table; on CPU its nominal 448 GFLOP/s).
+  const double peak = policy.model.device().is_cpu() ? device_peak_flops("CPU") : 0.0;
+  if (peak > 0) {
+    const double flops = training_flops(policy.model.config(), seqlens);
+    if (up.seconds > 0)
+      m["perf/mfu/actor"] = flops * static_cast<double>(cfg.actor_rollout_ref.actor.ppo_epochs) / up.seconds / peak /
+                            static_cast<double>(world);
+    if (recompute_old && !old_from_update && lp.old_seconds > 0)
+      m["perf/mfu/actor_infer"] = flops / 3 / lp.old_seconds / peak / static_cast<double>(world);
+  }
+  // CPU memory: the process's peak resident set (verl logs CUDA allocator peaks as
+  // perf/max_memory_{allocated,reserved}_gb, and the machine's used memory).
+  m["perf/max_rss_gb"] = peak_rss_gb();
 }
 
 }  // namespace rpg::train

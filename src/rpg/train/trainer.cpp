@@ -174,6 +174,7 @@ void Trainer::Impl::use_export_weights() {
 }
 
 void Trainer::Impl::save_checkpoint() {
+  const auto t_save = Clock::now();
   // Data-parallel (data_parallel.h): every rank writes its optimizer shard into rank 0's
   // temporary directory; each part is agreed on (all_or_none), so a rank's failure stops all
   // of them at the same point; rank 0 writes the manifest (train_state.json) last and
@@ -223,6 +224,7 @@ void Trainer::Impl::save_checkpoint() {
     eval::write_report(run_dir.root());
   }
   dp::barrier();  // the other ranks go on once rank 0 has published it
+  last_save_seconds = seconds_since(t_save);  // logged with the next step's metrics
 }
 
 std::vector<fs::path> Trainer::Impl::resume_candidates() const {
@@ -387,6 +389,7 @@ void Trainer::Impl::build_models() {
     compute->set_requires_grad(true);
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
   }
+  build_rollout_copy();
 }
 
 void Trainer::Impl::open_run_dir() {
@@ -523,6 +526,7 @@ Metrics Trainer::train_step() {
   m["timing_s/ref"] = lp.ref_seconds;
   m["timing_s/adv"] = adv.seconds;
   m["timing_s/step"] = seconds_since(t_step);
+  s.perf_metrics(sb, lp, up, m);
   s.last_batch = std::move(sb.batch);
   s.log_step(m, gen.samples);
   return m;
@@ -532,6 +536,7 @@ Metrics Trainer::validate() {
   Impl& s = *impl_;
   Metrics m;
   if (s.val_rows.empty()) return m;
+  const auto t_testing = Clock::now();
   s.use_export_weights();
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
                                s.scorers, /*progress=*/false, /*chat_template=*/true,
@@ -539,6 +544,7 @@ Metrics Trainer::validate() {
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
     for (const auto& [name, value] : table) m[validation_metric_key(source, name, table)] = value;
+  m["timing_s/testing"] = seconds_since(t_testing);  // verl's name for the validation time
   s.logger->log(s.step, m);
   return m;
 }

@@ -109,6 +109,10 @@ struct Trainer::Impl {
   // compute_dtype=bfloat16: the bf16 working copy that runs forward/backward; the optimizer
   // owns the fp32 master weights in policy.model (which also generates).
   std::unique_ptr<model::CausalLM> compute;
+  // actor_rollout_ref.rollout.dtype other than fp32: the copy of the master weights the
+  // engine samples with (and its KV cache's dtype), refreshed in place after every optimizer
+  // step and before every generation. Shared with `compute` when the dtypes agree.
+  std::unique_ptr<model::CausalLM> rollout_copy;
   // Iterative reference refreshed on a KL target: the moving average of the token-level
   // KL(pi_old || pi_ref) since the last refresh (none yet after one), and refreshes so far.
   std::optional<double> ref_kl_running;
@@ -132,6 +136,13 @@ struct Trainer::Impl {
   algo::ForkLossConfig fork_loss;
   algo::KlEstimator kl_penalty = algo::KlEstimator::K1;  // algorithm.kl_penalty
   bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
+  // This step's old log-probs come from the update's own forward (on_policy_old_log_probs):
+  // the batch's old_log_probs start as zeros and each micro-batch writes its rows.
+  bool old_from_update = false;
+  // The last checkpoint write's time: the next step's timing_s/save_checkpoint (a step's
+  // metrics line is written before the checkpoint that follows it, and a line of its own
+  // would break one-line-per-step readers).
+  std::optional<double> last_save_seconds;
   bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
   bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
   int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
@@ -148,6 +159,15 @@ struct Trainer::Impl {
   rollout::SamplingParams sampling(bool validation) const;
   // The model that runs the trainer's forward/backward passes: the bf16 copy or the master.
   model::CausalLM& compute_model() { return compute ? *compute : policy.model; }
+  // The model the rollout engine samples with: the master (fp32 rollouts), the bf16 compute
+  // copy, or rollout_copy.
+  model::CausalLM& rollout_model();
+  bool rollout_uses_copy = false;  // rollout_model() is not the master
+  // Builds rollout_copy when actor_rollout_ref.rollout.dtype asks for another dtype than the
+  // master's and the compute copy's (build_models calls it).
+  void build_rollout_copy();
+  // Copies the master weights into the rollout model (in place; no-op for fp32 rollouts).
+  void refresh_rollout_weights();
   // The bf16 copy takes the master weights' current values (after every optimizer step and
   // every schedule-free train/eval switch).
   void sync_compute_weights();
@@ -204,6 +224,12 @@ struct Trainer::Impl {
   // so that the first update's ratio is 1 in the precision it is computed in) or taken from
   // the rollout, and the reference's (pi_old itself when the reference is refreshed every step).
   PolicyLogProbs old_and_ref_log_probs(const StepBatch& sb, Metrics& m);
+  // Whether this step's old log-probs can be the update's own (one mini-batch, one epoch,
+  // nothing reads them before the update): verl's on_policy, without the separate pass.
+  bool old_log_probs_from_update(const StepBatch& sb) const;
+  // The rollout/trainer mismatch metrics (training/rollout_log_prob_diff_*, ...).
+  static void rollout_mismatch_metrics(const at::Tensor& old_log_probs, const rollout::Batch& b,
+                                       std::map<std::string, double>& m);
   // Phase 4: rewards (KL-penalised with algorithm.use_kl_in_reward, REINFORCE++) and
   // advantages on the whole batch.
   AdvantageResult advantages(const StepBatch& sb, const PolicyLogProbs& lp, Metrics& m);
@@ -215,13 +241,22 @@ struct Trainer::Impl {
   // skips the step; too many skips in a row stop the run.
   void update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows, const algo::PolicyLossConfig& lc, UpdateStats& stats);
   // The policy loss of one micro-batch (differentiable), under the compute model.
-  algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc, double normaliser);
+  // With old_from_update, `on_policy_log_probs` receives the micro-batch's log-probs, detached
+  // (they are its old log-probs too).
+  algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc, double normaliser,
+                                          at::Tensor* on_policy_log_probs = nullptr);
   // Phase 6: the iterative reference becomes the current policy every ref_update_freq steps,
   // or (paper Section 5) when the moving-average token KL to it exceeds the target. Runs after
   // the step counter has advanced.
   void refresh_reference(Metrics& m);
   // Phase 7: the step's metrics, with verl's names.
   void step_metrics(const Generation& gen, const StepBatch& sb, const AdvantageResult& adv, const UpdateStats& up, Metrics& m) const;
+  // verl's perf metrics (train/perf_metrics.h) from the step's timing_s/* in `m`: timing per
+  // token, throughput, MFU of the update (and of the old-log-prob pass) where the device's peak
+  // is known, global_seqlen/*, the process's peak RSS. Runs after timing_s/step is set.
+  void perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, const UpdateStats& up, Metrics& m);
+  // The rows of `batch` each data-parallel rank runs in the update (one partition per rank).
+  std::vector<std::vector<int64_t>> rank_rows(const rollout::Batch& batch) const;
   // The step's metrics line and sample generations, written after the step.
   void log_step(const Metrics& m, const std::vector<nlohmann::json>& samples);
 };

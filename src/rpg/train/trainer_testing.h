@@ -19,6 +19,10 @@ struct UpdateRecord {
   std::vector<at::Tensor> weights;
   double loss = 0.0;
   std::vector<at::Tensor> grads;
+  // With a rollout dtype other than fp32: the rollout model's weights right after this
+  // optimizer step (copies; their data pointers in rollout_data), else empty.
+  std::vector<at::Tensor> rollout_weights;
+  std::vector<const void*> rollout_data;
 };
 
 struct TrainerTesting {

@@ -1,0 +1,153 @@
+"""A full RL step, side by side: `rpg train` vs TRL's GRPOTrainer on the same tiny Qwen2,
+prompts, batch, group size and lengths, in one run. Prints the median seconds per step of
+each (the first step of every run is dropped as warm-up), rpg's phases, and the ratios.
+
+  .venv/bin/python bench/trl_step/trl_step_bench.py [--rpg build/rpg] [--steps 4] [--rounds 2]
+      [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64] [--packed]
+
+GRPO on both sides: group-normalised advantages, PPO-clip token loss, k3 KL to the fixed
+initial policy with beta 1e-3, one optimizer step per batch (one mini-batch, one epoch:
+on-policy), fp32, no gradient checkpointing, temperature 1. The model: a random Qwen2 with
+4 layers, hidden 256 (intermediate 1024, 4 heads, 2 KV heads) over the byte-level BPE
+vocabulary of tests/oracles/tiny_chat_model.py (its tokenizer and chat template). Random
+weights rarely emit EOS, so responses run to --max-new-tokens on both sides. Runs alternate
+(rpg, with --packed rpg with use_remove_padding, TRL) --rounds times; each is a fresh process.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--rpg", default=os.path.join(REPO, "build", "rpg"))
+ap.add_argument("--steps", type=int, default=4, help="steps per run (the first is warm-up)")
+ap.add_argument("--rounds", type=int, default=2)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--prompts", type=int, default=16)
+ap.add_argument("--n", type=int, default=8)
+ap.add_argument("--max-new-tokens", type=int, default=64)
+ap.add_argument("--packed", action="store_true", help="also run rpg with actor_rollout_ref.model.use_remove_padding")
+ap.add_argument("--trl-worker", nargs=2, metavar=("WORKDIR", "OUT"), help=argparse.SUPPRESS)
+args = ap.parse_args()
+
+
+def trl_worker(work, out):
+    """One TRL GRPOTrainer run in this process: seconds of every step to OUT (JSON)."""
+    import pyarrow.parquet as pq
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    rows = pq.read_table(os.path.join(work, "p.parquet")).to_pylist()
+    prompts = [[{"role": m["role"], "content": m["content"]} for m in r["prompt"]] for r in rows]
+    dataset = Dataset.from_dict({"prompt": prompts})
+
+    def reward(completions, **kw):  # timing only: the reward does not change the work
+        return [float(len(c[0]["content"]) % 2) for c in completions]
+
+    class StepTimes(TrainerCallback):
+        def __init__(self):
+            self.times, self.t0 = [], None
+
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+
+    model_dir = os.path.join(work, "model")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    cfg = GRPOConfig(output_dir=os.path.join(work, "trl_out"), per_device_train_batch_size=args.prompts * args.n,
+                     gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.max_new_tokens,
+                     beta=1e-3, learning_rate=1e-6, max_steps=args.steps, logging_steps=1, report_to="none",
+                     use_cpu=True, bf16=False, save_strategy="no", temperature=1.0, num_iterations=1, seed=1,
+                     loss_type="grpo", gradient_checkpointing=False, dataloader_num_workers=0)
+    times = StepTimes()
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok,
+                          callbacks=[times])
+    trainer.train()
+    json.dump({"step_s": times.times}, open(out, "w"))
+
+
+if args.trl_worker:
+    trl_worker(*args.trl_worker)
+    sys.exit(0)
+
+
+def make_inputs(work):
+    sys.path.insert(0, os.path.join(REPO, "tests", "oracles"))
+    subprocess.run([sys.executable, os.path.join(REPO, "tests", "oracles", "tiny_chat_model.py"), work], check=True,
+                   capture_output=True)
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
+
+    model_dir = os.path.join(work, "model")
+    vocab = AutoConfig.from_pretrained(model_dir).vocab_size
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)  # over the tiny one, tokenizer kept
+    with open(os.path.join(work, "p.jsonl"), "w") as f:
+        for i in range(args.prompts):
+            f.write(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")
+    subprocess.run([args.rpg, "data", "prepare", os.path.join(work, "p.jsonl"), os.path.join(work, "p.parquet"),
+                    "--data-source", "math_dapo"], check=True, capture_output=True)
+
+
+def rpg_run(work, name, extra):
+    run = os.path.join(work, name)
+    argv = [args.rpg, "--threads", str(args.threads), "train", "-",
+            f"actor_rollout_ref.model.path={work}/model", f"data.train_files={work}/p.parquet",
+            f"data.train_batch_size={args.prompts}", "data.max_prompt_length=256",
+            f"data.max_response_length={args.max_new_tokens}", f"actor_rollout_ref.rollout.n={args.n}",
+            f"actor_rollout_ref.rollout.max_num_seqs={args.prompts * args.n}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={args.prompts * args.n}",
+            "actor_rollout_ref.actor.policy_loss=vanilla", "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+            "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.optim.lr=1e-6",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+            f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+            "trainer.val_before_train=false", "trainer.device=cpu", "trainer.seed=1",
+            f"trainer.default_local_dir={run}"] + extra
+    subprocess.run(argv, check=True, capture_output=True)
+    return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if "timing_s/step" in line]
+
+
+with tempfile.TemporaryDirectory() as work:
+    make_inputs(work)
+    variants = {"rpg": []}
+    if args.packed:
+        variants["rpg use_remove_padding"] = ["actor_rollout_ref.model.use_remove_padding=true"]
+    rpg_rows = {k: [] for k in variants}
+    trl_steps = []
+    for r in range(args.rounds):
+        for name, extra in variants.items():
+            rpg_rows[name] += rpg_run(work, f"{name.replace(' ', '_')}_{r}", extra)[1:]
+        out = os.path.join(work, f"trl_{r}.json")
+        subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--steps", str(args.steps),
+                        "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens",
+                        str(args.max_new_tokens), "--trl-worker", work, out], check=True, capture_output=True)
+        trl_steps += json.load(open(out))["step_s"][1:]
+
+med = statistics.median
+print(f"{args.prompts} prompts x n={args.n}, {args.max_new_tokens} new tokens, {args.threads} threads, "
+      f"{args.rounds} rounds x {args.steps - 1} timed steps; median seconds per step")
+trl = med(trl_steps)
+print(f"TRL GRPOTrainer                {trl:7.2f} s")
+for name, rows in rpg_rows.items():
+    step = med([x["timing_s/step"] for x in rows])
+    phases = " ".join(f"{k.split('/')[1]} {med([x.get(k, 0.0) for x in rows]):.2f}"
+                      for k in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor"))
+    print(f"{name:30s} {step:7.2f} s ({phases})  ratio TRL/rpg {trl / step:.2f}x")
