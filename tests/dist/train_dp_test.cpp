@@ -48,7 +48,8 @@ std::map<std::string, std::vector<double>> read_tensors(const fs::path& file) {
   return out;
 }
 
-// Every metric of every step except wall-clock ones (timing_s/*, timing_per_token_ms/*, perf/*), in step order.
+// Every metric of every step except wall-clock ones (timing_s/*, timing_per_token_ms/*, perf/*) and the
+// per-rank token counts (global_seqlen/*, which depend on the world size), in step order.
 std::vector<std::map<std::string, double>> step_metrics(const fs::path& metrics) {
   std::vector<std::map<std::string, double>> out;
   std::istringstream in(read_file(metrics));
@@ -58,7 +59,7 @@ std::vector<std::map<std::string, double>> step_metrics(const fs::path& metrics)
     std::map<std::string, double> m;
     for (const auto& [k, v] : j.items())
       if (v.is_number() && !k.starts_with("timing_s/") && !k.starts_with("timing_per_token_ms/") &&
-          !k.starts_with("perf/"))
+          !k.starts_with("perf/") && !k.starts_with("global_seqlen/"))
         m[k] = v.get<double>();
     out.push_back(std::move(m));
   }
