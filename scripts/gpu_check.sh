@@ -157,7 +157,7 @@ budget() {  # budget <cap seconds> -> seconds to give the next step (0: skip it)
 mkdir -p "$work/build"
 # The dry run has the rpg binary (the CLI half of the device-selection tests); the GPU
 # machine has not (not carried), so those checks are filtered out there.
-if [[ $mode == dry ]]; then ln -s "$build/rpg" "$work/build/rpg"; fi
+if [[ $mode == dry ]]; then ln -s "$build/rpg" "$work/build/rpg"; ln -s "$build/rpg-torch" "$work/build/rpg-torch"; fi
 for t in model_tests rollout_tests; do
   say "tests: $t ($test_filter, RPG_TEST_DEVICES=$test_devices)"
   limit=$(budget 150)

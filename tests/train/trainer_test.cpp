@@ -462,7 +462,11 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
     const auto got = test::load_tensors(tmp / "after" / "model.safetensors");
     const auto before = test::load_tensors(fixture_ / "model" / "model.safetensors");
     // Old log-probs and advantages first (HF forward vs rpg's, the fork's estimator).
-    EXPECT_LE((b.get("old_log_probs") - ref.at("old_log_probs")).abs().max().item<double>(), 1e-5) << k.recipe;
+    // Step 1 starts from the same weights on both sides: 1e-5. A later step's old log-probs come
+    // from weights that already differ by the fp32 gradient noise measured below (~1e-6 of
+    // max |w| after one schedule-free step), which moves a log-prob by ~1e-5 on its own: 2e-5.
+    const double old_tol = k.steps > 1 ? 2e-5 : 1e-5;
+    EXPECT_LE((b.get("old_log_probs") - ref.at("old_log_probs")).abs().max().item<double>(), old_tol) << k.recipe;
     EXPECT_LE((b.get("advantages") - ref.at("advantages")).abs().max().item<double>(), 1e-5) << k.recipe;
     // The accumulated gradient of each optimizer step (before clipping).
     const auto& updates = TrainerTesting::last_updates(t);
