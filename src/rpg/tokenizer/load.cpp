@@ -350,32 +350,15 @@ class FastTokenizerJson {
   // False: not handled here (use the full parser). Else `rest` is the file without the two.
   bool run(std::string& rest) {
     const char* copied = p_;
-    ws();
-    if (!eat('{')) return false;
-    ws();
-    if (at('}')) return false;
     bool seen_model = false;
-    for (;;) {
-      std::string_view key;
-      if (!string(key)) return false;
-      ws();
-      if (!eat(':')) return false;
-      ws();
-      if (key == "model") {
-        if (seen_model || !at('{')) return false;
-        seen_model = true;
-        if (!model(rest, copied)) return false;
-      } else if (!skip_value()) {
-        return false;
-      }
-      ws();
-      if (eat(',')) {
-        ws();
-        continue;
-      }
-      if (eat('}')) break;
-      return false;
-    }
+    ws();
+    const bool ok = members([&](std::string_view key) {
+      if (key != "model") return skip_value();
+      if (seen_model || !at('{')) return false;
+      seen_model = true;
+      return model(rest, copied);
+    });
+    if (!ok) return false;
     ws();
     if (p_ != end_ || !seen_model) return false;
     rest.append(copied, end_);
@@ -397,92 +380,82 @@ class FastTokenizerJson {
     return true;
   }
 
-  // The object that is root.model, at '{'.
-  bool model(std::string& rest, const char*& copied) {
-    ++p_;
+  // open [element (',' element)*] close, JSON whitespace between; false on anything else.
+  template <class Element>
+  bool elements(char open, char close, Element&& element) {
+    if (!eat(open)) return false;
     ws();
-    if (eat('}')) return true;
+    if (eat(close)) return true;
     for (;;) {
+      if (!element()) return false;
+      ws();
+      if (!eat(',')) return eat(close);
+      ws();
+    }
+  }
+  // {"key": value, ...}: member(key) reads the value.
+  template <class Member>
+  bool members(Member&& member) {
+    return elements('{', '}', [&] {
       std::string_view key;
       if (!string(key)) return false;
       ws();
       if (!eat(':')) return false;
       ws();
+      return member(key);
+    });
+  }
+
+  // The object that is root.model: vocab and merges are read here and replaced by null in `rest`.
+  bool model(std::string& rest, const char*& copied) {
+    return members([&](std::string_view key) {
       const bool is_vocab = key == "vocab", is_merges = key == "merges";
-      if (is_vocab || is_merges) {
-        if (is_vocab ? out_.have_vocab : out_.have_merges) return false;
-        const char* start = p_;
-        if (!(is_vocab ? vocab() : merges())) return false;
-        (is_vocab ? out_.have_vocab : out_.have_merges) = true;
-        rest.append(copied, start).append("null");
-        copied = p_;
-      } else if (!skip_value()) {
-        return false;
-      }
-      ws();
-      if (eat(',')) {
-        ws();
-        continue;
-      }
-      return eat('}');
-    }
+      if (!is_vocab && !is_merges) return skip_value();
+      bool& have = is_vocab ? out_.have_vocab : out_.have_merges;
+      if (have) return false;
+      const char* start = p_;
+      if (!(is_vocab ? vocab() : merges())) return false;
+      have = true;
+      rest.append(copied, start).append("null");
+      copied = p_;
+      return true;
+    });
   }
 
   // {"token": id, ...}
   bool vocab() {
-    if (!eat('{')) return false;
-    ws();
-    if (eat('}')) return true;
-    for (;;) {
-      std::string_view token;
-      if (!string(token)) return false;
-      ws();
-      if (!eat(':')) return false;
-      ws();
+    return members([&](std::string_view token) {
       int64_t id = 0;
       if (!integer(id)) return false;
       out_.vocab.push_back({token, id});
-      ws();
-      if (eat(',')) {
-        ws();
-        continue;
-      }
-      return eat('}');
-    }
+      return true;
+    });
   }
 
   // ["a b", ...] or [["a", "b"], ...]
   bool merges() {
-    if (!eat('[')) return false;
-    ws();
-    if (eat(']')) return true;
-    for (;;) {
+    return elements('[', ']', [&] {
       if (at('"')) {
         std::string_view both;
         if (!string(both)) return false;
         size_t sp = both.find(' ');
         if (sp == std::string_view::npos || both.find(' ', sp + 1) != std::string_view::npos) return false;
         out_.merges.push_back({both.substr(0, sp), both.substr(sp + 1), true});
-      } else {
-        std::string_view a, b;
-        if (!eat('[')) return false;
-        ws();
-        if (!string(a)) return false;
-        ws();
-        if (!eat(',')) return false;
-        ws();
-        if (!string(b)) return false;
-        ws();
-        if (!eat(']')) return false;
-        out_.merges.push_back({a, b, false});
+        return true;
       }
+      std::string_view a, b;
+      if (!eat('[')) return false;
       ws();
-      if (eat(',')) {
-        ws();
-        continue;
-      }
-      return eat(']');
-    }
+      if (!string(a)) return false;
+      ws();
+      if (!eat(',')) return false;
+      ws();
+      if (!string(b)) return false;
+      ws();
+      if (!eat(']')) return false;
+      out_.merges.push_back({a, b, false});
+      return true;
+    });
   }
 
   // A non-negative integer id up to 2^28, as JSON writes it (no sign, no leading zero,
