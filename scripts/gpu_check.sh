@@ -215,34 +215,30 @@ out = [f"# rpg GPU check ({mode})", "",
        "## Tests", ""]
 for r in rows:
     if "tests" in r: out.append(f"- {r['tests']}: **{r['result']}** {r['summary']}")
-out += ["", "## Training step (forward + backward of token log-probs, bf16)", "",
-        "| shape | impl | tokens/step | s/step | tokens/s | MFU (of 989 TFLOP/s; meaningless on a CPU) | rpg / transformers |",
-        "|---|---|---|---|---|---|---|"]
 def find(impl, what, shape):
     for r in rows:
         if r.get("impl") == impl and r.get("what") == what and r.get("shape") == shape: return r
-for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
-    for impl in ("rpg", "transformers"):
-        r = find(impl, "train", shape)
-        if not r: out.append(f"| {shape} | {impl} | FAILED | | | | |"); continue
-        mfu = flops_per_step(shape, r["batch"], r["seq"]) / r["seconds_per_step"] / PEAK
-        o = find("transformers" if impl == "rpg" else "rpg", "train", shape)
-        ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
-        out.append(f"| {shape} | {impl} | {r['batch'] * r['seq']} | {r['seconds_per_step']:.4f} | "
-                   f"{r['tokens_per_second']:.0f} | {100 * mfu:.1f}% | {ratio} |")
-out += ["", "## Decode (sampling, no stop token, bf16)", "",
-        "| shape | impl | prompts x new tokens | s | tokens/s | rpg / transformers |", "|---|---|---|---|---|---|"]
-for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
-    for impl in ("rpg", "transformers"):
-        r = find(impl, "decode", shape)
-        if not r: out.append(f"| {shape} | {impl} | FAILED | | | |"); continue
-        o = find("transformers", "decode", shape)
-        ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
-        out.append(f"| {shape} | {impl} | {r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | "
-                   f"{r['tokens_per_second']:.0f} | {ratio} |")
+shapes_run = [s for s in SHAPES if any(r.get("shape") == s for r in rows)]
+# One table of rpg next to transformers: cells(r) gives the middle columns of a row.
+def side_by_side(title, columns, what, cells):
+    out.extend(["", title, "", "| shape | impl | " + " | ".join(columns) + " | rpg / transformers |",
+                "|---|---|" + "---|" * (len(columns) + 1)])
+    for shape in shapes_run:
+        for impl in ("rpg", "transformers"):
+            r = find(impl, what, shape)
+            if not r: out.append(f"| {shape} | {impl} | FAILED |" + " |" * len(columns)); continue
+            o = find("transformers", what, shape)
+            ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
+            out.append(f"| {shape} | {impl} | {cells(r)} | {ratio} |")
+side_by_side("## Training step (forward + backward of token log-probs, bf16)",
+             ["tokens/step", "s/step", "tokens/s", "MFU (of 989 TFLOP/s; meaningless on a CPU)"], "train",
+             lambda r: f"{r['batch'] * r['seq']} | {r['seconds_per_step']:.4f} | {r['tokens_per_second']:.0f} | "
+                       f"{100 * flops_per_step(r['shape'], r['batch'], r['seq']) / r['seconds_per_step'] / PEAK:.1f}%")
+side_by_side("## Decode (sampling, no stop token, bf16)", ["prompts x new tokens", "s", "tokens/s"], "decode",
+             lambda r: f"{r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.0f}")
 out += ["", "## Decode steps with fixed shapes (decode_all_slots, greedy): eager vs CUDA graph replay", "",
         "| shape | slots x steps | eager tokens/s | graph tokens/s | speedup | same tokens |", "|---|---|---|---|---|---|"]
-for shape in [s for s in SHAPES if any(r.get("shape") == s for r in rows)]:
+for shape in shapes_run:
     r = find("rpg", "graph", shape)
     if not r: out.append(f"| {shape} | FAILED | | | | |"); continue
     g = r.get("graph_tokens_per_second")
