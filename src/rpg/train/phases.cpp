@@ -399,6 +399,7 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
       batch.get("old_log_probs").index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(at::kFloat));
     }
     out.loss.backward();
+    dp::end_micro_batch(*optimizer);  // ZeRO-2: the buckets not yet reduced
     move_compute_grads();
     if (recording) record.loss += out.loss.item<double>();
     for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
@@ -585,6 +586,9 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
   // CPU memory: the process's peak resident set (verl logs CUDA allocator peaks as
   // perf/max_memory_{allocated,reserved}_gb, and the machine's used memory).
   m["perf/max_rss_gb"] = peak_rss_gb();
+  std::map<std::string, double> mem;
+  dp::memory_metrics(*optimizer, mem);  // bytes of gradients / optimizer state / weights (dist/memory.h)
+  for (const auto& [k, v] : mem) m[k] = v;
 }
 
 }  // namespace rpg::train
