@@ -385,7 +385,10 @@ class ShardedOptimizer final : public Optimizer {
       grad_shard_.zero_();
       return total;
     }
-    const double coef = std::min(1.0, max_norm / (total + 1e-6));
+    // The coefficient as train::clip_grad_norm forms it, in the gradients' dtype (a double one
+    // differs by an ulp and moves the weights by an ulp after the step).
+    const at::Tensor total_t = at::full({}, total, at::TensorOptions().dtype(dtype_));
+    const at::Tensor coef = ((total_t + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
     for (at::Tensor& g : grad_pieces_) g.mul_(coef);
     return total;
   }
@@ -455,10 +458,14 @@ class ShardedOptimizer final : public Optimizer {
     if (arrived_[i] || bucket_of_[i] < next_bucket_)
       throw Error(str("dist.zero_stage=2: a second gradient for '", params_[i].first,
                       "' in one micro-batch (call end_micro_batch after each backward)"));
-    alloc_buffer(b);
-    b.buffer.narrow(0, offsets_[i] - b.lo, g.numel()).copy_(g.reshape({-1}));
+    if (b.params.size() == 1 && g.scalar_type() == dtype_ && g.is_contiguous()) {
+      b.buffer = g.view({-1});  // a bucket of one parameter: its gradient is the buffer (no copy)
+    } else {
+      alloc_buffer(b);
+      b.buffer.narrow(0, offsets_[i] - b.lo, g.numel()).copy_(g.reshape({-1}));
+      dist::memory::add(dist::memory::Kind::Gradients, -g_bytes);
+    }
     g = at::Tensor();
-    dist::memory::add(dist::memory::Kind::Gradients, -g_bytes);
     arrived_[i] = true;
     --b.missing;
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].missing == 0) launch(next_bucket_++);
