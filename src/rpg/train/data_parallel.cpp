@@ -343,6 +343,12 @@ class ShardedOptimizer final : public Optimizer {
   void end_micro_batch() {
     if (!shard_grads_) return;
     c10::NoGradGuard no_grad;
+    // Gradients still attached to the sources (none, unless a hook did not run) count too:
+    // the accounting looks at what the tensors hold, not only at what the hooks did.
+    int64_t attached = 0;
+    for (const at::Tensor& t : sources_)
+      if (t.grad().defined()) attached += static_cast<int64_t>(t.grad().nbytes());
+    dist::memory::observe(dist::memory::Kind::Gradients, attached);
     while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
     next_bucket_ = 0;
     std::fill(arrived_.begin(), arrived_.end(), false);
