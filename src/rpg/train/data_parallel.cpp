@@ -91,6 +91,7 @@ dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
   in.model = dist::read_model_shape(a.model.path);
   in.world = world;
   in.zero_stage = cfg.dist.zero_stage;
+  in.bucket_bytes = cfg.dist.reduce_bucket_mb * 1024 * 1024;
   in.bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
   const bool needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
   in.fixed_reference = needs_reference && !(a.actor.use_iterative_ref_model && a.actor.ref_update_freq == 1);
@@ -366,6 +367,7 @@ class ShardedOptimizer final : public Optimizer {
     while (rounds_ < most.item<int64_t>()) end_micro_batch();
     wait_in_flight();
     rounds_ = 0;
+    if (!rebuilt_) rebuild_buckets();
     grad_pieces_.clear();
     for (const Piece& pc : pieces_) grad_pieces_.push_back(grad_shard_.narrow(0, pc.flat_begin - bounds_[pg_.rank()], pc.length));
   }
@@ -373,7 +375,7 @@ class ShardedOptimizer final : public Optimizer {
   // Bytes of the largest bucket's buffer (the accounting's bound uses it).
   int64_t bucket_capacity_bytes() const {
     int64_t most = 0;
-    for (const Bucket& b : buckets_) most = std::max(most, (b.hi - b.lo) * static_cast<int64_t>(c10::elementSize(dtype_)));
+    for (const Bucket& b : buckets_) most = std::max(most, b.size * static_cast<int64_t>(c10::elementSize(dtype_)));
     return most;
   }
   int64_t shard_bytes() const { return grad_shard_.defined() ? static_cast<int64_t>(grad_shard_.nbytes()) : 0; }
@@ -413,10 +415,10 @@ class ShardedOptimizer final : public Optimizer {
     size_t index;
   };
   struct Bucket {
-    std::vector<size_t> params;
-    int64_t lo = 0, hi = 0;  // flat positions [lo, hi) (consecutive parameters)
-    int64_t missing = 0;     // parameters whose gradient has not arrived in this round
-    at::Tensor buffer;       // [hi - lo], allocated at the first arrival
+    std::vector<size_t> params;  // sorted by flat position: each owner's part is contiguous
+    int64_t size = 0;            // elements
+    int64_t missing = 0;         // parameters whose gradient has not arrived in this round
+    at::Tensor buffer;           // [size]: the parameters' gradients, in `params` order
   };
   struct InFlight {
     size_t bucket = 0;
@@ -424,22 +426,52 @@ class ShardedOptimizer final : public Optimizer {
     std::vector<dist::Pending> works;
   };
 
-  void make_buckets(int64_t bucket_bytes) {
+  // Buckets of at most `bucket_bytes` over the parameters taken in `order` (the order their
+  // gradients arrive in: reverse parameter order at first, then the order rank 0 saw).
+  void make_buckets(int64_t bucket_bytes, const std::vector<size_t>& order) {
+    bucket_bytes_ = bucket_bytes;
     const int64_t cap = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
+    buckets_.clear();
     bucket_of_.assign(params_.size(), 0);
+    buffer_offset_.assign(params_.size(), 0);
     arrived_.assign(params_.size(), false);
-    for (size_t j = params_.size(); j-- > 0;) {
+    for (size_t j : order) {
       const int64_t n = params_[j].second.numel();
-      if (buckets_.empty() || buckets_.back().hi - offsets_[j] > cap) {
-        buckets_.emplace_back();
-        buckets_.back().hi = offsets_[j] + n;
-      }
-      Bucket& b = buckets_.back();
-      b.params.push_back(j);
-      b.lo = offsets_[j];
-      b.missing = static_cast<int64_t>(b.params.size());
+      if (buckets_.empty() || buckets_.back().size + n > cap) buckets_.emplace_back();
+      buckets_.back().params.push_back(j);
+      buckets_.back().size += n;
       bucket_of_[j] = buckets_.size() - 1;
     }
+    for (Bucket& b : buckets_) {
+      std::sort(b.params.begin(), b.params.end());
+      int64_t pos = 0;
+      for (size_t j : b.params) buffer_offset_[j] = pos, pos += params_[j].second.numel();
+      b.missing = static_cast<int64_t>(b.params.size());
+    }
+  }
+  void make_buckets(int64_t bucket_bytes) {
+    std::vector<size_t> order;
+    for (size_t j = params_.size(); j-- > 0;) order.push_back(j);
+    make_buckets(bucket_bytes, order);
+  }
+
+  // After the first mini-batch (collective): the buckets follow the order in which rank 0's
+  // gradients arrived (as DDP's Reducer rebuilds its buckets), so that a bucket is complete
+  // as soon as backward is past it; parameters that never got a gradient go last.
+  void rebuild_buckets() {
+    at::Tensor order = at::full({static_cast<int64_t>(params_.size())}, -1, at::kLong);
+    std::vector<bool> seen(params_.size(), false);
+    int64_t k = 0;
+    for (size_t j : arrival_order_)
+      if (!seen[j]) seen[j] = true, order[k++] = static_cast<int64_t>(j);
+    for (size_t j = params_.size(); j-- > 0;)
+      if (!seen[j]) order[k++] = static_cast<int64_t>(j);
+    pg_.broadcast(order, 0);
+    std::vector<size_t> o;
+    for (int64_t i = 0; i < order.numel(); ++i) o.push_back(static_cast<size_t>(order[i].item<int64_t>()));
+    make_buckets(bucket_bytes_, o);
+    rebuilt_ = true;
+    arrival_order_.clear();
   }
 
   void detach_hooks() {
@@ -449,7 +481,7 @@ class ShardedOptimizer final : public Optimizer {
 
   void alloc_buffer(Bucket& b) {
     if (b.buffer.defined()) return;
-    b.buffer = at::zeros({b.hi - b.lo}, at::TensorOptions().dtype(dtype_));
+    b.buffer = at::zeros({b.size}, at::TensorOptions().dtype(dtype_));
     dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(b.buffer.nbytes()));
   }
 
@@ -468,11 +500,12 @@ class ShardedOptimizer final : public Optimizer {
       b.buffer = g.view({-1});  // a bucket of one parameter: its gradient is the buffer (no copy)
     } else {
       alloc_buffer(b);
-      b.buffer.narrow(0, offsets_[i] - b.lo, g.numel()).copy_(g.reshape({-1}));
+      b.buffer.narrow(0, buffer_offset_[i], g.numel()).copy_(g.reshape({-1}));
       dist::memory::add(dist::memory::Kind::Gradients, -g_bytes);
     }
     g = at::Tensor();
     arrived_[i] = true;
+    if (!rebuilt_) arrival_order_.push_back(i);
     --b.missing;
     while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].missing == 0) launch(next_bucket_++);
   }
@@ -485,9 +518,17 @@ class ShardedOptimizer final : public Optimizer {
     in_flight_.bucket = k;
     in_flight_.buffer = std::move(b.buffer);
     b.buffer = at::Tensor();
+    // Rank r's part: the pieces of the bucket's parameters in its range, contiguous in the
+    // buffer because the parameters are sorted by flat position.
     for (int r = 0; r < pg_.size(); ++r) {
-      const int64_t a = std::max(b.lo, bounds_[r]), e = std::min(b.hi, bounds_[r + 1]);
-      if (a < e) in_flight_.works.push_back(pg_.reduce_async(in_flight_.buffer.narrow(0, a - b.lo, e - a), r));
+      int64_t first = -1, last = -1;
+      for (size_t j : b.params) {
+        const int64_t a = std::max(offsets_[j], bounds_[r]), e = std::min(offsets_[j] + params_[j].second.numel(), bounds_[r + 1]);
+        if (a >= e) continue;
+        if (first < 0) first = buffer_offset_[j] + (a - offsets_[j]);
+        last = buffer_offset_[j] + (e - offsets_[j]);
+      }
+      if (first >= 0) in_flight_.works.push_back(pg_.reduce_async(in_flight_.buffer.narrow(0, first, last - first), r));
     }
   }
 
@@ -497,8 +538,11 @@ class ShardedOptimizer final : public Optimizer {
     for (dist::Pending& w : in_flight_.works) w.wait();
     const Bucket& b = buckets_[in_flight_.bucket];
     const int me = pg_.rank();
-    const int64_t a = std::max(b.lo, bounds_[me]), e = std::min(b.hi, bounds_[me + 1]);
-    if (a < e) grad_shard_.narrow(0, a - bounds_[me], e - a).add_(in_flight_.buffer.narrow(0, a - b.lo, e - a));
+    for (size_t j : b.params) {
+      const int64_t a = std::max(offsets_[j], bounds_[me]), e = std::min(offsets_[j] + params_[j].second.numel(), bounds_[me + 1]);
+      if (a < e)
+        grad_shard_.narrow(0, a - bounds_[me], e - a).add_(in_flight_.buffer.narrow(0, buffer_offset_[j] + (a - offsets_[j]), e - a));
+    }
     dist::memory::add(dist::memory::Kind::Gradients, -static_cast<int64_t>(in_flight_.buffer.nbytes()));
     in_flight_ = InFlight{};
   }
@@ -539,6 +583,10 @@ class ShardedOptimizer final : public Optimizer {
   at::Tensor grad_shard_;                // ZeRO-2: this rank's summed gradient, [its range]
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;
+  std::vector<int64_t> buffer_offset_;  // each parameter's position in its bucket's buffer
+  int64_t bucket_bytes_ = 0;
+  bool rebuilt_ = false;                // buckets follow the observed arrival order
+  std::vector<size_t> arrival_order_;   // this rank's, until then
   std::vector<bool> arrived_;
   size_t next_bucket_ = 0;  // the next bucket to send in this round
   int64_t rounds_ = 0;      // micro-batches (rounds of buckets) sent in this mini-batch
