@@ -357,14 +357,17 @@ class ShardedOptimizer final : public Optimizer {
     ++rounds_;
   }
 
-  // After this rank's last micro-batch of a mini-batch: zero rounds up to the most any rank
-  // ran, wait for the last bucket, and hand the shard to clipping and step().
-  void finish_gradients() {
+  // After this rank's last micro-batch of a mini-batch of `micro_batches` (shared out as
+  // micro_batch_range does: the first ranks get ceil(micro_batches / N)): zero rounds up to
+  // that many (known to every rank without a collective, which a rank still reducing its last
+  // micro-batch would not be in), wait for the last bucket, and hand the shard to clipping
+  // and step().
+  void finish_gradients(int64_t micro_batches) {
     c10::NoGradGuard no_grad;
-    wait_in_flight();
-    at::Tensor most = at::tensor({rounds_}, at::kLong);
-    pg_.all_reduce(most, dist::ReduceOp::Max);
-    while (rounds_ < most.item<int64_t>()) end_micro_batch();
+    const int64_t most = (micro_batches + pg_.size() - 1) / pg_.size();
+    if (rounds_ > most)
+      throw Error(str("dist.zero_stage=2: ", rounds_, " micro-batches on rank ", pg_.rank(), ", expected at most ", most));
+    while (rounds_ < most) end_micro_batch();
     wait_in_flight();
     rounds_ = 0;
     if (!rebuilt_) rebuild_buckets();
@@ -665,7 +668,8 @@ int64_t local_state_bytes(const Optimizer& optimizer) {
 
 
 void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before) {
+                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before,
+                   size_t micro_batches) {
   auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
   if (!(sharded && sharded->shards_gradients())) {
     int64_t bytes = 0;  // one process, ZeRO-0/1: the full gradients, at their largest
@@ -676,7 +680,7 @@ void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
   dist::ProcessGroup* pg = dist::world();
   if (!pg) return;
   if (sharded && sharded->shards_gradients())
-    sharded->finish_gradients();  // ZeRO-2: reduced during backward into each rank's shard
+    sharded->finish_gradients(static_cast<int64_t>(micro_batches));  // ZeRO-2: reduced during backward
   else
     dist::all_reduce_gradients(*pg, params);
   // Metric names: a rank without micro-batches has none, so they are gathered first.

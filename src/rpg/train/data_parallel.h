@@ -117,8 +117,10 @@ std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vect
 // After a mini-batch's backward passes: gradients summed over the ranks (all-reduced, or
 // reduce-scattered into the optimizer's shards under ZeRO-2), and the loss metrics appended
 // since `before` gathered in rank order (= micro-batch order).
+// `micro_batches`: the mini-batch's micro-batches (all ranks'), for ZeRO-2's zero rounds.
 void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before);
+                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before,
+                   size_t micro_batches);
 
 // Rank 0 (or a process alone) owns the run directory: metrics, samples, and the checkpoint
 // directory, into which every rank writes its optimizer shard (below).

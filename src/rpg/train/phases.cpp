@@ -404,7 +404,8 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
     if (recording) record.loss += out.loss.item<double>();
     for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
   }
-  dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before);  // data-parallel: sum over ranks
+  dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before,
+                    micro.size());  // data-parallel: sum over ranks
   if (recording) {
     for (const auto& p : policy.model.parameters())
       record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
