@@ -185,6 +185,7 @@ class ShardedOptimizer final : public Optimizer {
       mine.emplace_back(params_[i].first, flat(i).narrow(0, a - offsets_[i], b - a));
     }
     inner_ = train::make_optimizer(o, std::move(mine));
+    gather_bytes_ = bucket_bytes;
     if (shard_grads_) {
       grad_shard_ = at::zeros({bounds_[r + 1] - bounds_[r]}, at::TensorOptions().dtype(dtype_));
       dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(grad_shard_.nbytes()));
@@ -567,16 +568,36 @@ class ShardedOptimizer final : public Optimizer {
   }
   // Every rank's updated piece to every rank: the parameters' bytes, all-gathered exactly.
   void gather_params() {
+    // In buckets of at most gather_bytes_ per rank (the parameters' bytes, exact): the
+    // transient is N buckets, not a full copy of the weights.
     c10::NoGradGuard no_grad;
-    at::Tensor mine = at::zeros({max_chunk()}, at::TensorOptions().dtype(dtype_));
-    int64_t pos = 0;
-    for (const Piece& pc : pieces_) {
-      mine.narrow(0, pos, pc.length).copy_(flat(pc.param).narrow(0, pc.start, pc.length));
-      pos += pc.length;
+    const int w = pg_.size(), me = pg_.rank();
+    const int64_t chunk = max_chunk();
+    const int64_t len_max = std::max<int64_t>(1, gather_bytes_ / static_cast<int64_t>(c10::elementSize(dtype_)));
+    for (int64_t j = 0; j < chunk; j += len_max) {
+      const int64_t len = std::min(len_max, chunk - j);
+      at::Tensor mine = at::zeros({len}, at::TensorOptions().dtype(dtype_));
+      const int64_t a = bounds_[me] + j, b = std::min(a + len, bounds_[me + 1]);
+      if (a < b) params_to_flat(a, b, mine);
+      const at::Tensor all = pg_.all_gather(mine.view(at::kByte)).view(dtype_);
+      for (int k = 0; k < w; ++k) {
+        const int64_t ka = bounds_[k] + j, kb = std::min(ka + len, bounds_[k + 1]);
+        if (ka < kb) flat_to_params(ka, kb, all.narrow(0, static_cast<int64_t>(k) * len, kb - ka));
+      }
     }
-    const at::Tensor bytes = pg_.all_gather(mine.view(at::kByte));
-    const at::Tensor all = unchunk(bytes.view(dtype_));
-    for (size_t i = 0; i < params_.size(); ++i) flat(i).copy_(all.narrow(0, offsets_[i], params_[i].second.numel()));
+  }
+  // Flat positions [a, b) of the parameters into / from `t` (converting dtypes).
+  void params_to_flat(int64_t a, int64_t b, at::Tensor t) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t pa = std::max(a, offsets_[i]), pb = std::min(b, offsets_[i] + params_[i].second.numel());
+      if (pa < pb) t.narrow(0, pa - a, pb - pa).copy_(flat(i).narrow(0, pa - offsets_[i], pb - pa));
+    }
+  }
+  void flat_to_params(int64_t a, int64_t b, const at::Tensor& t) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t pa = std::max(a, offsets_[i]), pb = std::min(b, offsets_[i] + params_[i].second.numel());
+      if (pa < pb) flat(i).narrow(0, pa - offsets_[i], pb - pa).copy_(t.narrow(0, pa - a, pb - pa));
+    }
   }
 
   dist::ProcessGroup& pg_;
@@ -588,6 +609,7 @@ class ShardedOptimizer final : public Optimizer {
   std::vector<size_t> bucket_of_;
   std::vector<int64_t> buffer_offset_;  // each parameter's position in its bucket's buffer
   int64_t bucket_bytes_ = 0;
+  int64_t gather_bytes_ = int64_t{25} << 20;  // the parameters' all-gather, per rank and bucket
   bool rebuilt_ = false;                // buckets follow the observed arrival order
   std::vector<size_t> arrival_order_;   // this rank's, until then
   std::vector<bool> arrived_;
