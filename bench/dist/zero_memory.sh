@@ -8,9 +8,10 @@
 # ZeRO-2 the gradient shard and the largest bucket), the peak RSS (perf/max_rss_gb), and
 # `rpg plan`'s estimate of the same run's weights + gradients + optimizer state.
 #
-# usage: bench/dist/zero_memory.sh [HIDDEN] [LAYERS] [BUCKET_MB]
+# usage: bench/dist/zero_memory.sh [HIDDEN] [LAYERS] [BUCKET_MB] [all|zero2]
 #   HIDDEN     hidden size (default 512); LAYERS decoder layers (default 10); MLP 4 x HIDDEN
-#   BUCKET_MB  dist.reduce_bucket_mb for ZeRO-2 (default 25, the default)
+#   BUCKET_MB  dist.reduce_bucket_mb (default 25, the default)
+#   all|zero2  every configuration (default) or only the 2-rank ZeRO-2 ones
 # The tokenizer is the tests' tiny chat model's (build/oracle-cache, made by
 # tests/oracles/tiny_chat_model.py: run the dist tests once).
 set -euo pipefail
@@ -19,6 +20,7 @@ rpg="$repo/build/rpg"
 hidden=${1:-512}
 layers=${2:-10}
 bucket=${3:-25}
+which=${4:-all}
 tok=$(ls -d "$repo"/build/oracle-cache/tiny_chat_model-*/model 2>/dev/null | head -1)
 [[ -x "$rpg" ]] || { echo "zero_memory: build rpg first (cmake --build build --target rpg)" >&2; exit 1; }
 [[ -d "$tok" ]] || { echo "zero_memory: no tokenizer (run the dist tests once to make the tiny model)" >&2; exit 1; }
@@ -34,9 +36,9 @@ args=("actor_rollout_ref.model.path=$work/model" "data.train_files=$work/p.parqu
       actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1 actor_rollout_ref.actor.policy_loss=rpg_reinforce
       algorithm.adv_estimator=rpg_batch trainer.save_freq=-1 trainer.device=cpu trainer.seed=1
       trainer.val_before_train=false trainer.total_training_steps=2 "dist.reduce_bucket_mb=$bucket")
-"$repo/.venv/bin/python" - "$rpg" "$work" "${args[@]}" <<'PY'
+"$repo/.venv/bin/python" - "$rpg" "$work" "$which" "${args[@]}" <<'PY'
 import json, os, re, subprocess, sys
-rpg, work, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+rpg, work, which, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 env = dict(os.environ, OMP_NUM_THREADS="1")
 MiB = 1024 * 1024
 
@@ -66,11 +68,13 @@ def run(ranks, stage, compute):
               f"{m['perf/max_rss_gb'] * 1024:.0f} | {pw:.1f} / {pg:.1f} / {po:.1f} |", flush=True)
 
 p = json.load(open(f"{work}/model/config.json"))
-print(f"model: hidden {p['hidden_size']}, {p['num_hidden_layers']} layers, MLP {p['intermediate_size']}")
+print(f"model: hidden {p['hidden_size']}, {p['num_hidden_layers']} layers, MLP {p['intermediate_size']}, "
+      f"vocab {p['vocab_size']}; reduce_bucket_mb {[a for a in args if a.startswith('dist.reduce')][0].split('=')[1]}")
 print("| ranks | ZeRO | compute | rank | weights MiB | grad peak MiB | grad shard MiB | bucket MiB | optimizer MiB "
       "| peak RSS MiB | plan: weights / grads / optimizer MiB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for ranks, stage, compute in [(1, 0, "float32"), (2, 0, "float32"), (2, 1, "float32"), (2, 2, "float32"),
                               (1, 0, "bfloat16"), (2, 1, "bfloat16"), (2, 2, "bfloat16")]:
-    run(ranks, stage, compute)
+    if which == "all" or (ranks, stage) == (2, 2):
+        run(ranks, stage, compute)
 PY
