@@ -114,10 +114,10 @@ void sum_rows(at::Tensor& rows);
 // Sizes of the loss-metric lists (taken before a mini-batch's micro-batches).
 std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vector<double>>& metrics);
 
-// After a mini-batch's backward passes: gradients summed over the ranks (all-reduced, or
-// reduce-scattered into the optimizer's shards under ZeRO-2), and the loss metrics appended
-// since `before` gathered in rank order (= micro-batch order).
-// `micro_batches`: the mini-batch's micro-batches (all ranks'), for ZeRO-2's zero rounds.
+// After a mini-batch's backward passes: gradients summed over the ranks (all-reduced; under
+// ZeRO-2 already reduced during backward into the optimizer's shards: the zero rounds of a
+// rank with fewer of the mini-batch's `micro_batches`, and the last bucket, are done here),
+// and the loss metrics appended since `before` gathered in rank order (= micro-batch order).
 void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
                    std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before,
                    size_t micro_batches);
