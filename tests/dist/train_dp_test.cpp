@@ -675,5 +675,10 @@ TEST_F(DataParallelTrain, KilledZeroOneRankIsNamedAndTheRunResumes) {
   expect_killed_rank_named_then_resumed(*dir_ / "killed_zero1", {"dist.zero_stage=1"});
 }
 
+// And under ZeRO-2 (rank 0 has a bucket reduce in flight or pending when rank 1 dies).
+TEST_F(DataParallelTrain, KilledZeroTwoRankIsNamedAndTheRunResumes) {
+  expect_killed_rank_named_then_resumed(*dir_ / "killed_zero2", {"dist.zero_stage=2"});
+}
+
 }  // namespace
 }  // namespace rpg::dist
