@@ -130,6 +130,19 @@ TEST(TrainDistConfig, PlanEstimateMatchesMeasuredPeak) {
   const double estimated = plan(dir / "big") - plan(fixture);
   EXPECT_GT(estimated, 400e6);  // the 32 M-parameter model's states dominate
   EXPECT_LE(std::abs(estimated - measured), 0.15 * measured) << "estimated " << estimated << " measured " << measured;
+  // ZeRO-2 over 2 ranks, 1 MiB buckets: the gradient term is the 1/2 shard plus two buckets of
+  // the largest tensor (an MLP matrix, 512 x 2048 fp32 = 4 MiB) instead of the full gradient.
+  auto zero_plan = [&](int stage) {
+    std::vector<std::string> argv = {test::rpg_binary().string(), "plan", "-", "--world-size", "2",
+                                     "actor_rollout_ref.model.path=" + (dir / "big").string(),
+                                     "dist.zero_stage=" + std::to_string(stage), "dist.reduce_bucket_mb=1"};
+    argv.insert(argv.end(), keys.begin(), keys.end());
+    auto r = run_process(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return std::stod(r.out.substr(r.out.rfind(" (") + 2));
+  };
+  const double params = (zero_plan(0) - zero_plan(1)) / 4;  // ZeRO-1 halves AdamW's 8 bytes
+  EXPECT_NEAR(zero_plan(1) - zero_plan(2), 4 * params - (2 * params + 2 * 4.0 * 512 * 2048), 2.0);
 }
 
 // rpg plan's parameter count is Hugging Face's (transformers' num_parameters(), tied
@@ -157,10 +170,11 @@ TEST(TrainDistConfig, PlanCountsParametersAndShardsTheOptimizer) {
   EXPECT_TRUE(has(two, "per rank of 2, ZeRO-1")) << two;
   EXPECT_EQ(total(one) - total(two), 4 * params);
   EXPECT_EQ(total(plan({"--world-size", "2"})), total(one));  // ZeRO-0: replicated
-  // rpg's ZeRO-2 reduce-scatters the gradient after backward: its peak is ZeRO-1's.
+  // ZeRO-2: the 1/N gradient shard plus two buckets (25 MiB, or the largest tensor) in flight,
+  // at most the full gradient -- which this 0.48 MB fixture's is: its peak is ZeRO-1's.
   const std::string zero2 = plan({"--world-size", "2", "dist.zero_stage=2"});
   EXPECT_TRUE(has(zero2, "per rank of 2, ZeRO-2")) << zero2;
-  EXPECT_TRUE(has(zero2, "(full during the backward passes, 1/N after the reduce-scatter)")) << zero2;
+  EXPECT_TRUE(has(zero2, "(1/N shard + 2 buckets in flight)")) << zero2;
   EXPECT_EQ(total(zero2), total(two));
   auto bad = run_process({test::rpg_binary().string(), "plan", "-", "--world-size", "0"});
   EXPECT_EQ(bad.exit_code, 2) << bad.err;

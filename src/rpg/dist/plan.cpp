@@ -89,6 +89,7 @@ ModelShape read_model_shape(const fs::path& dir) {
   m.heads = dim("num_attention_heads");
   m.kv_heads = mc.contains("num_key_value_heads") ? dim("num_key_value_heads") : m.heads;
   m.head_dim = mc.contains("head_dim") && mc["head_dim"].is_number_integer() ? dim("head_dim") : m.hidden / m.heads;
+  m.vocab = mc.contains("vocab_size") && mc["vocab_size"].is_number_integer() ? dim("vocab_size") : 0;
   return m;
 }
 
@@ -99,9 +100,11 @@ MemoryPlan estimate(const PlanInput& in) {
   const double P = static_cast<double>(m.parameters), N = static_cast<double>(in.world);
   p.weights = 4 * P;
   p.compute = in.bf16_compute ? 2 * P : 0;
-  // ZeRO-2 keeps only the 1/N shard after the reduce-scatter, but rpg accumulates the full
-  // fp32 gradient over a mini-batch's micro-batches first: the peak still holds all of it.
-  p.grads = 4 * P;
+  // ZeRO-2 reduces the gradients bucket by bucket during backward into a persistent 1/N fp32
+  // shard: at its peak a rank holds the shard, the bucket in flight and the one being filled
+  // (a tensor larger than a bucket is a bucket of its own), never more than the full gradient.
+  const double bucket = std::max(in.bucket_bytes, 4.0 * static_cast<double>(m.largest_tensor()));
+  p.grads = p.stage >= 2 ? std::min(4 * P, 4 * P / N + 2 * bucket) : 4 * P;
   p.optimizer = 8 * P / (p.stage >= 1 ? N : 1.0);
   p.reference = in.fixed_reference ? 4 * P : 0;
   p.states = p.weights + p.compute + p.grads + p.optimizer + p.reference;
@@ -138,7 +141,7 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << "  weights (fp32)            " << gib(p.weights) << "\n"
     << "  compute copy (bf16)       " << gib(p.compute) << "\n"
     << "  gradients (fp32)          " << gib(p.grads)
-    << (p.stage >= 2 ? " (full during the backward passes, 1/N after the reduce-scatter)" : "") << "\n"
+    << (p.stage >= 2 ? " (1/N shard + 2 buckets in flight)" : "") << "\n"
     << "  optimizer state (fp32)    " << gib(p.optimizer) << (p.stage >= 1 ? " (1/N)" : "") << "\n"
     << "  fixed reference (fp32)    " << gib(p.reference) << "\n"
     << "  states                    " << gib(p.states) << "\n"

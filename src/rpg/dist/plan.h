@@ -3,6 +3,7 @@
 // src/rpg/train/data_parallel.h turns a TrainConfig into a PlanInput; `rpg plan` prints it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -13,6 +14,9 @@ namespace rpg::dist {
 struct ModelShape {
   int64_t parameters = 0;  // every tensor's elements (safetensors headers; tied weights once)
   int64_t hidden = 0, layers = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t vocab = 0;  // vocab_size (0 when config.json has none)
+  // Elements of the largest single tensor (the embedding, or an MLP matrix).
+  int64_t largest_tensor() const { return std::max(vocab * hidden, hidden * intermediate); }
 };
 // Reads config.json and the safetensors headers (model.safetensors or the index's shards).
 // Throws IoError / FormatError naming the file.
@@ -22,6 +26,7 @@ struct PlanInput {
   ModelShape model;
   int64_t world = 1;
   int64_t zero_stage = 0;       // dist.zero_stage; only counts with world > 1
+  double bucket_bytes = 25.0 * 1024 * 1024;  // dist.reduce_bucket_mb (ZeRO-2)
   bool bf16_compute = false;    // a bf16 working copy next to the fp32 master weights
   bool fixed_reference = false;  // a resident fp32 reference model
   bool gradient_checkpointing = false;

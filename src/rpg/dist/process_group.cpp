@@ -127,6 +127,17 @@ struct ProcessGroup::Impl {
     throw DistError(broken_message, lost);
   }
 
+  // Starts a collective without waiting (reduce_async).
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> start(const std::string& what, F&& begin) {
+    if (broken) throw DistError(str("dist: the process group is broken after an earlier failure: ", broken_message), -1);
+    entered.fetch_add(1);
+    try {
+      return begin();
+    } catch (const std::exception& e) {
+      fail(what, e.what());
+    }
+  }
   template <class F>
   void run(const std::string& what, F&& start) {
     if (broken) throw DistError(str("dist: the process group is broken after an earlier failure: ", broken_message), -1);
@@ -286,6 +297,46 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& input, ReduceOp op) {
   o.reduceOp = to_c10d(op);
   impl_->run("reduce_scatter", [&] { return impl_->gloo->_reduce_scatter_base(output, in, o); });
   return output;
+}
+
+struct Pending::State {
+  ProcessGroup::Impl* impl = nullptr;
+  std::string what;
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> tensors;  // kept alive until wait()
+};
+
+Pending::Pending() = default;
+Pending::~Pending() = default;
+Pending::Pending(Pending&&) noexcept = default;
+Pending& Pending::operator=(Pending&&) noexcept = default;
+
+void Pending::wait() {
+  if (!state_) return;
+  std::unique_ptr<State> s = std::move(state_);
+  if (s->impl->broken)
+    throw DistError(str("dist: the process group is broken after an earlier failure: ", s->impl->broken_message), -1);
+  try {
+    s->work->wait();
+  } catch (const std::exception& e) {
+    s->impl->fail(s->what, e.what());
+  }
+}
+
+Pending ProcessGroup::reduce_async(const at::Tensor& tensor, int root, ReduceOp op) {
+  if (root < 0 || root >= size()) throw ValueError(str("dist: reduce root ", root, " is not a rank of ", size()));
+  if (!tensor.is_contiguous()) throw ValueError("dist: reduce_async needs a contiguous tensor");
+  auto s = std::make_unique<Pending::State>();
+  s->impl = impl_.get();
+  s->what = "reduce";
+  s->tensors = {tensor};
+  c10d::ReduceOptions o;
+  o.rootRank = root;
+  o.reduceOp = to_c10d(op);
+  s->work = impl_->start("reduce", [&] { return impl_->gloo->reduce(s->tensors, o); });
+  Pending p;
+  p.state_ = std::move(s);
+  return p;
 }
 
 void ProcessGroup::barrier() {

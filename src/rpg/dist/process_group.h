@@ -39,6 +39,28 @@ class DistError : public Error {
 
 enum class ReduceOp { Sum, Max, Min };
 
+class ProcessGroup;
+
+// A collective started by one of ProcessGroup's *_async calls: it runs in the backend's
+// own threads (Gloo's work queue) while the caller goes on. wait() blocks until it is
+// done and fails as the blocking calls do (DistError naming the lost rank). The tensors
+// it reads or writes must stay alive and untouched until then (the handle keeps them).
+// Call wait() before using the result; destroying a handle does not wait.
+class Pending {
+ public:
+  Pending();
+  ~Pending();
+  Pending(Pending&&) noexcept;
+  Pending& operator=(Pending&&) noexcept;
+  void wait();
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend class ProcessGroup;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
 struct GroupOptions {
   // verl's default for trainer.nccl_timeout is 600 s.
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};
@@ -68,12 +90,17 @@ class ProcessGroup {
   // every rank's chunk r.
   at::Tensor reduce_scatter(const at::Tensor& input, ReduceOp op = ReduceOp::Sum);
   void barrier();
+  // Sums (or reduces by `op`) every rank's `tensor` into rank `root`'s `tensor`, without
+  // blocking: the others' `tensor` is scratch afterwards. Collectives started this way are
+  // matched across ranks in the order they are started, like the blocking ones.
+  Pending reduce_async(const at::Tensor& tensor, int root, ReduceOp op = ReduceOp::Sum);
 
   // Number of collectives issued so far (named in fault messages).
   long collectives() const;
 
  private:
   struct Impl;
+  friend class Pending;
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

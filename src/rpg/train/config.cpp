@@ -222,6 +222,7 @@ void TrainConfig::validate() const {
   at_least<int64_t>(actor_rollout_ref.nccl_timeout, 1, "actor_rollout_ref.nccl_timeout");
   require(dist.zero_stage >= 0 && dist.zero_stage <= 2, "dist.zero_stage",
           str("must be 0, 1 or 2, got ", dist.zero_stage));
+  require(dist.reduce_bucket_mb > 0, "dist.reduce_bucket_mb", str("must be > 0, got ", dist.reduce_bucket_mb));
 }
 
 namespace {

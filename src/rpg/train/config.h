@@ -484,11 +484,14 @@ struct TrainerConfig {
 // rpg's data-parallel settings (docs/scaling.md).
 struct DistConfig {
   int64_t zero_stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded; 2: and the gradients
+  double reduce_bucket_mb = 25.0;  // ZeRO-2: gradient bucket reduced during backward (DeepSpeed's reduce_bucket_size)
 
   template <class V>
   void visit(V& v) {
     v("zero_stage", zero_stage,
       "0 (replicated optimizer state) | 1 (optimizer state sharded over the ranks) | 2 (and the gradients)");
+    v("reduce_bucket_mb", reduce_bucket_mb,
+      "ZeRO-2: MiB of gradients per bucket reduced to their owners during backward (default 25)");
   }
 };
 

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <cmath>
@@ -11,6 +13,8 @@
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
 #include "rpg/dist/data_parallel.h"
+#include "rpg/dist/memory.h"
+#include "rpg/dist/process_group.h"
 #include "rpg/dist/world.h"
 #include "rpg/train/config.h"
 
@@ -87,6 +91,7 @@ dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
   in.model = dist::read_model_shape(a.model.path);
   in.world = world;
   in.zero_stage = cfg.dist.zero_stage;
+  in.bucket_bytes = cfg.dist.reduce_bucket_mb * 1024 * 1024;
   in.bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
   const bool needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
   in.fixed_reference = needs_reference && !(a.actor.use_iterative_ref_model && a.actor.ref_update_freq == 1);
@@ -156,7 +161,8 @@ int64_t state_bytes(const OptimizerState& st) {
 
 class ShardedOptimizer final : public Optimizer {
  public:
-  ShardedOptimizer(dist::ProcessGroup& pg, const OptimizerOptions& o, NamedTensors params, bool shard_grads)
+  ShardedOptimizer(dist::ProcessGroup& pg, const OptimizerOptions& o, NamedTensors params, bool shard_grads,
+                   int64_t bucket_bytes)
       : Optimizer(std::move(params)), pg_(pg), sync_on_mode_switch_(o.type != "adamw"), shard_grads_(shard_grads) {
     const int w = pg.size(), r = pg.rank();
     int64_t total = 0;
@@ -179,11 +185,24 @@ class ShardedOptimizer final : public Optimizer {
       mine.emplace_back(params_[i].first, flat(i).narrow(0, a - offsets_[i], b - a));
     }
     inner_ = train::make_optimizer(o, std::move(mine));
+    gather_bytes_ = bucket_bytes;
+    if (shard_grads_) {
+      grad_shard_ = at::zeros({bounds_[r + 1] - bounds_[r]}, at::TensorOptions().dtype(dtype_));
+      dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(grad_shard_.nbytes()));
+      make_buckets(bucket_bytes);
+      std::vector<at::Tensor> sources;
+      for (const auto& [name, p] : params_) sources.push_back(p);
+      attach_gradient_sources(sources);
+    }
+  }
+  ~ShardedOptimizer() override {
+    detach_hooks();
+    if (grad_shard_.defined()) dist::memory::add(dist::memory::Kind::Gradients, -static_cast<int64_t>(grad_shard_.nbytes()));
   }
 
   void step(double lr) override {
     for (size_t k = 0; k < pieces_.size(); ++k) {
-      if (shard_grads_) {  // ZeRO-2: the summed gradient piece reduce_scatter_grads() left
+      if (shard_grads_) {  // ZeRO-2: the summed gradient piece finish_gradients() left
         inner_params(k).mutable_grad() = grad_pieces_.empty() ? at::Tensor() : grad_pieces_[k];
         continue;
       }
@@ -193,6 +212,7 @@ class ShardedOptimizer final : public Optimizer {
     grad_pieces_.clear();
     inner_->step(lr);
     for (size_t k = 0; k < pieces_.size(); ++k) inner_params(k).mutable_grad() = at::Tensor();
+    if (shard_grads_) grad_shard_.zero_();  // the next mini-batch accumulates from zero
     steps_ = inner_->step_count();
     gather_params();
   }
@@ -287,34 +307,82 @@ class ShardedOptimizer final : public Optimizer {
   // The inner optimizer's state: tensors of this rank's pieces (flat), their scalars, the globals.
   OptimizerState local_state() const { return inner_->state(); }
 
-  // ZeRO-2: every rank's full gradients (accumulated over its micro-batches) are summed by a
-  // reduce-scatter, in buckets of at most `bucket_bytes` per rank: this rank keeps only the
-  // sum over its 1/N of the flattened parameters; the full gradients are dropped. Bucket j
-  // takes positions [j, j + len) of every rank's range, so each rank's output is contiguous.
-  void reduce_scatter_grads(int64_t bucket_bytes) {
-    c10::NoGradGuard no_grad;
-    const int w = pg_.size(), me = pg_.rank();
-    const int64_t chunk = max_chunk();
-    const int64_t bucket = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
-    grad_pieces_.clear();
-    for (const Piece& pc : pieces_) grad_pieces_.push_back(at::zeros({pc.length}, at::TensorOptions().dtype(dtype_)));
-    for (int64_t j = 0; j < chunk; j += bucket) {
-      const int64_t len = std::min(bucket, chunk - j);
-      at::Tensor in = at::zeros({w * len}, at::TensorOptions().dtype(dtype_));
-      for (int r = 0; r < w; ++r) {
-        const int64_t a = bounds_[r] + j, b = std::min(bounds_[r] + j + len, bounds_[r + 1]);
-        if (a < b) copy_flat_grads(a, b, in.narrow(0, static_cast<int64_t>(r) * len, b - a));
-      }
-      const at::Tensor out = pg_.reduce_scatter(in);
-      // out[x] is flat position bounds_[me] + j + x of the summed gradient.
-      const int64_t a = bounds_[me] + j, b = std::min(a + len, bounds_[me + 1]);
-      for (size_t k = 0; k < pieces_.size(); ++k) {
-        const int64_t pa = std::max(a, pieces_[k].flat_begin), pb = std::min(b, pieces_[k].flat_begin + pieces_[k].length);
-        if (pa < pb) grad_pieces_[k].narrow(0, pa - pieces_[k].flat_begin, pb - pa).copy_(out.narrow(0, pa - a, pb - pa));
-      }
+  // ---- ZeRO-2: gradients reduced bucket by bucket during the backward passes -----------------
+  // The parameters are grouped into buckets of consecutive parameters, in reverse order (the
+  // order backward produces their gradients), of at most `bucket_bytes` (a larger parameter
+  // is a bucket of its own). A hook on each gradient source (the parameters, or the bf16
+  // compute copy's, attach_gradient_sources) copies the gradient into its bucket's flat
+  // buffer (in the optimizer's dtype) as soon as autograd has accumulated it and drops it.
+  // Buckets are sent in a fixed order (every rank issues the same collectives): once bucket
+  // k and all before it are complete, it is reduced to the ranks that own its positions
+  // (one c10d reduce per owner: the parts of the flattened parameters in their ranges),
+  // asynchronously, while backward goes on; before the next one is sent the previous one is
+  // waited for and its owned part added into this rank's persistent gradient shard
+  // (grad_shard_). So a rank holds at most its shard, the bucket in flight, the bucket
+  // being filled and one parameter's gradient -- never the full gradient. After each
+  // micro-batch's backward, end_micro_batch() sends the buckets not yet sent (a parameter
+  // without a gradient counts as zeros). Gradient accumulation over micro-batches happens in
+  // the shard. A rank with fewer micro-batches than another sends zero buckets for the
+  // missing ones (finish_gradients()), so the collectives match.
+
+  // The tensors whose gradients backward produces, in params() order and shapes: the
+  // parameters themselves, or a lower-precision compute copy's (its gradients are converted
+  // to the optimizer's dtype in the buckets).
+  void attach_gradient_sources(const std::vector<at::Tensor>& sources) {
+    if (!shard_grads_) return;
+    if (sources.size() != params_.size()) throw ValueError("dist.zero_stage=2: gradient sources do not match the parameters");
+    detach_hooks();
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i].sizes() != params_[i].second.sizes())
+        throw ValueError(str("dist.zero_stage=2: gradient source of '", params_[i].first, "' has shape ",
+                             sources[i].sizes(), ", the parameter ", params_[i].second.sizes()));
+      torch::autograd::impl::set_post_acc_grad_hooks(sources[i], std::make_unique<GradHook>(this, i));
     }
-    for (auto& [name, p] : params_) p.mutable_grad() = at::Tensor();
+    sources_ = sources;
   }
+
+  // After one micro-batch's backward on this rank.
+  void end_micro_batch() {
+    if (!shard_grads_) return;
+    c10::NoGradGuard no_grad;
+    // Gradients still attached to the sources (none, unless a hook did not run) count too:
+    // the accounting looks at what the tensors hold, not only at what the hooks did.
+    int64_t attached = 0;
+    for (const at::Tensor& t : sources_)
+      if (t.grad().defined()) attached += static_cast<int64_t>(t.grad().nbytes());
+    dist::memory::observe(dist::memory::Kind::Gradients, attached);
+    while (next_bucket_ < buckets_.size()) launch(next_bucket_++);
+    next_bucket_ = 0;
+    std::fill(arrived_.begin(), arrived_.end(), false);
+    for (Bucket& b : buckets_) b.missing = static_cast<int64_t>(b.params.size());
+    ++rounds_;
+  }
+
+  // After this rank's last micro-batch of a mini-batch of `micro_batches` (shared out as
+  // micro_batch_range does: the first ranks get ceil(micro_batches / N)): zero rounds up to
+  // that many (known to every rank without a collective, which a rank still reducing its last
+  // micro-batch would not be in), wait for the last bucket, and hand the shard to clipping
+  // and step().
+  void finish_gradients(int64_t micro_batches) {
+    c10::NoGradGuard no_grad;
+    const int64_t most = (micro_batches + pg_.size() - 1) / pg_.size();
+    if (rounds_ > most)
+      throw Error(str("dist.zero_stage=2: ", rounds_, " micro-batches on rank ", pg_.rank(), ", expected at most ", most));
+    while (rounds_ < most) end_micro_batch();
+    wait_in_flight();
+    rounds_ = 0;
+    if (!rebuilt_) rebuild_buckets();
+    grad_pieces_.clear();
+    for (const Piece& pc : pieces_) grad_pieces_.push_back(grad_shard_.narrow(0, pc.flat_begin - bounds_[pg_.rank()], pc.length));
+  }
+
+  // Bytes of the largest bucket's buffer (the accounting's bound uses it).
+  int64_t bucket_capacity_bytes() const {
+    int64_t most = 0;
+    for (const Bucket& b : buckets_) most = std::max(most, b.size * static_cast<int64_t>(c10::elementSize(dtype_)));
+    return most;
+  }
+  int64_t shard_bytes() const { return grad_shard_.defined() ? static_cast<int64_t>(grad_shard_.nbytes()) : 0; }
 
   // ZeRO-2: clip_grad_norm on the global norm of the sharded gradient (each rank's squared
   // norm, summed over the ranks in double).
@@ -326,9 +394,13 @@ class ShardedOptimizer final : public Optimizer {
     const double total = std::sqrt(sq.item<double>());
     if (!std::isfinite(total)) {
       grad_pieces_.clear();  // the step is skipped
+      grad_shard_.zero_();
       return total;
     }
-    const double coef = std::min(1.0, max_norm / (total + 1e-6));
+    // The coefficient as train::clip_grad_norm forms it, in the gradients' dtype (a double one
+    // differs by an ulp and moves the weights by an ulp after the step).
+    const at::Tensor total_t = at::full({}, total, at::TensorOptions().dtype(dtype_));
+    const at::Tensor coef = ((total_t + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
     for (at::Tensor& g : grad_pieces_) g.mul_(coef);
     return total;
   }
@@ -340,15 +412,143 @@ class ShardedOptimizer final : public Optimizer {
     int64_t flat_begin;     // within all parameters flattened
   };
 
-  // Positions [a, b) of the flattened gradients (zeros for a parameter without one) into `dst`.
-  void copy_flat_grads(int64_t a, int64_t b, at::Tensor dst) const {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const int64_t n = params_[i].second.numel();
-      const int64_t pa = std::max(a, offsets_[i]), pb = std::min(b, offsets_[i] + n);
-      if (pa >= pb) continue;
-      const at::Tensor& g = params_[i].second.grad();
-      if (g.defined()) dst.narrow(0, pa - a, pb - pa).copy_(g.reshape({-1}).narrow(0, pa - offsets_[i], pb - pa));
+  struct GradHook final : torch::autograd::PostAccumulateGradHook {
+    GradHook(ShardedOptimizer* o, size_t i) : owner(o), index(i) {}
+    void operator()(const torch::autograd::Variable& tensor) override { owner->arrived(index, tensor); }
+    ShardedOptimizer* owner;
+    size_t index;
+  };
+  struct Bucket {
+    std::vector<size_t> params;  // sorted by flat position: each owner's part is contiguous
+    int64_t size = 0;            // elements
+    int64_t missing = 0;         // parameters whose gradient has not arrived in this round
+    at::Tensor buffer;           // [size]: the parameters' gradients, in `params` order
+  };
+  struct InFlight {
+    size_t bucket = 0;
+    at::Tensor buffer;
+    std::vector<dist::Pending> works;
+  };
+
+  // Buckets of at most `bucket_bytes` over the parameters taken in `order` (the order their
+  // gradients arrive in: reverse parameter order at first, then the order rank 0 saw).
+  void make_buckets(int64_t bucket_bytes, const std::vector<size_t>& order) {
+    bucket_bytes_ = bucket_bytes;
+    const int64_t cap = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
+    buckets_.clear();
+    bucket_of_.assign(params_.size(), 0);
+    buffer_offset_.assign(params_.size(), 0);
+    arrived_.assign(params_.size(), false);
+    for (size_t j : order) {
+      const int64_t n = params_[j].second.numel();
+      if (buckets_.empty() || buckets_.back().size + n > cap) buckets_.emplace_back();
+      buckets_.back().params.push_back(j);
+      buckets_.back().size += n;
+      bucket_of_[j] = buckets_.size() - 1;
     }
+    for (Bucket& b : buckets_) {
+      std::sort(b.params.begin(), b.params.end());
+      int64_t pos = 0;
+      for (size_t j : b.params) buffer_offset_[j] = pos, pos += params_[j].second.numel();
+      b.missing = static_cast<int64_t>(b.params.size());
+    }
+  }
+  void make_buckets(int64_t bucket_bytes) {
+    std::vector<size_t> order;
+    for (size_t j = params_.size(); j-- > 0;) order.push_back(j);
+    make_buckets(bucket_bytes, order);
+  }
+
+  // After the first mini-batch (collective): the buckets follow the order in which rank 0's
+  // gradients arrived (as DDP's Reducer rebuilds its buckets), so that a bucket is complete
+  // as soon as backward is past it; parameters that never got a gradient go last.
+  void rebuild_buckets() {
+    at::Tensor order = at::full({static_cast<int64_t>(params_.size())}, -1, at::kLong);
+    std::vector<bool> seen(params_.size(), false);
+    int64_t k = 0;
+    for (size_t j : arrival_order_)
+      if (!seen[j]) seen[j] = true, order[k++] = static_cast<int64_t>(j);
+    for (size_t j = params_.size(); j-- > 0;)
+      if (!seen[j]) order[k++] = static_cast<int64_t>(j);
+    pg_.broadcast(order, 0);
+    std::vector<size_t> o;
+    for (int64_t i = 0; i < order.numel(); ++i) o.push_back(static_cast<size_t>(order[i].item<int64_t>()));
+    make_buckets(bucket_bytes_, o);
+    rebuilt_ = true;
+    arrival_order_.clear();
+  }
+
+  void detach_hooks() {
+    for (const at::Tensor& t : sources_) torch::autograd::impl::set_post_acc_grad_hooks(t, nullptr);
+    sources_.clear();
+  }
+
+  void alloc_buffer(Bucket& b) {
+    if (b.buffer.defined()) return;
+    b.buffer = at::zeros({b.size}, at::TensorOptions().dtype(dtype_));
+    dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(b.buffer.nbytes()));
+  }
+
+  // The hook: source `i`'s gradient, accumulated by autograd for this backward pass.
+  void arrived(size_t i, const at::Tensor& source) {
+    c10::NoGradGuard no_grad;
+    at::Tensor& g = const_cast<at::Tensor&>(source).mutable_grad();
+    if (!g.defined()) return;
+    const int64_t g_bytes = static_cast<int64_t>(g.nbytes());
+    dist::memory::add(dist::memory::Kind::Gradients, g_bytes);
+    Bucket& b = buckets_[bucket_of_[i]];
+    if (arrived_[i] || bucket_of_[i] < next_bucket_)
+      throw Error(str("dist.zero_stage=2: a second gradient for '", params_[i].first,
+                      "' in one micro-batch (call end_micro_batch after each backward)"));
+    if (b.params.size() == 1 && g.scalar_type() == dtype_ && g.is_contiguous()) {
+      b.buffer = g.view({-1});  // a bucket of one parameter: its gradient is the buffer (no copy)
+    } else {
+      alloc_buffer(b);
+      b.buffer.narrow(0, buffer_offset_[i], g.numel()).copy_(g.reshape({-1}));
+      dist::memory::add(dist::memory::Kind::Gradients, -g_bytes);
+    }
+    g = at::Tensor();
+    arrived_[i] = true;
+    if (!rebuilt_) arrival_order_.push_back(i);
+    --b.missing;
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].missing == 0) launch(next_bucket_++);
+  }
+
+  // Reduces bucket k to the owners of its positions (after the previous bucket is done).
+  void launch(size_t k) {
+    wait_in_flight();
+    Bucket& b = buckets_[k];
+    alloc_buffer(b);
+    in_flight_.bucket = k;
+    in_flight_.buffer = std::move(b.buffer);
+    b.buffer = at::Tensor();
+    // Rank r's part: the pieces of the bucket's parameters in its range, contiguous in the
+    // buffer because the parameters are sorted by flat position.
+    for (int r = 0; r < pg_.size(); ++r) {
+      int64_t first = -1, last = -1;
+      for (size_t j : b.params) {
+        const int64_t a = std::max(offsets_[j], bounds_[r]), e = std::min(offsets_[j] + params_[j].second.numel(), bounds_[r + 1]);
+        if (a >= e) continue;
+        if (first < 0) first = buffer_offset_[j] + (a - offsets_[j]);
+        last = buffer_offset_[j] + (e - offsets_[j]);
+      }
+      if (first >= 0) in_flight_.works.push_back(pg_.reduce_async(in_flight_.buffer.narrow(0, first, last - first), r));
+    }
+  }
+
+  // Waits for the bucket in flight and adds this rank's part of it into the shard.
+  void wait_in_flight() {
+    if (!in_flight_.buffer.defined()) return;
+    for (dist::Pending& w : in_flight_.works) w.wait();
+    const Bucket& b = buckets_[in_flight_.bucket];
+    const int me = pg_.rank();
+    for (size_t j : b.params) {
+      const int64_t a = std::max(offsets_[j], bounds_[me]), e = std::min(offsets_[j] + params_[j].second.numel(), bounds_[me + 1]);
+      if (a < e)
+        grad_shard_.narrow(0, a - bounds_[me], e - a).add_(in_flight_.buffer.narrow(0, buffer_offset_[j] + (a - offsets_[j]), e - a));
+    }
+    dist::memory::add(dist::memory::Kind::Gradients, -static_cast<int64_t>(in_flight_.buffer.nbytes()));
+    in_flight_ = InFlight{};
   }
 
   at::Tensor flat(size_t i) const { return params_[i].second.detach().view({-1}); }
@@ -368,22 +568,55 @@ class ShardedOptimizer final : public Optimizer {
   }
   // Every rank's updated piece to every rank: the parameters' bytes, all-gathered exactly.
   void gather_params() {
+    // In buckets of at most gather_bytes_ per rank (the parameters' bytes, exact): the
+    // transient is N buckets, not a full copy of the weights.
     c10::NoGradGuard no_grad;
-    at::Tensor mine = at::zeros({max_chunk()}, at::TensorOptions().dtype(dtype_));
-    int64_t pos = 0;
-    for (const Piece& pc : pieces_) {
-      mine.narrow(0, pos, pc.length).copy_(flat(pc.param).narrow(0, pc.start, pc.length));
-      pos += pc.length;
+    const int w = pg_.size(), me = pg_.rank();
+    const int64_t chunk = max_chunk();
+    const int64_t len_max = std::max<int64_t>(1, gather_bytes_ / static_cast<int64_t>(c10::elementSize(dtype_)));
+    for (int64_t j = 0; j < chunk; j += len_max) {
+      const int64_t len = std::min(len_max, chunk - j);
+      at::Tensor mine = at::zeros({len}, at::TensorOptions().dtype(dtype_));
+      const int64_t a = bounds_[me] + j, b = std::min(a + len, bounds_[me + 1]);
+      if (a < b) params_to_flat(a, b, mine);
+      const at::Tensor all = pg_.all_gather(mine.view(at::kByte)).view(dtype_);
+      for (int k = 0; k < w; ++k) {
+        const int64_t ka = bounds_[k] + j, kb = std::min(ka + len, bounds_[k + 1]);
+        if (ka < kb) flat_to_params(ka, kb, all.narrow(0, static_cast<int64_t>(k) * len, kb - ka));
+      }
     }
-    const at::Tensor bytes = pg_.all_gather(mine.view(at::kByte));
-    const at::Tensor all = unchunk(bytes.view(dtype_));
-    for (size_t i = 0; i < params_.size(); ++i) flat(i).copy_(all.narrow(0, offsets_[i], params_[i].second.numel()));
+  }
+  // Flat positions [a, b) of the parameters into / from `t` (converting dtypes).
+  void params_to_flat(int64_t a, int64_t b, at::Tensor t) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t pa = std::max(a, offsets_[i]), pb = std::min(b, offsets_[i] + params_[i].second.numel());
+      if (pa < pb) t.narrow(0, pa - a, pb - pa).copy_(flat(i).narrow(0, pa - offsets_[i], pb - pa));
+    }
+  }
+  void flat_to_params(int64_t a, int64_t b, const at::Tensor& t) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t pa = std::max(a, offsets_[i]), pb = std::min(b, offsets_[i] + params_[i].second.numel());
+      if (pa < pb) flat(i).narrow(0, pa - offsets_[i], pb - pa).copy_(t.narrow(0, pa - a, pb - pa));
+    }
   }
 
   dist::ProcessGroup& pg_;
   bool sync_on_mode_switch_;
   bool shard_grads_;                     // ZeRO-2
-  std::vector<at::Tensor> grad_pieces_;  // ZeRO-2: this rank's summed gradient, per piece
+  std::vector<at::Tensor> grad_pieces_;  // ZeRO-2: views of grad_shard_, per piece, for step()
+  at::Tensor grad_shard_;                // ZeRO-2: this rank's summed gradient, [its range]
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;
+  std::vector<int64_t> buffer_offset_;  // each parameter's position in its bucket's buffer
+  int64_t bucket_bytes_ = 0;
+  int64_t gather_bytes_ = int64_t{25} << 20;  // the parameters' all-gather, per rank and bucket
+  bool rebuilt_ = false;                // buckets follow the observed arrival order
+  std::vector<size_t> arrival_order_;   // this rank's, until then
+  std::vector<bool> arrived_;
+  size_t next_bucket_ = 0;  // the next bucket to send in this round
+  int64_t rounds_ = 0;      // micro-batches (rounds of buckets) sent in this mini-batch
+  InFlight in_flight_;
+  std::vector<at::Tensor> sources_;  // tensors carrying the hooks
   std::vector<int64_t> offsets_, bounds_;
   at::ScalarType dtype_ = at::kFloat;
   std::map<at::ScalarType, SlotLayout> layouts_;
@@ -394,14 +627,42 @@ class ShardedOptimizer final : public Optimizer {
 }  // namespace
 
 std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const OptimizerOptions& options,
-                                                  NamedTensors params, bool shard_gradients) {
-  return std::make_unique<ShardedOptimizer>(pg, options, std::move(params), shard_gradients);
+                                                  NamedTensors params, bool shard_gradients, int64_t bucket_bytes) {
+  return std::make_unique<ShardedOptimizer>(pg, options, std::move(params), shard_gradients, bucket_bytes);
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage,
+                                          int64_t bucket_bytes) {
   dist::ProcessGroup* pg = dist::world();
-  if (zero_stage >= 1 && pg) return make_sharded_optimizer(*pg, options, std::move(params), zero_stage >= 2);
+  if (zero_stage >= 1 && pg)
+    return make_sharded_optimizer(*pg, options, std::move(params), zero_stage >= 2, bucket_bytes);
   return train::make_optimizer(options, std::move(params));
+}
+
+void attach_gradient_sources(Optimizer& optimizer, const std::vector<at::Tensor>& sources) {
+  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer)) s->attach_gradient_sources(sources);
+}
+
+void end_micro_batch(Optimizer& optimizer) {
+  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer)) s->end_micro_batch();
+}
+
+void memory_metrics(const Optimizer& optimizer, std::map<std::string, double>& m) {
+  using dist::memory::Kind;
+  int64_t weights = 0, largest = 0;
+  for (const auto& [name, p] : optimizer.params()) {
+    weights += static_cast<int64_t>(p.nbytes());
+    largest = std::max(largest, static_cast<int64_t>(p.nbytes()));
+  }
+  m["perf/memory/grad_bytes_max"] = static_cast<double>(dist::memory::peak(Kind::Gradients));
+  m["perf/memory/optimizer_state_bytes"] = static_cast<double>(local_state_bytes(optimizer));
+  m["perf/memory/weight_bytes"] = static_cast<double>(weights);  // the optimizer's parameters (replicated)
+  m["perf/memory/largest_param_bytes"] = static_cast<double>(largest);
+  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer); s && s->shards_gradients()) {
+    m["perf/memory/grad_shard_bytes"] = static_cast<double>(s->shard_bytes());
+    m["perf/memory/grad_bucket_bytes"] = static_cast<double>(s->bucket_capacity_bytes());
+  }
+  dist::memory::reset_peak(Kind::Gradients);
 }
 
 FlatRange flat_range(const Optimizer& optimizer) {
@@ -429,11 +690,19 @@ int64_t local_state_bytes(const Optimizer& optimizer) {
 
 
 void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before) {
+                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before,
+                   size_t micro_batches) {
+  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  if (!(sharded && sharded->shards_gradients())) {
+    int64_t bytes = 0;  // one process, ZeRO-0/1: the full gradients, at their largest
+    for (const auto& p : params)
+      if (p.grad().defined()) bytes += static_cast<int64_t>(p.grad().nbytes());
+    dist::memory::observe(dist::memory::Kind::Gradients, bytes);
+  }
   dist::ProcessGroup* pg = dist::world();
   if (!pg) return;
-  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer); s && s->shards_gradients())
-    s->reduce_scatter_grads(int64_t{25} << 20);  // ZeRO-2: each rank keeps its shard of the sum
+  if (sharded && sharded->shards_gradients())
+    sharded->finish_gradients(static_cast<int64_t>(micro_batches));  // ZeRO-2: reduced during backward
   else
     dist::all_reduce_gradients(*pg, params);
   // Metric names: a rank without micro-batches has none, so they are gathered first.

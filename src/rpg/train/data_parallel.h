@@ -55,15 +55,35 @@ void join_world(const TrainConfig& cfg, const dist::RankLayout& layout);
 // collective (every rank must call it) and returns the full, un-sharded state, as a
 // replicated optimizer would; load_state() takes a full state and keeps this rank's piece,
 // so checkpoints resume at any world size or stage.
-// ZeRO-2 (`shard_gradients`): the gradients too. reduce_update() reduce-scatters every rank's
-// accumulated full gradients so that this rank keeps only the sum over its 1/N (the full
-// gradients are then dropped); clip_grad_norm() below clips on the global norm of the shards;
-// step() updates the piece from that shard. The update equals the replicated one.
+// ZeRO-2 (`shard_gradients`): the gradients too, reduced during the backward passes. Hooks on
+// the gradient sources (the parameters, or attach_gradient_sources' compute copy) move each
+// gradient, as soon as autograd has accumulated it, into a flat bucket of consecutive
+// parameters (at most `bucket_bytes`, in backward order) and drop it; complete buckets are
+// reduced asynchronously (c10d reduce) to the ranks owning their positions, which add them
+// into a persistent gradient shard over their 1/N; end_micro_batch() after each backward
+// sends what is left, so gradient accumulation over micro-batches happens in the shard.
+// reduce_update() waits for the last bucket; clip_grad_norm() below clips on the global norm
+// of the shards; step() updates the piece from that shard. A rank holds its shard, at most
+// two buckets and one parameter's gradient, never the full gradient; the update equals the
+// replicated one up to the summation order of the micro-batches' gradients.
 std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const OptimizerOptions& options,
-                                                  NamedTensors params, bool shard_gradients = false);
+                                                  NamedTensors params, bool shard_gradients = false,
+                                                  int64_t bucket_bytes = int64_t{25} << 20);
 // The trainer's optimizer: sharded over the world group when zero_stage is 1 or 2 and more
 // than one process runs, else the replicated one (make_optimizer).
-std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage);
+std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage,
+                                          int64_t bucket_bytes = int64_t{25} << 20);
+// ZeRO-2: backward produces the gradients on `sources` (a compute copy's parameters, in
+// params() order and shapes) instead of the optimizer's parameters. No-op otherwise.
+void attach_gradient_sources(Optimizer& optimizer, const std::vector<at::Tensor>& sources);
+// ZeRO-2: after each micro-batch's backward (sends the buckets not sent yet). No-op otherwise.
+void end_micro_batch(Optimizer& optimizer);
+// This rank's accounted memory since the last call (dist/memory.h), as perf/memory/* metrics:
+// grad_bytes_max (the peak of gradient tensors: full gradients under ZeRO-0/1; shard +
+// buckets + one parameter's gradient under ZeRO-2), optimizer_state_bytes, weight_bytes (the
+// optimizer's parameters, replicated), largest_param_bytes, and under ZeRO-2
+// grad_shard_bytes and grad_bucket_bytes (the largest bucket).
+void memory_metrics(const Optimizer& optimizer, std::map<std::string, double>& metrics);
 // Bytes of optimizer-state tensors this rank holds (its shard under ZeRO-1/2). Not collective.
 int64_t local_state_bytes(const Optimizer& optimizer);
 // The positions [begin, end) of all parameters flattened (in params() order, `total` in all)
@@ -94,11 +114,13 @@ void sum_rows(at::Tensor& rows);
 // Sizes of the loss-metric lists (taken before a mini-batch's micro-batches).
 std::map<std::string, size_t> metric_sizes(const std::map<std::string, std::vector<double>>& metrics);
 
-// After a mini-batch's backward passes: gradients summed over the ranks (all-reduced, or
-// reduce-scattered into the optimizer's shards under ZeRO-2), and the loss metrics appended
-// since `before` gathered in rank order (= micro-batch order).
+// After a mini-batch's backward passes: gradients summed over the ranks (all-reduced; under
+// ZeRO-2 already reduced during backward into the optimizer's shards: the zero rounds of a
+// rank with fewer of the mini-batch's `micro_batches`, and the last bucket, are done here),
+// and the loss metrics appended since `before` gathered in rank order (= micro-batch order).
 void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
-                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before);
+                   std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before,
+                   size_t micro_batches);
 
 // Rank 0 (or a process alone) owns the run directory: metrics, samples, and the checkpoint
 // directory, into which every rank writes its optimizer shard (below).

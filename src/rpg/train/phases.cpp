@@ -399,11 +399,13 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
       batch.get("old_log_probs").index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(at::kFloat));
     }
     out.loss.backward();
+    dp::end_micro_batch(*optimizer);  // ZeRO-2: the buckets not yet reduced
     move_compute_grads();
     if (recording) record.loss += out.loss.item<double>();
     for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
   }
-  dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before);  // data-parallel: sum over ranks
+  dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before,
+                    micro.size());  // data-parallel: sum over ranks
   if (recording) {
     for (const auto& p : policy.model.parameters())
       record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
@@ -585,6 +587,9 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
   // CPU memory: the process's peak resident set (verl logs CUDA allocator peaks as
   // perf/max_memory_{allocated,reserved}_gb, and the machine's used memory).
   m["perf/max_rss_gb"] = peak_rss_gb();
+  std::map<std::string, double> mem;
+  dp::memory_metrics(*optimizer, mem);  // bytes of gradients / optimizer state / weights (dist/memory.h)
+  for (const auto& [k, v] : mem) m[k] = v;
 }
 
 }  // namespace rpg::train

@@ -363,7 +363,8 @@ void Trainer::Impl::build_optimizer() {
     oo.scheduled_lr = true;
     oo.restore_exact_y = false;
   }
-  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
+  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage,  // ZeRO-1/2: sharded
+                                 static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024));
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
   schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
@@ -388,6 +389,7 @@ void Trainer::Impl::build_models() {
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
     compute->set_requires_grad(true);
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
+    dp::attach_gradient_sources(*optimizer, compute->parameters());  // ZeRO-2: its gradients go to the buckets
   }
   build_rollout_copy();
 }
