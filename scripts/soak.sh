@@ -184,7 +184,7 @@ def load(p):
     out = []
     for line in open(p):
         j = json.loads(line)
-        out.append({k: v for k, v in j.items() if not k.startswith(("timing_s/", "perf/"))})
+        out.append({k: v for k, v in j.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "perf/"))})
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
 sys.exit(0 if a == b else print(f"metrics differ: {len(a)} vs {len(b)} steps") or 1)
