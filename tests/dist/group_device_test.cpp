@@ -126,5 +126,29 @@ TEST(GroupNccl, UnavailableIsOneLineConfigError) {
   unsetenv("RPG_CUDA_BACKEND");
 }
 
+// Without a GPU the whole CUDA path up to NCCL still runs here: libtorch's CUDA backend and
+// librpg_cuda.so load, dlsym finds the plugin's factory, and the factory reports that no
+// CUDA device is visible (DistError naming the rank). On a GPU machine the CUDA instance of
+// GroupOnDevice covers this path instead.
+TEST(GroupNccl, PluginFactoryRunsWithoutAGpu) {
+  std::string why;
+  if (device::driver_device_count(&why) > 0) GTEST_SKIP() << "a GPU is present: GroupOnDevice/cuda covers this";
+  unsetenv("RPG_CUDA_BACKEND");
+  RankLayout layout;
+  layout.world_size = 1;
+  layout.local_world_size = 1;
+  layout.master_addr = "127.0.0.1";
+  layout.master_port = free_port();
+  GroupOptions options;
+  options.device = device::Kind::kCuda;
+  try {
+    ProcessGroup::init(layout, options);
+    ADD_FAILURE() << "no error without a GPU";
+  } catch (const DistError& e) {
+    EXPECT_EQ(std::string(e.what()), "dist: rank 0 cannot create its NCCL process group: no CUDA device is visible");
+  }
+  EXPECT_TRUE(device::cuda_backend_loaded());
+}
+
 }  // namespace
 }  // namespace rpg::dist
