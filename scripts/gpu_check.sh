@@ -47,7 +47,7 @@ done
 say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" >&2; }
 die() { echo "gpu_check: error: $*" >&2; exit 1; }
 
-BINARIES=(tests/model/model_tests tests/rollout/rollout_tests bench/gpu/gpu_bench)
+BINARIES=(tests/model/model_tests tests/rollout/rollout_tests tests/dist/dist_tests bench/gpu/gpu_bench)
 
 # The Python that holds torch (+ transformers): the GPU machine's python3, or the venv here.
 pick_python() {
@@ -158,7 +158,7 @@ mkdir -p "$work/build"
 # The dry run has the rpg binary (the CLI half of the device-selection tests); the GPU
 # machine has not (not carried), so those checks are filtered out there.
 if [[ $mode == dry ]]; then ln -s "$build/rpg" "$work/build/rpg"; ln -s "$build/rpg-torch" "$work/build/rpg-torch"; fi
-for t in model_tests rollout_tests; do
+for t in model_tests rollout_tests dist_tests; do
   say "tests: $t ($test_filter, RPG_TEST_DEVICES=$test_devices)"
   limit=$(budget 150)
   if ((limit > 0)) && RPG_TEST_DEVICES=$test_devices RPG_TEST_SOURCE_DIR="$here" RPG_TEST_BINARY_DIR="$work/build" \

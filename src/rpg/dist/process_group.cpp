@@ -12,6 +12,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
+
 #include <csignal>
 #include <atomic>
 #include <condition_variable>
@@ -45,6 +47,25 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr.starts_with("127.") || addr == "::1";
 }
 
+// The CUDA plugin's NCCL factory (model/cuda/nccl_plugin.cpp).
+using NcclFactory = c10d::Backend* (*)(const c10::intrusive_ptr<c10d::Store>*, int, int, std::int64_t, int,
+                                       std::string*);
+
+// Loads libtorch's CUDA backend and the plugin if needed; ConfigError naming why NCCL is
+// unavailable.
+NcclFactory nccl_factory() {
+  if (std::string err = device::load_cuda_backend(); !err.empty())
+    throw ConfigError(str("dist: trainer.device is cuda, but NCCL is unavailable: libtorch's CUDA backend did not load (",
+                          err, ")"));
+  auto f = reinterpret_cast<NcclFactory>(dlsym(RTLD_DEFAULT, "rpg_cuda_nccl_group"));
+  if (!f)
+    throw ConfigError(
+        "dist: trainer.device is cuda, but NCCL is unavailable: the CUDA plugin librpg_cuda.so is not loaded or was "
+        "built without NCCL (the torch wheel's nvidia/nccl/include/nccl.h, pip nvidia-nccl-cu*; cmake --build build "
+        "--target rpg_cuda)");
+  return f;
+}
+
 }  // namespace
 
 struct ProcessGroup::Impl {
@@ -53,6 +74,7 @@ struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;       // collectives' rendezvous, diagnosis
   c10::intrusive_ptr<c10d::Store> hb_store;    // the heartbeat thread's own connection
   c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::Backend> nccl;      // set in a group created for CUDA
   std::atomic<long> entered{0};                // collectives entered by this rank
   std::thread heartbeat;
   std::mutex mu;
@@ -60,6 +82,12 @@ struct ProcessGroup::Impl {
   bool stop = false;
   bool broken = false;
   std::string broken_message;
+
+  // NCCL for CUDA tensors when the group has it, else Gloo.
+  c10d::Backend& backend_for(const at::Tensor& t) {
+    if (nccl && t.is_cuda()) return *nccl;
+    return *gloo;
+  }
 
   std::string key(const std::string& what, int rank) const { return str("rpg/", what, "/", rank); }
 
@@ -160,6 +188,8 @@ std::unique_ptr<ProcessGroup> ProcessGroup::init(const RankLayout& layout, const
   // A write to a dead peer's socket must be an error (EPIPE) that names the peer, not a
   // silent SIGPIPE death of this rank too. (Python, and so torch.distributed, ignores it.)
   std::signal(SIGPIPE, SIG_IGN);
+  // Before anything connects: a CUDA group without NCCL is a configuration error.
+  NcclFactory make_nccl = options.device == device::Kind::kCuda ? nccl_factory() : nullptr;
   auto impl = std::make_unique<Impl>();
   impl->layout = layout;
   impl->options = options;
@@ -205,6 +235,16 @@ std::unique_ptr<ProcessGroup> ProcessGroup::init(const RankLayout& layout, const
                         options.timeout.count() / 1000.0, " s"),
                     missing.empty() ? -1 : std::stoi(missing.substr(0, missing.find(','))));
   }
+  if (make_nccl) {
+    // ProcessGroupNCCL connects lazily (on the first collective on a device), through its
+    // own prefix of the same store.
+    c10::intrusive_ptr<c10d::Store> nccl_store = c10::make_intrusive<c10d::PrefixStore>("rpg/nccl", impl->store);
+    std::string err;
+    c10d::Backend* b = make_nccl(&nccl_store, layout.rank, layout.world_size, options.timeout.count(),
+                                 layout.local_rank, &err);
+    if (!b) throw DistError(str("dist: rank ", layout.rank, " cannot create its NCCL process group: ", err), -1);
+    impl->nccl = c10::intrusive_ptr<c10d::Backend>::reclaim(b);
+  }
   impl->heartbeat = std::thread([p = impl.get()] { p->heartbeat_loop(); });
   try {
     auto opts = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -226,7 +266,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::init(const RankLayout& layout, const
   } catch (const std::exception& e) {
     impl->fail("connecting Gloo", e.what());
   }
-  log_debug("dist: joined as ", describe(layout));
+  log_debug("dist: joined as ", describe(layout), impl->nccl ? " (NCCL for CUDA tensors)" : "");
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 
@@ -238,6 +278,7 @@ ProcessGroup::~ProcessGroup() {
     impl_->cv.notify_all();
     impl_->heartbeat.detach();
     (void)impl_->gloo.release();
+    (void)impl_->nccl.release();
     (void)impl_->store.release();
     (void)impl_->hb_store.release();
     (void)impl_.release();
@@ -259,12 +300,13 @@ int ProcessGroup::rank() const { return impl_->layout.rank; }
 int ProcessGroup::size() const { return impl_->layout.world_size; }
 const RankLayout& ProcessGroup::layout() const { return impl_->layout; }
 long ProcessGroup::collectives() const { return impl_->entered.load(); }
+bool ProcessGroup::has_nccl() const { return static_cast<bool>(impl_->nccl); }
 
 void ProcessGroup::all_reduce(at::Tensor& tensor, ReduceOp op) {
   std::vector<at::Tensor> ts{tensor};
   c10d::AllreduceOptions o;
   o.reduceOp = to_c10d(op);
-  impl_->run("all_reduce", [&] { return impl_->gloo->allreduce(ts, o); });
+  impl_->run("all_reduce", [&] { return impl_->backend_for(tensor).allreduce(ts, o); });
 }
 
 void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
@@ -272,7 +314,7 @@ void ProcessGroup::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> ts{tensor};
   c10d::BroadcastOptions o;
   o.rootRank = root;
-  impl_->run("broadcast", [&] { return impl_->gloo->broadcast(ts, o); });
+  impl_->run("broadcast", [&] { return impl_->backend_for(tensor).broadcast(ts, o); });
 }
 
 at::Tensor ProcessGroup::all_gather(const at::Tensor& tensor) {
@@ -281,7 +323,7 @@ at::Tensor ProcessGroup::all_gather(const at::Tensor& tensor) {
   if (shape.empty()) shape.push_back(1), input = input.reshape({1});
   shape[0] *= size();
   at::Tensor output = at::empty(shape, input.options());
-  impl_->run("all_gather", [&] { return impl_->gloo->_allgather_base(output, input); });
+  impl_->run("all_gather", [&] { return impl_->backend_for(input)._allgather_base(output, input); });
   return output;
 }
 
@@ -295,7 +337,7 @@ at::Tensor ProcessGroup::reduce_scatter(const at::Tensor& input, ReduceOp op) {
   at::Tensor output = at::empty(shape, in.options());
   c10d::ReduceScatterOptions o;
   o.reduceOp = to_c10d(op);
-  impl_->run("reduce_scatter", [&] { return impl_->gloo->_reduce_scatter_base(output, in, o); });
+  impl_->run("reduce_scatter", [&] { return impl_->backend_for(in)._reduce_scatter_base(output, in, o); });
   return output;
 }
 
@@ -333,7 +375,7 @@ Pending ProcessGroup::reduce_async(const at::Tensor& tensor, int root, ReduceOp 
   c10d::ReduceOptions o;
   o.rootRank = root;
   o.reduceOp = to_c10d(op);
-  s->work = impl_->start("reduce", [&] { return impl_->gloo->reduce(s->tensors, o); });
+  s->work = impl_->start("reduce", [&] { return impl_->backend_for(tensor).reduce(s->tensors, o); });
   Pending p;
   p.state_ = std::move(s);
   return p;

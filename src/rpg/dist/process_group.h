@@ -1,6 +1,9 @@
 // A process group on PyTorch's c10d: a TCPStore on MASTER_ADDR:MASTER_PORT (rank 0 hosts
-// it) for the rendezvous, ProcessGroupGloo for CPU tensors (ProcessGroupNCCL for CUDA
-// tensors when built with RPG_CUDA; not wired yet). The collectives block until done.
+// it) for the rendezvous, ProcessGroupGloo for CPU tensors and, when the group is created
+// for the CUDA device (GroupOptions::device), ProcessGroupNCCL for CUDA tensors. The NCCL
+// group comes from the CUDA plugin librpg_cuda.so (model/cuda/nccl_plugin.cpp, found with
+// dlsym once core/device.cpp has loaded it): this library links no CUDA library. The
+// collectives block until done (NCCL's with blocking wait, under the same timeout).
 //
 // Faults: every collective runs under `timeout`. When one fails (a peer's connection
 // reset, a timeout), the group finds out which rank is at fault through the store before
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/dist/layout.h"
 
@@ -65,6 +69,12 @@ struct GroupOptions {
   // verl's default for trainer.nccl_timeout is 600 s.
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};
   std::chrono::milliseconds heartbeat{std::chrono::milliseconds(500)};
+  // The training device. kCuda: an NCCL group is created beside the Gloo one (CUDA device
+  // LOCAL_RANK modulo the visible ones becomes the current device) and collectives on CUDA
+  // tensors go to it; CPU tensors, barrier() and the fault diagnosis stay on Gloo and the
+  // store. When NCCL is unavailable (no plugin, or a plugin built without NCCL's headers)
+  // init() throws ConfigError naming why.
+  device::Kind device = device::Kind::kCpu;
 };
 
 class ProcessGroup {
@@ -81,7 +91,8 @@ class ProcessGroup {
   int size() const;
   const RankLayout& layout() const;
 
-  // In place on every rank; tensors must be contiguous and on the CPU (Gloo).
+  // In place on every rank; tensors must be contiguous, on the CPU (Gloo) or, in a group
+  // created for CUDA, on the current CUDA device (NCCL).
   void all_reduce(at::Tensor& tensor, ReduceOp op = ReduceOp::Sum);
   void broadcast(at::Tensor& tensor, int root);
   // Every rank's `tensor` (same shape everywhere), concatenated along dim 0 in rank order.
@@ -97,6 +108,8 @@ class ProcessGroup {
 
   // Number of collectives issued so far (named in fault messages).
   long collectives() const;
+  // Whether collectives on CUDA tensors go to NCCL (a group created for kCuda).
+  bool has_nccl() const;
 
  private:
   struct Impl;

@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
 #include "rpg/dist/data_parallel.h"
@@ -125,6 +126,9 @@ void join_world(const TrainConfig& cfg, const dist::RankLayout& layout) {
   }
   dist::GroupOptions options;
   options.timeout = std::chrono::seconds(cfg.actor_rollout_ref.nccl_timeout);
+  // Gloo on the CPU; NCCL beside it for CUDA tensors when the trainer runs on CUDA (the same
+  // selection as the policy's: "auto" is CUDA when a GPU is usable).
+  if (layout.distributed()) options.device = device::select(t.device, "trainer.device");
   dist::init_world(layout, options);
 }
 
