@@ -25,7 +25,8 @@ std::vector<std::string> rank_env(int rank, int world, int port) {
 }
 
 // Runs `dist_worker args...` as ranks 0..world-1 (only those in `ranks`) concurrently.
-std::vector<ProcessResult> run_ranks(const std::vector<std::string>& args, int world = 2, std::vector<int> ranks = {}) {
+std::vector<ProcessResult> run_ranks(const std::vector<std::string>& args, int world = 2, std::vector<int> ranks = {},
+                                     const std::vector<std::string>& extra_env = {}) {
   for (const char* v : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                         "SLURM_PROCID", "TORCHELASTIC_USE_AGENT_STORE"})
     unsetenv(v);
@@ -36,7 +37,11 @@ std::vector<ProcessResult> run_ranks(const std::vector<std::string>& args, int w
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<std::future<ProcessResult>> futures;
   for (int r : ranks)
-    futures.push_back(std::async(std::launch::async, [=] { return test::run_process(argv, rank_env(r, world, port)); }));
+    futures.push_back(std::async(std::launch::async, [=] {
+      auto env = rank_env(r, world, port);
+      env.insert(env.end(), extra_env.begin(), extra_env.end());
+      return test::run_process(argv, env);
+    }));
   std::vector<ProcessResult> out;
   for (auto& f : futures) out.push_back(f.get());
   return out;
@@ -103,6 +108,17 @@ TEST(ProcessGroup, HungRankIsNamedAfterTheTimeout) {
   EXPECT_EQ(results[1].exit_code, 0) << results[1].err;
   EXPECT_EQ(results[0].exit_code, 1) << results[0].out;
   EXPECT_TRUE(contains(results[0].err, "rank 1 did not reach this collective (it is at #1")) << results[0].err;
+}
+
+// Gloo cannot connect (no such network interface) after the store rendezvous and the
+// heartbeat thread started: one line and exit 1, not std::terminate on a running thread.
+TEST(ProcessGroup, GlooConnectFailureIsOneLineNotACrash) {
+  auto results = run_ranks({"hang"}, 2, {}, {"GLOO_SOCKET_IFNAME=rpg_no_such_if0"});
+  for (int r : {0, 1}) {
+    EXPECT_EQ(results[r].exit_code, 1) << results[r].err;
+    EXPECT_TRUE(contains(results[r].err, "rpg: error: ")) << results[r].err;
+    EXPECT_TRUE(contains(results[r].err, "connecting Gloo")) << results[r].err;
+  }
 }
 
 TEST(ProcessGroup, MissingRankAtJoinIsNamed) {

@@ -91,6 +91,23 @@ struct ProcessGroup::Impl {
 
   std::string key(const std::string& what, int rank) const { return str("rpg/", what, "/", rank); }
 
+  // Peers are gone: c10d's destructors could block on them, and the process is on its way
+  // out. The heartbeat thread is told to stop and left running detached, the c10d objects
+  // (and this Impl, which the thread reads) are never destroyed.
+  static void abandon(std::unique_ptr<Impl> impl) {
+    {
+      std::lock_guard lock(impl->mu);
+      impl->stop = true;
+    }
+    impl->cv.notify_all();
+    if (impl->heartbeat.joinable()) impl->heartbeat.detach();
+    (void)impl->gloo.release();
+    (void)impl->nccl.release();
+    (void)impl->store.release();
+    (void)impl->hb_store.release();
+    (void)impl.release();
+  }
+
   std::string store_host() const {
     return str("the rendezvous store at ", layout.master_addr, ":", layout.master_port,
                layout.agent_store ? " (torchrun's agent)" : " (hosted by rank 0)");
@@ -264,7 +281,12 @@ std::unique_ptr<ProcessGroup> ProcessGroup::init(const RankLayout& layout, const
     auto gloo_store = c10::make_intrusive<c10d::PrefixStore>("rpg/gloo", impl->store);
     impl->gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(gloo_store, layout.rank, layout.world_size, opts);
   } catch (const std::exception& e) {
-    impl->fail("connecting Gloo", e.what());
+    try {
+      impl->fail("connecting Gloo", e.what());
+    } catch (...) {
+      Impl::abandon(std::move(impl));  // the heartbeat thread is running: destroying it would terminate
+      throw;
+    }
   }
   log_debug("dist: joined as ", describe(layout), impl->nccl ? " (NCCL for CUDA tensors)" : "");
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
@@ -273,15 +295,7 @@ std::unique_ptr<ProcessGroup> ProcessGroup::init(const RankLayout& layout, const
 ProcessGroup::~ProcessGroup() {
   if (!impl_) return;
   if (impl_->broken) {
-    // Peers are gone: c10d's destructors could block on them. The process is exiting.
-    { std::lock_guard lock(impl_->mu); impl_->stop = true; }
-    impl_->cv.notify_all();
-    impl_->heartbeat.detach();
-    (void)impl_->gloo.release();
-    (void)impl_->nccl.release();
-    (void)impl_->store.release();
-    (void)impl_->hb_store.release();
-    (void)impl_.release();
+    Impl::abandon(std::move(impl_));
     return;
   }
   try {
