@@ -34,6 +34,8 @@ ap.add_argument("--prompts", type=int, default=16)
 ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=64)
 ap.add_argument("--packed", action="store_true", help="also run rpg with actor_rollout_ref.model.use_remove_padding")
+ap.add_argument("--work", help="keep the inputs and runs in this folder (made if missing; reused if it has them)")
+ap.add_argument("--only-inputs", action="store_true", help="with --work: make the inputs and stop")
 ap.add_argument("--trl-worker", nargs=2, metavar=("WORKDIR", "OUT"), help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -85,6 +87,8 @@ if args.trl_worker:
 
 
 def make_inputs(work):
+    if os.path.exists(os.path.join(work, "p.parquet")):
+        return
     sys.path.insert(0, os.path.join(REPO, "tests", "oracles"))
     subprocess.run([sys.executable, os.path.join(REPO, "tests", "oracles", "tiny_chat_model.py"), work], check=True,
                    capture_output=True)
@@ -125,8 +129,20 @@ def rpg_run(work, name, extra):
     return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if "timing_s/step" in line]
 
 
-with tempfile.TemporaryDirectory() as work:
+def cpu_seconds_of(fn):
+    """fn() runs child processes; returns (its value, their user+sys CPU seconds)."""
+    before = os.times()
+    value = fn()
+    after = os.times()
+    return value, (after.children_user - before.children_user) + (after.children_system - before.children_system)
+
+
+with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as tmp:
+    work = args.work or tmp
+    os.makedirs(work, exist_ok=True)
     make_inputs(work)
+    if args.only_inputs:
+        sys.exit(0)
     variants = {"rpg": []}
     if args.packed:
         variants["rpg use_remove_padding"] = ["actor_rollout_ref.model.use_remove_padding=true"]
