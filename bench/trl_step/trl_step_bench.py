@@ -19,6 +19,7 @@ weights rarely emit EOS, so responses run to --max-new-tokens on both sides. Run
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,6 +126,7 @@ def child_env():
 
 def rpg_run(work, name, extra):
     run = os.path.join(work, name)
+    shutil.rmtree(run, ignore_errors=True)  # a run folder left by an earlier --work run would resume, not train
     argv = [args.rpg, "--threads", str(args.threads), "train", "-",
             f"actor_rollout_ref.model.path={work}/model", f"data.train_files={work}/p.parquet",
             f"data.train_batch_size={args.prompts}", "data.max_prompt_length=256",
