@@ -1,9 +1,12 @@
 """A full RL step, side by side: `rpg train` vs TRL's GRPOTrainer on the same tiny Qwen2,
 prompts, batch, group size and lengths, in one run. Prints the median seconds per step of
-each (the first step of every run is dropped as warm-up), rpg's phases, and the ratios.
+each, wall and CPU seconds (the first step of every run is dropped as warm-up), rpg's phases
+(timing_s/* and perf/cpu_s/*), and the ratios. CPU seconds are the measure on a shared,
+loaded machine: wall time there mostly measures the other processes.
 
   .venv/bin/python bench/trl_step/trl_step_bench.py [--rpg build/rpg] [--steps 4] [--rounds 2]
       [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64] [--packed]
+      [--omp-wait-policy default|passive|active] [--work DIR [--only-inputs]]
 
 GRPO on both sides: group-normalised advantages, PPO-clip token loss, k3 KL to the fixed
 initial policy with beta 1e-3, one optimizer step per batch (one mini-batch, one epoch:
@@ -16,6 +19,7 @@ weights rarely emit EOS, so responses run to --max-new-tokens on both sides. Run
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +38,11 @@ ap.add_argument("--prompts", type=int, default=16)
 ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=64)
 ap.add_argument("--packed", action="store_true", help="also run rpg with actor_rollout_ref.model.use_remove_padding")
+ap.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
+                help="OMP_WAIT_POLICY for both sides (passive: no spinning at OpenMP barriers, which on a loaded "
+                     "machine burns CPU while a descheduled thread is waited for)")
+ap.add_argument("--work", help="keep the inputs and runs in this folder (made if missing; reused if it has them)")
+ap.add_argument("--only-inputs", action="store_true", help="with --work: make the inputs and stop")
 ap.add_argument("--trl-worker", nargs=2, metavar=("WORKDIR", "OUT"), help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -56,13 +65,14 @@ def trl_worker(work, out):
 
     class StepTimes(TrainerCallback):
         def __init__(self):
-            self.times, self.t0 = [], None
+            self.times, self.cpu, self.t0, self.c0 = [], [], None, None
 
         def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, a, state, control, **kw):
             self.times.append(time.perf_counter() - self.t0)
+            self.cpu.append(time.process_time() - self.c0)  # user + sys of the process, every thread
 
     model_dir = os.path.join(work, "model")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -76,7 +86,7 @@ def trl_worker(work, out):
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok,
                           callbacks=[times])
     trainer.train()
-    json.dump({"step_s": times.times}, open(out, "w"))
+    json.dump({"step_s": times.times, "step_cpu_s": times.cpu}, open(out, "w"))
 
 
 if args.trl_worker:
@@ -85,6 +95,8 @@ if args.trl_worker:
 
 
 def make_inputs(work):
+    if os.path.exists(os.path.join(work, "p.parquet")):
+        return
     sys.path.insert(0, os.path.join(REPO, "tests", "oracles"))
     subprocess.run([sys.executable, os.path.join(REPO, "tests", "oracles", "tiny_chat_model.py"), work], check=True,
                    capture_output=True)
@@ -105,8 +117,16 @@ def make_inputs(work):
                     "--data-source", "math_dapo"], check=True, capture_output=True)
 
 
+def child_env():
+    env = dict(os.environ)
+    if args.omp_wait_policy != "default":
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
+    return env
+
+
 def rpg_run(work, name, extra):
     run = os.path.join(work, name)
+    shutil.rmtree(run, ignore_errors=True)  # a run folder left by an earlier --work run would resume, not train
     argv = [args.rpg, "--threads", str(args.threads), "train", "-",
             f"actor_rollout_ref.model.path={work}/model", f"data.train_files={work}/p.parquet",
             f"data.train_batch_size={args.prompts}", "data.max_prompt_length=256",
@@ -121,33 +141,54 @@ def rpg_run(work, name, extra):
             f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
             "trainer.val_before_train=false", "trainer.device=cpu", "trainer.seed=1",
             f"trainer.default_local_dir={run}"] + extra
-    subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(argv, check=True, capture_output=True, env=child_env())
     return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if "timing_s/step" in line]
 
 
-with tempfile.TemporaryDirectory() as work:
+def cpu_seconds_of(fn):
+    """fn() runs child processes; returns (its value, their user+sys CPU seconds)."""
+    before = os.times()
+    value = fn()
+    after = os.times()
+    return value, (after.children_user - before.children_user) + (after.children_system - before.children_system)
+
+
+with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as tmp:
+    work = args.work or tmp
+    os.makedirs(work, exist_ok=True)
     make_inputs(work)
+    if args.only_inputs:
+        sys.exit(0)
     variants = {"rpg": []}
     if args.packed:
         variants["rpg use_remove_padding"] = ["actor_rollout_ref.model.use_remove_padding=true"]
     rpg_rows = {k: [] for k in variants}
-    trl_steps = []
+    trl_steps, trl_cpu = [], []
     for r in range(args.rounds):
         for name, extra in variants.items():
             rpg_rows[name] += rpg_run(work, f"{name.replace(' ', '_')}_{r}", extra)[1:]
         out = os.path.join(work, f"trl_{r}.json")
         subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--steps", str(args.steps),
                         "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens",
-                        str(args.max_new_tokens), "--trl-worker", work, out], check=True, capture_output=True)
-        trl_steps += json.load(open(out))["step_s"][1:]
+                        str(args.max_new_tokens), "--trl-worker", work, out], check=True, capture_output=True,
+                       env=child_env())
+        trl_run = json.load(open(out))
+        trl_steps += trl_run["step_s"][1:]
+        trl_cpu += trl_run["step_cpu_s"][1:]
 
 med = statistics.median
 print(f"{args.prompts} prompts x n={args.n}, {args.max_new_tokens} new tokens, {args.threads} threads, "
-      f"{args.rounds} rounds x {args.steps - 1} timed steps; median seconds per step")
-trl = med(trl_steps)
-print(f"TRL GRPOTrainer                {trl:7.2f} s")
+      f"OMP_WAIT_POLICY {args.omp_wait_policy}, {args.rounds} rounds x {args.steps - 1} timed steps; "
+      f"median seconds per step, wall and CPU (user + sys of the process, every thread); load average "
+      f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
+trl, trl_c = med(trl_steps), med(trl_cpu)
+print(f"TRL GRPOTrainer                wall {trl:7.2f} s  cpu {trl_c:7.2f} s")
 for name, rows in rpg_rows.items():
     step = med([x["timing_s/step"] for x in rows])
+    cpu = {k: med([x.get(f"perf/cpu_s/{k}", 0.0) for x in rows]) for k in ("gen", "old_log_prob", "ref", "update_actor")}
     phases = " ".join(f"{k.split('/')[1]} {med([x.get(k, 0.0) for x in rows]):.2f}"
                       for k in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor"))
-    print(f"{name:30s} {step:7.2f} s ({phases})  ratio TRL/rpg {trl / step:.2f}x")
+    cpu_total = med([x["perf/cpu_s/step"] for x in rows])
+    print(f"{name:30s} wall {step:7.2f} s ({phases})  ratio TRL/rpg {trl / step:.2f}x")
+    print(f"{'':30s} cpu  {cpu_total:7.2f} s (" + " ".join(f"{k} {v:.2f}" for k, v in cpu.items()) +
+          f")  ratio TRL/rpg {trl_c / cpu_total:.2f}x")

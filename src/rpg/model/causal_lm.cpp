@@ -87,19 +87,33 @@ struct AttnInputs {
 at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttnInputs& a);
 
-at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
-                     const CacheStep* cache) {
+// Queries (unless !with_q), keys and values of one layer for the normed input x [B, T, C]:
+// [B, T, H or Hkv, D], q/k normed (qwen3) and rotated.
+struct Qkv {
+  at::Tensor q, k, v;
+};
+
+Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
+                const at::Tensor& sin, bool with_q = true) {
   const int64_t B = x.size(0), T = x.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim;
-  at::Tensor q = at::linear(x, w.q_w, w.q_b).view({B, T, H, D});
-  at::Tensor k = at::linear(x, w.k_w, w.k_b).view({B, T, Hkv, D});
-  at::Tensor v = at::linear(x, w.v_w, w.v_b).view({B, T, Hkv, D});
+  Qkv r;
+  if (with_q) r.q = at::linear(x, w.q_w, w.q_b).view({B, T, H, D});
+  r.k = at::linear(x, w.k_w, w.k_b).view({B, T, Hkv, D});
+  r.v = at::linear(x, w.v_w, w.v_b).view({B, T, Hkv, D});
   if (c.qk_norm) {
-    q = rms_norm(q, w.q_norm, c.rms_norm_eps);
-    k = rms_norm(k, w.k_norm, c.rms_norm_eps);
+    if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
+    r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
   }
-  q = q * a.cos + rotate_half(q) * a.sin;
-  k = k * a.cos + rotate_half(k) * a.sin;
+  if (with_q) r.q = r.q * cos + rotate_half(r.q) * sin;
+  r.k = r.k * cos + rotate_half(r.k) * sin;
+  return r;
+}
+
+at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
+                     const CacheStep* cache) {
+  const int64_t T = x.size(1), H = c.num_attention_heads, D = c.head_dim;
+  auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin);
   if (cache) {
     cache->k->index_put_({cache->slot_index, cache->write_pos}, k);
     cache->v->index_put_({cache->slot_index, cache->write_pos}, v);
@@ -199,11 +213,15 @@ at::Tensor make_mask(const at::Tensor& mask, const ModelConfig& c) {
   return mask.unsqueeze(2).expand({B, 1, rep, T, S}).reshape({B, 1, rep * T, S});
 }
 
-at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
-                         const CacheStep* cache) {
-  at::Tensor h = x + attention(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache);
+// The MLP half of a layer on the attention block's output h: h + down(silu(gate(n)) * up(n)).
+at::Tensor mlp_block(const LayerWeights& w, const ModelConfig& c, const at::Tensor& h) {
   at::Tensor n = rms_norm(h, w.post_norm, c.rms_norm_eps);
   return h + at::linear(at::silu(at::linear(n, w.gate_w)) * at::linear(n, w.up_w), w.down_w);
+}
+
+at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
+                         const CacheStep* cache) {
+  return mlp_block(w, c, x + attention(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache));
 }
 
 // Per-layer activation checkpointing: the forward keeps only the layer input; backward
@@ -362,6 +380,66 @@ at::Tensor decoder_stack(const CausalLM::Impl& m, at::Tensor x, const AttnInputs
     }
   }
   return rms_norm(x, m.final_norm, m.config.rms_norm_eps);
+}
+
+// The final hidden states at the scoring positions T-R-1 .. T-2 of a padded batch ([B, R, C]),
+// computed in two parts that do less work than decoder_stack over all T columns:
+//   prefix: columns 0 .. P-2 (P = T-R, the prompt without its last token) of each distinct
+//     prefix once (rows of a GRPO group share their prompt: 1 of n rows is computed), and
+//     of the last layer only the keys/values (no query, attention output or MLP: the
+//     prefix's last-layer outputs are never scored);
+//   suffix: columns P-1 .. T-2 of every row (the R scoring positions), each layer attending
+//     over its row's prefix keys/values (gathered from the distinct prefixes) then its own.
+// Column T-1 (the last target) is never a query or a key of a scoring position. Every
+// scoring query sees exactly the keys of the padded path (causal AND key-is-a-token, OR
+// itself), so the result is the padded path's up to fp32 rounding. Autograd flows back
+// through the gather into the shared prefix (its gradient sums over the rows sharing it).
+at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids, const at::Tensor& mask,
+                                 const at::Tensor& pos, int64_t R) {
+  const ModelConfig& c = m.config;
+  const int64_t B = ids.size(0), T = ids.size(1), P1 = T - R - 1;  // prefix length (may be 0)
+  const auto bool_opt = ids.options().dtype(at::kBool);
+  // Suffix: R queries over P1 prefix keys then R own keys.
+  at::Tensor sfx_mask = at::ones({R, R}, bool_opt).tril().logical_and(mask.narrow(1, P1, R).view({B, 1, 1, R}))
+                            .logical_or(at::eye(R, bool_opt));  // [B, 1, R, R]
+  AttnInputs sa;
+  std::tie(sa.cos, sa.sin) = rope_tables(m.inv_freq, pos.narrow(1, P1, R), m.dtype);
+  at::Tensor x = at::embedding(m.embed, ids.narrow(1, P1, R));  // [B, R, C]
+  if (P1 == 0) {
+    sa.mask = make_mask(sfx_mask, c);
+    for (const auto& w : m.layers) x = layer_forward(w, c, x, sa, nullptr);
+    return rms_norm(x, m.final_norm, c.rms_norm_eps);
+  }
+  // Distinct prefixes (ids, mask and positions of columns 0 .. P1-1) and each row's index.
+  at::Tensor key = at::cat({ids.narrow(1, 0, P1), mask.narrow(1, 0, P1).to(at::kLong), pos.narrow(1, 0, P1)}, 1);
+  auto [uniq, inverse, counts] = at::unique_dim(key.cpu(), 0, /*sorted=*/true, /*return_inverse=*/true);
+  const int64_t U = uniq.size(0);
+  at::Tensor row_of = inverse.to(ids.device());                                       // [B] -> 0..U-1
+  at::Tensor first = at::empty({U}, at::kLong).index_put_({inverse}, at::arange(B, at::kLong)).to(ids.device());
+  at::Tensor p_ids = ids.narrow(1, 0, P1).index_select(0, first), p_keys = mask.narrow(1, 0, P1).index_select(0, first);
+  AttnInputs pa;
+  std::tie(pa.cos, pa.sin) = rope_tables(m.inv_freq, pos.narrow(1, 0, P1).index_select(0, first), m.dtype);
+  if (p_keys.all().item<bool>()) {
+    pa.is_causal = true;
+  } else {
+    at::Tensor causal = at::ones({P1, P1}, bool_opt).tril();
+    pa.mask = make_mask(causal.logical_and(p_keys.view({U, 1, 1, P1})).logical_or(at::eye(P1, bool_opt)), c);
+  }
+  sa.mask = make_mask(at::cat({mask.narrow(1, 0, P1).view({B, 1, 1, P1}).expand({B, 1, R, P1}), sfx_mask}, 3), c);
+  at::Tensor xp = at::embedding(m.embed, p_ids);  // [U, P1, C]
+  const size_t L = m.layers.size();
+  for (size_t l = 0; l < L; ++l) {
+    const LayerWeights& w = m.layers[l];
+    // Prefix keys/values of this layer (all of the last layer needs), then its outputs.
+    at::Tensor xpn = rms_norm(xp, w.input_norm, c.rms_norm_eps);
+    Qkv p = project_qkv(w, c, xpn, pa.cos, pa.sin, /*with_q=*/l + 1 < L);
+    if (l + 1 < L) xp = mlp_block(w, c, xp + at::linear(attend(c, p.q, p.k, p.v, pa), w.o_w));
+    // Suffix: own q/k/v, keys = [row's prefix keys, own keys].
+    Qkv s = project_qkv(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), sa.cos, sa.sin);
+    at::Tensor k = at::cat({p.k.index_select(0, row_of), s.k}, 1), v = at::cat({p.v.index_select(0, row_of), s.v}, 1);
+    x = mlp_block(w, c, x + at::linear(attend(c, s.q, k, v, sa), w.o_w));
+  }
+  return rms_norm(x, m.final_norm, c.rms_norm_eps);
 }
 
 // Token ids must be [B, T] integers; out-of-vocabulary ids are caught by at::embedding.
@@ -553,7 +631,18 @@ TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor&
     throw ValueError(str("log_probs temperature: got ", options.temperature, ", expected a finite value > 0"));
   if (options.chunk_tokens < 1) throw ValueError(str("log_probs chunk_tokens: got ", options.chunk_tokens, ", expected >= 1"));
   if (options.remove_padding) return packed_log_probs(input_ids, attention_mask, position_ids, targets, options);
-  at::Tensor h = hidden_states(input_ids, attention_mask, position_ids).narrow(1, T - R - 1, R);  // [B, R, C]
+  at::Tensor h;
+  if (options.split_prompt && !(impl_->checkpointing && at::GradMode::is_enabled())) {
+    const Impl& m = *impl_;
+    check_batch(input_ids, attention_mask, position_ids);
+    at::Tensor ids = input_ids.to(m.device, at::kLong);
+    at::Tensor mask = attention_mask.defined() ? attention_mask.to(m.device).to(at::kBool)
+                                               : at::ones({B, T}, ids.options().dtype(at::kBool));
+    at::Tensor pos = position_ids.defined() ? position_ids.to(m.device, at::kLong) : default_positions(ids, mask);
+    h = scoring_hidden_states(m, ids, mask, pos, R);
+  } else {
+    h = hidden_states(input_ids, attention_mask, position_ids).narrow(1, T - R - 1, R);  // [B, R, C]
+  }
   at::Tensor t = targets.to(impl_->device, at::kLong).reshape({B * R});
   auto out = ChunkedLogProbs::apply(h.reshape({B * R, h.size(2)}), impl_->lm_head, t, options.temperature,
                                     options.with_entropy, options.chunk_tokens);

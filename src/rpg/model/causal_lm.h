@@ -57,6 +57,12 @@ struct LogProbOptions {
   // padded path's (to fp32 rounding); positions whose target or scoring token is padding
   // get log-prob 0 and entropy 0 (the padded path leaves finite, meaningless values there).
   bool remove_padding = false;
+  // Padded path only: compute the prompt part (all but its last token) once per distinct
+  // prompt and, in the last layer, only its keys/values; the scoring positions attend over
+  // it (rows of a GRPO group share a prompt, so most of the prompt work is skipped). Equal
+  // to the full forward up to fp32 rounding. Not used with gradient checkpointing while
+  // autograd records (the full forward runs then).
+  bool split_prompt = true;
 };
 
 struct TokenLogProbs {

@@ -92,6 +92,13 @@ std::map<std::string, double> seqlen_balance_metrics(const std::vector<int64_t>&
           {"global_seqlen/balanced_max", bhi}, {"global_seqlen/mean", total / static_cast<double>(k)}};
 }
 
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
 double peak_rss_gb() {
   struct rusage u {};
   if (getrusage(RUSAGE_SELF, &u) != 0) return 0.0;

@@ -45,4 +45,8 @@ std::map<std::string, double> seqlen_balance_metrics(const std::vector<int64_t>&
 // Peak resident set size of this process in GiB (getrusage; 0 where unknown).
 double peak_rss_gb();
 
+// CPU seconds (user + sys) of this process so far, every thread included (getrusage): the
+// perf/cpu_s/* metrics, which unlike wall time do not grow with other processes' load.
+double process_cpu_seconds();
+
 }  // namespace rpg::train

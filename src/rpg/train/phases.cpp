@@ -155,8 +155,10 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
   sp.seed = mix_key(static_cast<uint64_t>(cfg.trainer.seed), static_cast<uint64_t>(step),
                     static_cast<uint64_t>(gen.rounds));
   const auto t_gen = Clock::now();
+  const double cpu_gen = process_cpu_seconds();
   r.responses = dp::generate(engine, ids, sp);  // data-parallel: shared out, all-gathered
   gen.gen_seconds += seconds_since(t_gen);
+  gen.gen_cpu_seconds += process_cpu_seconds() - cpu_gen;
   gen.gen_tokens += engine.last_stats().generated_tokens;
 
   std::vector<std::string> texts;
@@ -247,6 +249,7 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
   const at::Tensor& mask = sb.batch.get("response_mask");
   PolicyLogProbs lp;
   auto t_old = Clock::now();
+  const double cpu_old = process_cpu_seconds();
   // The fork's compute_log_prob calls actor_optimizer.eval() (dp_actor.py:205-208): with
   // schedule-free AdamW the old log-probs (and the in-reward KL, and ref under
   // use_iterative_ref_model) come from x, while the responses were sampled at y.
@@ -259,10 +262,13 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
     lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
                                      : sb.batch.get("rollout_log_probs");
   lp.old_seconds = seconds_since(t_old);
+  const double cpu_ref = process_cpu_seconds();
+  m["perf/cpu_s/old_log_prob"] = cpu_ref - cpu_old;
   auto t_ref = Clock::now();
   if (reference) lp.ref_log_probs = log_probs_no_grad(*reference, sb.batch, temperature);
   else if (needs_reference) lp.ref_log_probs = lp.old_log_probs;
   lp.ref_seconds = seconds_since(t_ref);
+  m["perf/cpu_s/ref"] = process_cpu_seconds() - cpu_ref;
   if (reference && actor.ref_kl_target > 0) {
     // Paper Section 5: the token-level KL(pi_old || pi_ref) (k3, exact in expectation over
     // pi_old's samples), averaged over the step's response tokens, then over steps.
@@ -348,6 +354,7 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   const int64_t rows_per_mini =
       std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
   const auto t_update = Clock::now();
+  const double cpu_update = process_cpu_seconds();
   updates.clear();
   for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
     std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
@@ -372,6 +379,7 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
     for (const auto& [k, v] : mismatch) stats.loss_metrics[k] = {v};
   }
   stats.seconds = seconds_since(t_update);
+  stats.cpu_seconds = process_cpu_seconds() - cpu_update;
   return stats;
 }
 
@@ -525,6 +533,8 @@ void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, con
   m["timing_s/gen"] = gen.gen_seconds;
   m["timing_s/reward"] = gen.reward_seconds;
   m["timing_s/update_actor"] = up.seconds;
+  m["perf/cpu_s/gen"] = gen.gen_cpu_seconds;
+  m["perf/cpu_s/update_actor"] = up.cpu_seconds;
   m["perf/gen_tokens_per_s"] = gen.gen_seconds > 0 ? static_cast<double>(gen.gen_tokens) / gen.gen_seconds : 0.0;
 }
 

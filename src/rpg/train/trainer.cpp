@@ -1,4 +1,5 @@
 #include "rpg/train/trainer.h"
+#include "rpg/train/perf_metrics.h"
 #include "rpg/train/trainer_impl.h"
 
 #include <ATen/ATen.h>
@@ -511,6 +512,7 @@ std::string step_summary(int64_t step, int64_t total, const Metrics& m) {
 Metrics Trainer::train_step() {
   Impl& s = *impl_;
   const auto t_step = Clock::now();
+  const double cpu_step = process_cpu_seconds();
   Metrics m;
   const Generation gen = s.generate_groups();
   StepBatch sb = s.to_batch(gen);
@@ -528,6 +530,7 @@ Metrics Trainer::train_step() {
   m["timing_s/ref"] = lp.ref_seconds;
   m["timing_s/adv"] = adv.seconds;
   m["timing_s/step"] = seconds_since(t_step);
+  m["perf/cpu_s/step"] = process_cpu_seconds() - cpu_step;
   s.perf_metrics(sb, lp, up, m);
   s.last_batch = std::move(sb.batch);
   s.log_step(m, gen.samples);

@@ -58,6 +58,7 @@ struct Generation {
   std::vector<Group> kept;
   int64_t rounds = 0, generated_groups = 0, gen_tokens = 0;
   double gen_seconds = 0, reward_seconds = 0;
+  double gen_cpu_seconds = 0;  // process CPU time (user + sys, all threads) of generation
   std::vector<double> all_scores, all_acc;  // every generated response, kept or not
   std::vector<nlohmann::json> samples;      // this step's lines of samples.jsonl
 };
@@ -98,6 +99,7 @@ struct UpdateStats {
   int64_t skipped = 0;
   double scheduled_lr = 0;  // optim.lr times the schedule's factor for this training step
   std::vector<double> lrs;  // the LR each optimizer step of this training step used
+  double cpu_seconds = 0;  // process CPU time (user + sys, all threads) of the update
   double lr = 0, seconds = 0;  // lr: the mean of lrs (every step skipped: the LR the next one would use)
 };
 
