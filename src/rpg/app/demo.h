@@ -65,6 +65,9 @@ struct DemoOptions {
   int64_t max_response_tokens = 48;
   bool quick = false;
   bool progress = true;
+  // Stop after the SFT warm start (stages 1-4; no test-split evaluation): for choosing the
+  // SFT recipe on the validation split only.
+  bool sft_only = false;
   // The recipe files (the RL stage loads its algorithm settings from them).
   std::filesystem::path recipes_dir = "recipes";
   // --compare: these seeds, these recipes (method name, recipe file stem).
