@@ -5,7 +5,7 @@
 # avx512: a family the CPU lacks is skipped and said so); OMP_NUM_THREADS the thread count.
 # Prints a Markdown table (also written to OUT/demo-grid.md, with the CPU's model and flags)
 # and exits 1 when any run improves by less than MIN_POINTS (default 15) percentage points.
-# Not a CTest test: one run takes about 5-9 CPU minutes at one thread (docs/demo-results.md).
+# Not a CTest test: one run took 7.7-9.6 CPU minutes at one thread (AVX2; docs/demo-results.md).
 # The load column is the 1-minute load average when the run started and ended: on a shared
 # machine wall time measures the neighbours, CPU time what the run costs.
 #
