@@ -57,6 +57,26 @@ TEST(DemoCli, QuickRunProducesEveryStage) {
   EXPECT_NE(read_file(out / "rl/report.html").find("<svg"), std::string::npos);
 }
 
+// The start line names libtorch's kernel family and the thread count (exact numbers depend on
+// them), and --sft-only stops after the warm start: the SFT model and its validation checks,
+// no test-split evaluation and no RL (the mode for tuning SFT on the validation split only).
+TEST(DemoCli, SftOnlyStopsAfterTheWarmStartAndTheStartLineNamesKernelsAndThreads) {
+  test::TempDir dir;
+  const fs::path out = dir / "demo";
+  auto r = test::run_process({test::rpg_binary().string(), "demo", "--quick", "--sft-only", "--no-progress", "--out",
+                              out.string(), "--recipes", (test::source_dir() / "recipes").string()},
+                             {"OMP_NUM_THREADS=1", "ATEN_CPU_CAPABILITY=default"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("demo: CPU kernels DEFAULT, 1 thread, seed 0"), std::string::npos) << r.err;
+  // --quick: 4 SFT steps, checks at 2 and 4 that an untrained model never passes.
+  EXPECT_NE(r.out.find("SFT: 4 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("SFT step 2: validation"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("SFT step 4: validation"), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(out / "sft/model/model.safetensors"));
+  EXPECT_EQ(r.err.find("test split"), std::string::npos) << "no test-split evaluation: " << r.err;
+  for (const char* f : {"rl", "summary.json"}) EXPECT_FALSE(fs::exists(out / f)) << f;
+}
+
 // --compare: every method's recipe runs from the same warm start per seed, and the table
 // lists each method with Start / Last / Best taken from that run's own metrics.jsonl.
 TEST(DemoCli, QuickCompareRunsEveryMethodAndWritesTheTable) {

@@ -159,6 +159,7 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   write_file_atomic(sft_file, data::synth_sft_jsonl(imperfect_demonstrations(splits.train, o.sft_copies,
                                                                               o.answer_noise, o.seed)));
   const auto sft_result = run_sft(init_dir, sft_file, out / "sft", sft);
+  if (o.sft_only) return WarmStart{data_dir, sft_result.model_dir, -1.0, sft_result.steps, sft_validation};
 
   stage("5/7 evaluation of the SFT model on the held-out test split");
   WarmStart w{data_dir, sft_result.model_dir, 0.0, sft_result.steps, sft_validation};
@@ -291,6 +292,11 @@ DemoResult run_demo(DemoOptions o) {
   r.before = w.accuracy;
   r.sft_steps = w.sft_steps;
   r.sft_validation = w.sft_validation;
+  if (o.sft_only) {
+    log_info(str("demo: --sft-only: ", r.sft_steps, " SFT steps, validation mean@", o.sft_eval_n, " ", r.sft_validation,
+                 ", ", fixed(cpu_seconds() / 60.0, 2), " CPU min"));
+    return r;
+  }
 
   stage("6/7 RL: RPG-REINFORCE-UFKL, RPG-Style Clip (0.2, 0.28), iterative reference, dynamic sampling");
   train_fresh(rl_config(o, "rpg_reinforce_ufkl_clip_0.2_0.28", w, rl_dir,

@@ -47,7 +47,11 @@ struct DemoOptions {
   // exactly sft_steps. A fixed 800 steps underfit the arithmetic on some CPUs and seeds
   // (AVX2, seed 0: validation 0.245 at step 800 of 1,600, 0.30-0.35 from step 900 on) and RL
   // then gained nothing; the target was chosen on the validation split only.
-  int64_t sft_steps = 2000, sft_batch = 32;
+  // Batch 16 (cosine over a 4,000-step cap): an SFT step's CPU cost is linear in the batch's
+  // tokens (AVX2, one thread: 0.23 s at 32 pairs, 0.12 s at 16), and 16 pairs learn more per
+  // token: AVX2 seed 0 reached validation 0.33 at step 1,900 (4.1 CPU min) where batch 32 ran
+  // to its 2,000-step cap (8 CPU min) below 0.3 (docs/demo-results.md; validation split only).
+  int64_t sft_steps = 4000, sft_batch = 16;
   double sft_lr = 5e-3;
   double sft_target = 0.3;
   int64_t sft_eval_every = 100, sft_min_steps = 300, sft_eval_n = 4;
@@ -65,6 +69,9 @@ struct DemoOptions {
   int64_t max_response_tokens = 48;
   bool quick = false;
   bool progress = true;
+  // Stop after the SFT warm start (stages 1-4; no test-split evaluation): for choosing the
+  // SFT recipe on the validation split only.
+  bool sft_only = false;
   // The recipe files (the RL stage loads its algorithm settings from them).
   std::filesystem::path recipes_dir = "recipes";
   // --compare: these seeds, these recipes (method name, recipe file stem).

@@ -31,6 +31,13 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
               str("stop SFT when validation mean@", o.sft_eval_n, " reaches this (0: run --sft-steps; default ",
                   o.sft_target, ")"),
               "ACC")
+      .option("--sft-batch", &o.sft_batch, str("SFT pairs per optimizer step (default ", o.sft_batch, ")"), "N")
+      .option("--sft-eval-every", &o.sft_eval_every,
+              str("SFT validation check every N steps (default ", o.sft_eval_every, ")"), "N")
+      .option("--sft-min-steps", &o.sft_min_steps,
+              str("first SFT validation check at this step (default ", o.sft_min_steps, ")"), "N")
+      .flag("--sft-only", &o.sft_only,
+            "stop after the SFT warm start (no test-split evaluation): for tuning it on the validation split")
       .option("--rl-steps", &o.rl_steps, str("RL steps (default ", o.rl_steps, ")"), "N")
       .option("--rl-lr", &o.rl_lr, str("RL learning rate (default ", o.rl_lr, ")"), "X")
       .option("--eval-n", &o.eval_n, str("samples per test problem for mean@n (default ", o.eval_n, ")"), "N")
@@ -67,6 +74,11 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
     return 0;
   }
   auto r = app::run_demo(o);
+  if (o.sft_only) {
+    std::cout << "SFT: " << r.sft_steps << " steps, validation " << r.sft_validation << "\nrun directory: " << out
+              << "\n";
+    return 0;
+  }
   std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): SFT " << r.before << " -> RL " << r.after
             << " (" << (r.after - r.before) * 100.0 << " points)\n"
             << app::demo_verdict(r.before, r.after) << "\n"
