@@ -457,6 +457,7 @@ const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
 void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
 const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
+OptimizerState TrainerTesting::optimizer_state(const Trainer& t) { return t.impl_->optimizer->state(); }
 
 std::string validation_metric_key(const std::string& source, const std::string& name,
                                   const std::map<std::string, double>& table) {
