@@ -356,6 +356,15 @@ TEST_F(TrainerTest, ForkStepCountFollowsGenBatchSize) {
 //   - the optimizer side alone: the fork's loop (clip_grad_norm_, AdamW or schedulefree with
 //     its eval/train calls, LambdaLR) run on rpg's own recorded gradients ("replay") against
 //     rpg's weights, per tensor max |w - w_replay| / max |w_replay|.
+// Measured on this CPU: every one of these is 0 (bit-identical) for all five scripts and both
+// steps. That needs rpg to round as transformers (sdpa attention, the oracle's choice: the
+// fork's flash_attention_2 has no CPU kernel) + the fork's functions + torch do: log-prob
+// gradients through exp(s - logsumexp(s)) (not exp(log_softmax)), parameters in transformers'
+// registration order (clip_grad_norm's sum of per-tensor norms), group mean/std by torch's own
+// reductions, the fork's division by gradient_accumulation. With any one of the first three
+// undone the weights of some script miss 1e-5 (seen: 1.3e-5..4.9e-4 per tensor); the bounds
+// below are the 1e-5 on weights and ~10x the fp32 noise elsewhere, so that another
+// BLAS or thread count passes while a wrong formula, branch or schedule fails.
 TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
   const fs::path fork_dir = RPG_FORK_DIR;
   struct Case {
@@ -484,23 +493,19 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
                         {"use_iterative_ref_model", a.use_iterative_ref_model},
                         {"grad_clip", a.grad_clip}};
     test::write_text(tmp / "case.json", c.dump());
-    if (const char* keep = std::getenv("RPG_DEBUG_KEEP")) {  // DEBUG-ONLY
-      fs::create_directories(fs::path(keep) / k.recipe);
-      fs::copy(tmp.path(), fs::path(keep) / k.recipe, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-    }
     test::run_oracle("train_fork_step.py", {fork_dir.string(), (fixture_ / "model").string(), (tmp / "case.json").string(),
                                             batch_files, (tmp / "out.safetensors").string()});
     const auto ref = test::load_tensors(tmp / "out.safetensors");
     for (int s = 0; s < steps; ++s) {
       const std::string at_step = k.recipe + " step " + std::to_string(s + 1);
-      EXPECT_LE((olds[s] - ref.at(str("old_log_probs.", s))).abs().max().item<double>(), 1e-5) << at_step;
-      EXPECT_LE((advs[s] - ref.at(str("advantages.", s))).abs().max().item<double>(), 1e-5) << at_step;
+      EXPECT_LE((olds[s] - ref.at(str("old_log_probs.", s))).abs().max().item<double>(), 1e-6) << at_step;
+      EXPECT_LE((advs[s] - ref.at(str("advantages.", s))).abs().max().item<double>(), 1e-6) << at_step;
       double worst_grad = 0;
       for (size_t u = 0; u < updates[s].size(); ++u)
         for (size_t i = 0; i < names.size(); ++i) {
           const double r = rel(updates[s][u].grads[i], ref.at(str("g.", s, ".", u, ".", names[i].first)));
           worst_grad = std::max(worst_grad, r);
-          EXPECT_LE(r, 1e-4) << at_step << ": gradient of " << names[i].first << " at optimizer step " << u;
+          EXPECT_LE(r, 1e-6) << at_step << ": gradient of " << names[i].first << " at optimizer step " << u;
         }
       double worst_w = 0, worst_dw = 0, worst_opt = 0, diff2 = 0, update2 = 0;
       std::string worst_w_name, worst_dw_name, worst_opt_name;
@@ -521,8 +526,9 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
                   "max |w_r| %.3g (%s)\n",
                   at_step.c_str(), worst_grad, worst_w, worst_w_name.c_str(), worst_dw, worst_dw_name.c_str(), update_l2,
                   worst_opt, worst_opt_name.c_str());
-      EXPECT_LE(worst_w, 1e-4) << at_step << ": " << worst_w_name;
-      EXPECT_LE(update_l2, 1e-2) << at_step;
+      EXPECT_LE(worst_w, 1e-5) << at_step << ": " << worst_w_name;  // the bound
+      EXPECT_LE(worst_dw, 1e-3) << at_step << ": " << worst_dw_name;
+      EXPECT_LE(update_l2, 1e-4) << at_step;
       EXPECT_LE(worst_opt, 1e-7) << at_step << ": " << worst_opt_name;
     }
   }

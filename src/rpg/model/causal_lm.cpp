@@ -21,8 +21,9 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// In ModelConfig::parameter_shapes() order (transformers' registration order).
 std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
-  std::vector<at::Tensor*> s = {&w.input_norm, &w.q_w};
+  std::vector<at::Tensor*> s = {&w.q_w};
   if (c.qkv_bias) s.push_back(&w.q_b);
   s.push_back(&w.k_w);
   if (c.qkv_bias) s.push_back(&w.k_b);
@@ -33,7 +34,7 @@ std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
     s.push_back(&w.q_norm);
     s.push_back(&w.k_norm);
   }
-  for (at::Tensor* t : {&w.post_norm, &w.gate_w, &w.up_w, &w.down_w}) s.push_back(t);
+  for (at::Tensor* t : {&w.gate_w, &w.up_w, &w.down_w, &w.input_norm, &w.post_norm}) s.push_back(t);
   return s;
 }
 
@@ -314,7 +315,12 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor h = hidden.narrow(0, s, n);
-      at::Tensor gs = at::log_softmax(scaled_logits(hidden, weight, s, n, temperature), -1);  // log p
+      // log p = s - lse(s) and p = exp(s - lse(s)), as autograd differentiates the forward's
+      // gather - logsumexp (logsumexp's backward is exp(s - lse)): the same fp32 gradient as
+      // transformers + verl's logprobs_from_logits, bit for bit (log_softmax's own rounding
+      // of log p differs by an ulp, which the gradient of a cancelling sum amplifies).
+      at::Tensor gs = scaled_logits(hidden, weight, s, n, temperature);
+      gs.sub_(at::logsumexp(gs, -1, /*keepdim=*/true));  // log p
       at::Tensor p = gs.exp();
       if (g_ent.defined()) {
         at::Tensor H = -row_dot(p, gs).unsqueeze(1);                        // [n, 1]

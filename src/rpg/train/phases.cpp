@@ -463,8 +463,8 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
     // dp_actor.update_policy: the micro-batch's own aggregation, times rows / mini-batch rows
     // (dynamic bsz) or 1 / gradient_accumulation.
     auto out = algo::fork_micro_batch_loss(in, fork_loss);
-    out.loss = out.loss * algo::fork_micro_batch_weight(mb.rows(), mini_batch_rows(), actor.use_dynamic_bsz,
-                                                        actor.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
+    out.loss = algo::fork_weighted_micro_batch_loss(out.loss, mb.rows(), mini_batch_rows(), actor.use_dynamic_bsz,
+                                                    actor.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
     return out;
   }
   auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
