@@ -483,6 +483,7 @@ TEST_F(DataParallelTrain, ZeroOneScheduleFreeEqualsOneRank) {
 // eval() before the old log-probs, train() before the update with y interpolated back from x
 // and z, the LambdaLR's LR handed to it, sampling and checkpoints at y) under ZeRO-1: every
 // switch runs on each rank's shard of z and re-gathers the parameters; 2 ranks equal 1 rank.
+// Seen failing (weights 3.7e-2 of max |w| apart) with the re-gather after a mode switch removed.
 TEST_F(DataParallelTrain, ZeroOneForkScheduleFreeEqualsOneRank) {
   const fs::path one = *dir_ / "fork_sf_one", two = *dir_ / "fork_sf_zero1";
   auto one_argv = train_argv({}, one, 3), two_argv = train_argv({"--nproc", "2"}, two, 3);
