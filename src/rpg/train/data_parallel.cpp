@@ -328,9 +328,7 @@ class ShardedOptimizer final : public Optimizer {
       grad_pieces_.clear();  // the step is skipped
       return total;
     }
-    // The coefficient as train::clip_grad_norm (and torch) forms it, in the gradients' dtype.
-    const at::Tensor total_t = at::scalar_tensor(total, at::TensorOptions().dtype(dtype_));
-    const at::Tensor coef = ((total_t + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
+    const double coef = std::min(1.0, max_norm / (total + 1e-6));
     for (at::Tensor& g : grad_pieces_) g.mul_(coef);
     return total;
   }
