@@ -359,10 +359,10 @@ TEST_F(TrainerTest, ForkStepCountFollowsGenBatchSize) {
 // Measured on this CPU: every one of these is 0 (bit-identical) for all five scripts and both
 // steps. That needs rpg to round as transformers (sdpa attention, the oracle's choice: the
 // fork's flash_attention_2 has no CPU kernel) + the fork's functions + torch do: log-prob
-// gradients through exp(s - logsumexp(s)) (not exp(log_softmax)), parameters in transformers'
-// registration order (clip_grad_norm's sum of per-tensor norms), group mean/std by torch's own
-// reductions, the fork's division by gradient_accumulation. With any one of the first three
-// undone the weights of some script miss 1e-5 (seen: 1.3e-5..4.9e-4 per tensor); the bounds
+// gradients through exp(s - logsumexp(s)) (not exp(log_softmax)), the optimizer's parameters in
+// transformers' registration order (clip_grad_norm's sum of per-tensor norms), group mean/std by
+// torch's own reductions, the fork's division by gradient_accumulation. With the first or the
+// second undone the weights of some script miss 1e-5 (seen: 1.3e-5..4.9e-4 per tensor); the bounds
 // below are the 1e-5 on weights and ~10x the fp32 noise elsewhere, so that another
 // BLAS or thread count passes while a wrong formula, branch or schedule fails.
 TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {

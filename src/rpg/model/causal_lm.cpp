@@ -21,9 +21,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// In ModelConfig::parameter_shapes() order (transformers' registration order).
 std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
-  std::vector<at::Tensor*> s = {&w.q_w};
+  std::vector<at::Tensor*> s = {&w.input_norm, &w.q_w};
   if (c.qkv_bias) s.push_back(&w.q_b);
   s.push_back(&w.k_w);
   if (c.qkv_bias) s.push_back(&w.k_b);
@@ -34,7 +33,7 @@ std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
     s.push_back(&w.q_norm);
     s.push_back(&w.k_norm);
   }
-  for (at::Tensor* t : {&w.gate_w, &w.up_w, &w.down_w, &w.input_norm, &w.post_norm}) s.push_back(t);
+  for (at::Tensor* t : {&w.post_norm, &w.gate_w, &w.up_w, &w.down_w}) s.push_back(t);
   return s;
 }
 

@@ -216,9 +216,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::parameter
   out.push_back({"model.embed_tokens.weight", {vocab_size, C}});
   for (int64_t l = 0; l < num_hidden_layers; ++l) {
     std::string p = str("model.layers.", l, ".");
-    // transformers' registration order (self_attn, mlp, then the two norms), so that a walk over
-    // the parameters (clip_grad_norm's sum of per-tensor norms) adds them up as torch does over
-    // model.parameters().
+    out.push_back({p + "input_layernorm.weight", {C}});
     out.push_back({p + "self_attn.q_proj.weight", {H * D, C}});
     if (qkv_bias) out.push_back({p + "self_attn.q_proj.bias", {H * D}});
     out.push_back({p + "self_attn.k_proj.weight", {Hkv * D, C}});
@@ -230,11 +228,10 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> ModelConfig::parameter
       out.push_back({p + "self_attn.q_norm.weight", {D}});
       out.push_back({p + "self_attn.k_norm.weight", {D}});
     }
+    out.push_back({p + "post_attention_layernorm.weight", {C}});
     out.push_back({p + "mlp.gate_proj.weight", {intermediate_size, C}});
     out.push_back({p + "mlp.up_proj.weight", {intermediate_size, C}});
     out.push_back({p + "mlp.down_proj.weight", {C, intermediate_size}});
-    out.push_back({p + "input_layernorm.weight", {C}});
-    out.push_back({p + "post_attention_layernorm.weight", {C}});
   }
   out.push_back({"model.norm.weight", {C}});
   if (!tie_word_embeddings) out.push_back({"lm_head.weight", {vocab_size, C}});

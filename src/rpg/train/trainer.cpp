@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -344,6 +345,36 @@ void Trainer::Impl::load_data() {
   set_epoch(0);
 }
 
+namespace {
+
+// The order transformers registers a decoder's parameters in: embed_tokens; per layer
+// self_attn q/k/v/o (weight, bias), q_norm, k_norm, mlp gate/up/down, input_layernorm,
+// post_attention_layernorm; norm; lm_head. The fork's clip_grad_norm_ over
+// model.parameters() adds the per-tensor norms up in this order, and a float sum depends on it
+// (an ulp in the clip coefficient, then in the update).
+NamedTensors in_transformers_order(NamedTensors params) {
+  static const std::vector<std::string> within = {
+      "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",
+      "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+      "self_attn.k_norm.weight", "mlp.gate_proj.weight",  "mlp.up_proj.weight",     "mlp.down_proj.weight",
+      "input_layernorm.weight", "post_attention_layernorm.weight"};
+  const std::string layers = "model.layers.";
+  auto key = [&](const std::string& name) -> std::pair<int64_t, int64_t> {
+    if (name == "model.embed_tokens.weight") return {-1, 0};
+    if (name.rfind(layers, 0) == 0) {
+      const size_t dot = name.find('.', layers.size());
+      const int64_t layer = std::stoll(name.substr(layers.size(), dot - layers.size()));
+      const auto it = std::find(within.begin(), within.end(), name.substr(dot + 1));
+      return {layer, static_cast<int64_t>(it - within.begin())};
+    }
+    return {std::numeric_limits<int64_t>::max(), name == "model.norm.weight" ? 0 : 1};
+  };
+  std::stable_sort(params.begin(), params.end(), [&](const auto& a, const auto& b) { return key(a.first) < key(b.first); });
+  return params;
+}
+
+}  // namespace
+
 void Trainer::Impl::build_optimizer() {
   const auto& o = cfg.actor_rollout_ref.actor.optim;
   OptimizerOptions oo;
@@ -363,7 +394,11 @@ void Trainer::Impl::build_optimizer() {
     oo.scheduled_lr = true;
     oo.restore_exact_y = false;
   }
-  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage);  // ZeRO-1: sharded
+  // Fork semantics: the optimizer (and clip_grad_norm, which walks its parameters) sees them in
+  // transformers' order, as the fork's torch optimizer and clip_grad_norm_ do.
+  NamedTensors params = policy.model.named_parameters();
+  if (fork) params = in_transformers_order(std::move(params));
+  optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage);  // ZeRO-1: sharded
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
   schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
