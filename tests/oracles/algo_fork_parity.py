@@ -49,32 +49,15 @@ def update(ca, s, t, dyn, micro_size):
         groups = [torch.nonzero(part == k).flatten() for k in sorted(set(part.tolist()))]
     else:
         groups = list(torch.arange(rows).split(micro_size))
-        gradient_accumulation = ppo_mini_batch_size // micro_size
     total = 0.0
     for idx in groups:
         log_prob = theta[idx]
         old_log_prob = t["old_log_probs"][idx]
-        advantages = t["advantages"][idx]
-        response_mask = t["response_mask"][idx]
-        if s["use_iterative_ref_model"]:
-            ref_log_prob = old_log_prob
-        else:
-            ref_log_prob = t["ref_log_probs"][idx]
+        ref_log_prob = old_log_prob if s["use_iterative_ref_model"] else t["ref_log_probs"][idx]
         entropy = -torch.exp(log_prob) * log_prob
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = ca.compute_policy_loss(
-            old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
-            cliprange=0.2, cliprange_low=s["clip_ratio_low"], cliprange_high=s["clip_ratio_high"],
-            clip_ratio_c=s["clip_ratio_c"], loss_agg_mode=s["loss_agg_mode"])
-        entropy_loss = ca.agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=s["loss_agg_mode"])
-        policy_loss = pg_loss - entropy_loss * s["entropy_coeff"]
-        if s["use_kl_loss"]:
-            kld = ca.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=s["kl_loss_type"])
-            kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=response_mask, loss_agg_mode=s["loss_agg_mode"])
-            policy_loss = policy_loss + kl_loss * s["kl_loss_coef"]
-        if dyn:
-            loss = policy_loss * (len(idx) / ppo_mini_batch_size)
-        else:
-            loss = policy_loss / gradient_accumulation
+        loss, _, _ = fork_modules.dp_actor_loss(
+            ca, s, log_prob, old_log_prob, t["advantages"][idx], t["response_mask"][idx], ref_log_prob, entropy,
+            micro_rows=len(idx), mini_rows=ppo_mini_batch_size, use_dynamic_bsz=dyn, micro_size=micro_size)
         loss.backward()
         total += loss.item()
     ref = t["old_log_probs"] if s["use_iterative_ref_model"] else t["ref_log_probs"]

@@ -7,6 +7,10 @@ here and never in the fork's files:
     torch_functional.py is loaded and bound to that name while core_algos executes, so
     masked_mean & co. are the fork's (the installed module is restored afterwards);
   - math_dapo.py imports nothing of verl and loads as is.
+
+dp_actor_loss() is the one transcription of the fork's per-micro-batch actor loss
+(dp_actor.update_policy, lines 300-372 at ec8e30bd) built from those functions, shared by
+the oracles that need it (algo_fork_parity.py, train_fork_step.py).
 """
 import importlib.util
 import os
@@ -45,3 +49,31 @@ def core_algos(fork_dir):
 
 def math_dapo(fork_dir):
     return _load("rpg_fork_math_dapo", os.path.join(fork_dir, "verl/utils/reward_score/math_dapo.py"))
+
+
+def dp_actor_loss(ca, s, log_prob, old_log_prob, advantages, response_mask, ref_log_prob, entropy,
+                  micro_rows, mini_rows, use_dynamic_bsz, micro_size):
+    """The loss dp_actor.update_policy calls backward() on for one micro-batch (lines 336-372):
+    compute_policy_loss (dual-clip PPO) - entropy_coeff * agg_loss(entropy)
+    [+ kl_loss_coef * agg_loss(kl_penalty(log_prob, ref_log_prob, kl_loss_type)) with use_kl_loss],
+    times micro_rows / mini_rows (use_dynamic_bsz) or divided by mini_rows // micro_size.
+    `ca` is core_algos() of the fork; `s` holds the actor's settings: clip_ratio (optional,
+    the fallback of low/high), clip_ratio_low, clip_ratio_high, clip_ratio_c, loss_agg_mode,
+    entropy_coeff, use_kl_loss, kl_loss_coef, kl_loss_type. Returns (loss, pg_loss, kl_loss or None)."""
+    pg_loss, _, _, _ = ca.compute_policy_loss(
+        old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask,
+        cliprange=s.get("clip_ratio", 0.2), cliprange_low=s["clip_ratio_low"], cliprange_high=s["clip_ratio_high"],
+        clip_ratio_c=s["clip_ratio_c"], loss_agg_mode=s["loss_agg_mode"])
+    entropy_loss = ca.agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=s["loss_agg_mode"])
+    policy_loss = pg_loss - entropy_loss * s["entropy_coeff"]
+    kl_loss = None
+    if s["use_kl_loss"]:
+        kld = ca.kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=s["kl_loss_type"])
+        kl_loss = ca.agg_loss(loss_mat=kld, loss_mask=response_mask, loss_agg_mode=s["loss_agg_mode"])
+        policy_loss = policy_loss + kl_loss * s["kl_loss_coef"]
+    if use_dynamic_bsz:
+        loss = policy_loss * (micro_rows / mini_rows)
+    else:
+        gradient_accumulation = mini_rows // micro_size
+        loss = policy_loss / gradient_accumulation
+    return loss, pg_loss, kl_loss

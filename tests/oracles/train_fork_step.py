@@ -1,47 +1,56 @@
-"""Oracle: one (or a few) training steps of the authors' verl fork (complex-reasoning/RPG @ ec8e30bd) on a
-batch of rollouts fed in (not sampled), in fp32 on the CPU, with the fork's own functions:
+"""Oracle: training steps of the authors' verl fork (complex-reasoning/RPG @ ec8e30bd) on
+batches of rollouts fed in (not sampled), in fp32 on the CPU, with the fork's own functions:
 
   old log-probs   dp_actor.compute_log_prob (logits / temperature, the fork's
-                  logprobs_from_logits) with the initial weights
+                  logprobs_from_logits) at the step's starting weights
   ref             = old log-probs under use_iterative_ref_model (dp_actor.py:316-318,
-                  rpg_ray_trainer.py); else the initial weights (= old at the first step)
+                  rpg_ray_trainer.py); else the initial weights (the reference worker)
   in-reward KL    ray_trainer.apply_kl_penalty with kl_penalty = actor.kl_loss_type
                   (rpg_ray_trainer.py:195-199): scores - beta * kl_penalty(old, ref) * mask
   advantages      core_algos.compute_{grpo,rpg}_outcome_advantage (uid = group_index)
   update          dp_actor.update_policy transcribed (lines 257-372): mini-batches =
                   batch.split(ppo_mini_batch_size * n), micro-batches = split(micro) or, with
                   use_dynamic_bsz, rearrange_micro_batches (k = ceil(tokens / max_token_len),
-                  verl's get_seqlen_balanced_partitions); per micro-batch
-                  compute_policy_loss - entropy_coeff * agg_loss(entropy) + kl_loss_coef *
-                  agg_loss(kl_penalty(log_prob, ref)), times rows / mini (dynamic) or
-                  1 / gradient_accumulation; clip_grad_norm_; torch.optim.AdamW (or, with
+                  verl's get_seqlen_balanced_partitions); per micro-batch the loss of
+                  fork_modules.dp_actor_loss (compute_policy_loss, agg_loss, kl_penalty, the
+                  micro-batch weight); clip_grad_norm_; torch.optim.AdamW (or, with
                   optim_type=schedulefree, schedulefree.AdamWScheduleFree(lr, betas,
-                  weight_decay) as fsdp_workers.py:278-285) stepped with the LambdaLR of
-                  fsdp_workers (the fork's get_constant/cosine_schedule_with_warmup), which
-                  steps once per training step (fsdp_workers.py:493).
+                  weight_decay) as fsdp_workers.py:278-285) with the LambdaLR of fsdp_workers
+                  (the fork's get_constant/cosine_schedule_with_warmup), stepped once per
+                  training step (fsdp_workers.py:493).
   schedule-free   the optimizer's eval() before the old log-probs (dp_actor.py:205-208) and
                   train() before the update (dp_actor.py:259-262), each in the fork's bare
                   try/except (AdamW has neither): old log-probs at x, the update at y; the
-                  weights returned are the live ones after the last update, y (what the fork's
+                  weights returned are the live ones after the update, y (what the fork's
                   checkpoint, hf_model included, holds).
+  model           transformers' Qwen2 with attn_implementation="sdpa" (transformers' default;
+                  the fork trains with flash_attention_2, which has no CPU kernel).
+
+Every training step s is run from rpg's own state at its start, so that each step is compared
+at the same bound as the first (no carried-over rounding): step 0 from the model directory's
+weights and a fresh optimizer; step s >= 1 from "start.<name>" (rpg's weights) and "state.<key>"
+(rpg's optimizer state, loaded into the fork's optimizer: AdamW's step/exp_avg/exp_avg_sq,
+schedulefree's z/exp_avg_sq and its group's k/weight_sum/lr_max/train_mode) of its batch file,
+the LambdaLR stepped s times beyond the case's first step. Three runs per step:
+  own      the fork's step as is (its own old log-probs, advantages, gradients, optimizer);
+  inject   no optimizer: the gradient of each optimizer step k at rpg's weights before it
+           ("before.<k>.<name>") with rpg's old log-probs / reference / advantages, so that
+           gradients are compared at the same point;
+  replay   the fork's optimizer loop (clip, AdamW or schedulefree with eval/train, LambdaLR)
+           on rpg's own gradients ("rg.<k>.<name>") instead of its forward/backward: the
+           optimizer side alone.
 
 Nothing of the fork is edited: core_algos and torch_functional are loaded by fork_modules.
 
-usage: train_fork_step.py FORK_DIR MODEL_DIR CASE.json BATCH.safetensors[,BATCH2...] OUT.safetensors
-One batch file per training step (the rollouts of that step), in order.
-OUT: "w.<name>" the weights after the last step (named_parameters), "g.<k>.<name>" the
-gradient accumulated by optimizer step k of the last training step before clipping (at the
-trainer's recorded weights "before.<k>.<name>" of the last batch file), "old_log_probs",
-"advantages", "token_level_rewards" of the last step (".<s>" suffixed: of step s, from 0),
-"grad_norm" (one per optimizer step, all steps); with "rg.<k>.<name>" in every batch file
-(the trainer's gradient of its optimizer step k of that training step, before clipping),
-"r.<name>": the weights after the fork's optimizer loop (clip, AdamW or schedulefree with
-eval/train, LambdaLR) run on those gradients instead of its own.
+usage: train_fork_step.py FORK_DIR MODEL_DIR CASE.json STEP0.safetensors[,STEP1...] OUT.safetensors
+One batch file per training step (the rollouts of that step and rpg's record of it), in order.
+OUT, for every step s (from 0): "w.<s>.<name>" the weights after the fork's own step;
+"old_log_probs.<s>", "advantages.<s>", "token_level_rewards.<s>"; "grad_norm.<s>" (one per
+optimizer step); "g.<s>.<k>.<name>" the accumulated gradient of optimizer step k before
+clipping (inject); "r.<s>.<name>" the weights after the replay.
 """
-import importlib.util
 import json
 import math
-import os
 import sys
 
 import numpy as np
@@ -59,10 +68,19 @@ verl_F = core_algos.verl_F  # the fork's torch_functional
 from transformers import AutoModelForCausalLM  # noqa: E402
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions  # noqa: E402
 
-model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32, attn_implementation="eager")
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
 model.train()
 batches = [load_file(path) for path in batch_path.split(",")]
 temperature = case["temperature"]
+initial = {name: prm.detach().clone() for name, prm in model.named_parameters()}
+params = dict(model.named_parameters())
+needs_ref = case["use_kl_loss"] or case["use_kl_in_reward"]
+
+
+def set_weights(weights):
+    with torch.no_grad():
+        for name, prm in model.named_parameters():
+            prm.copy_(weights[name])
 
 
 def forward(b, rows, calculate_entropy):
@@ -78,14 +96,25 @@ def forward(b, rows, calculate_entropy):
     return entropy, log_probs
 
 
+def all_log_probs(b):
+    with torch.no_grad():
+        return forward(b, torch.arange(b["input_ids"].size(0)), False)[1]
+
+
 def old_log_probs_and_advantages(b):
     """compute_log_prob (no grad), ref, the in-reward KL and the advantages of one batch."""
     R = b["responses"].size(1)
     response_mask = b["attention_mask"][:, -R:].to(torch.float32)
-    with torch.no_grad():
-        _, old_log_probs = forward(b, torch.arange(b["input_ids"].size(0)), False)
-    ref_log_prob = old_log_probs  # iterative: old; else the initial policy (= old at step 1 only)
-    assert case["use_iterative_ref_model"] or len(batches) == 1, "a fixed reference over several steps: not here"
+    old_log_probs = all_log_probs(b)
+    ref_log_prob = None
+    if needs_ref:
+        if case["use_iterative_ref_model"]:
+            ref_log_prob = old_log_probs
+        else:  # the reference worker holds the initial weights
+            live = {name: prm.detach().clone() for name, prm in model.named_parameters()}
+            set_weights(initial)
+            ref_log_prob = all_log_probs(b)
+            set_weights(live)
     scores = b["token_level_scores"].to(torch.float32)
     if case["use_kl_in_reward"]:
         kld = core_algos.kl_penalty(old_log_probs, ref_log_prob, kl_penalty=case["kl_loss_type"]) * response_mask
@@ -102,132 +131,142 @@ def old_log_probs_and_advantages(b):
     return old_log_probs, ref_log_prob, token_level_rewards, advantages
 
 
-initial = {name: prm.detach().clone() for name, prm in model.named_parameters()}
+def schedulefree():
+    return case.get("optim_type", "adamw") == "schedulefree"
 
 
-def make_optimizer():
-    if case.get("optim_type", "adamw") == "schedulefree":
-        import schedulefree
-        return schedulefree.AdamWScheduleFree(model.parameters(), lr=case["lr"], betas=tuple(case["betas"]),
-                                              weight_decay=case["weight_decay"])
-    return torch.optim.AdamW(model.parameters(), lr=case["lr"], betas=tuple(case["betas"]),
-                             weight_decay=case["weight_decay"])
-
-
-def update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, grads, inject, replay=False):
-    """dp_actor.update_policy on one batch. With inject, mini-batch k starts from the trainer's
-    recorded weights "before.<k>.<name>" and uses the trainer's old log-probs / reference /
-    advantages (so that its gradient is compared at the same point, free of earlier rounding)."""
-    B = b["input_ids"].size(0)
-    R = b["responses"].size(1)
-    attention_mask = b["attention_mask"]
-    response_mask = attention_mask[:, -R:].to(torch.float32)
-    mini_rows = case["mini_rows"]
-    first = len(grad_norms)
-    for epoch in range(case["ppo_epochs"]):
-        for start in range(0, B, mini_rows):  # batch.split(ppo_mini_batch_size)
-            mini = list(range(start, min(B, start + mini_rows)))
-            if case["use_dynamic_bsz"]:
-                lengths = attention_mask[mini].sum(dim=1)
-                assert case["max_token_len"] >= attention_mask.shape[-1]
-                k = math.ceil(lengths.sum().item() / case["max_token_len"])
-                parts = get_seqlen_balanced_partitions(lengths.tolist(), k, equal_size=False)
-                micro_batches = [[mini[i] for i in p] for p in parts]
-            else:
-                gradient_accumulation = case["mini_rows"] // case["micro_size"]
-                micro_batches = [mini[i:i + case["micro_size"]] for i in range(0, len(mini), case["micro_size"])]
-            opt.zero_grad()
-            if inject:
-                with torch.no_grad():
-                    for name, prm in model.named_parameters():
-                        prm.copy_(b[f"before.{len(grad_norms) - first}.{name}"])
-            for rows in ([] if replay else micro_batches):
-                rows_t = torch.tensor(rows)
-                mask = response_mask[rows_t]
-                old = (b["old_log_probs"] if inject else old_log_probs)[rows_t]
-                adv = (b["advantages"] if inject else advantages)[rows_t]
-                ref_all = b.get("ref_log_probs", b["old_log_probs"]) if inject else ref_log_prob
-                ref = old if case["use_iterative_ref_model"] else ref_all[rows_t]
-                entropy, log_prob = forward(b, rows_t, True)
-                pg_loss, _, _, _ = core_algos.compute_policy_loss(
-                    old_log_prob=old, log_prob=log_prob, advantages=adv, response_mask=mask,
-                    cliprange=case["clip_ratio"], cliprange_low=case["clip_ratio_low"],
-                    cliprange_high=case["clip_ratio_high"], clip_ratio_c=case["clip_ratio_c"],
-                    loss_agg_mode=case["loss_agg_mode"])
-                entropy_loss = core_algos.agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=case["loss_agg_mode"])
-                policy_loss = pg_loss - entropy_loss * case["entropy_coeff"]
-                if case["use_kl_loss"]:
-                    kld = core_algos.kl_penalty(logprob=log_prob, ref_logprob=ref, kl_penalty=case["kl_loss_type"])
-                    kl_loss = core_algos.agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=case["loss_agg_mode"])
-                    policy_loss = policy_loss + kl_loss * case["kl_loss_coef"]
-                if case["use_dynamic_bsz"]:
-                    loss = policy_loss * (len(rows) / case["mini_rows"])
-                else:
-                    loss = policy_loss / gradient_accumulation
-                loss.backward()
-            if replay:  # the trainer's own accumulated gradient of this optimizer step
-                for name, prm in model.named_parameters():
-                    prm.grad = b[f"rg.{len(grad_norms) - first}.{name}"].clone()
-            for name, prm in model.named_parameters():  # the accumulated gradient before clipping
-                if prm.grad is not None:
-                    grads[f"g.{len(grad_norms) - first}.{name}"] = prm.grad.detach().clone()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=case["grad_clip"])
-            grad_norms.append(float(grad_norm))
-            if torch.isfinite(grad_norm):
-                opt.step()
-            else:
-                opt.zero_grad()
-
-
-def train(inject, replay=False):
-    """The fork's training steps from the initial weights (inject: the last batch only;
-    replay: every optimizer step takes the trainer's recorded gradient "rg.<k>.<name>" instead
-    of the fork's forward/backward, so that the optimizer side is compared alone)."""
-    with torch.no_grad():
-        for name, prm in model.named_parameters():
-            prm.copy_(initial[name])
-    opt = make_optimizer()
+def make_optimizer(step, b):
+    """The fork's optimizer and LambdaLR at training step `step` (0-based within this run): fresh
+    at step 0, else loaded with rpg's optimizer state from the step's batch file."""
+    if schedulefree():
+        import schedulefree as sf
+        opt = sf.AdamWScheduleFree(model.parameters(), lr=case["lr"], betas=tuple(case["betas"]),
+                                   weight_decay=case["weight_decay"])
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=case["lr"], betas=tuple(case["betas"]),
+                                weight_decay=case["weight_decay"])
     if case["scheduler"] == "constant":
         sched = verl_F.get_constant_schedule_with_warmup(opt, num_warmup_steps=case["warmup"])
     else:
         sched = verl_F.get_cosine_schedule_with_warmup(opt, num_warmup_steps=case["warmup"],
                                                        num_training_steps=case["total_steps"])
-    for _ in range(case["step"] - 1):  # the scheduler steps once per training step (fsdp_workers.py:493)
+    for _ in range(case["step"] - 1 + step):  # the scheduler steps once per training step (fsdp_workers.py:493)
         sched.step()
-    grad_norms, grads, per_step = [], {}, []
-    for b in (batches[-1:] if inject else batches):
-        try:  # dp_actor.compute_log_prob (lines 205-208)
-            opt.eval()
-        except AttributeError:
-            pass
-        old_log_probs, ref_log_prob, token_level_rewards, advantages = old_log_probs_and_advantages(b)
-        per_step.append((old_log_probs, advantages, token_level_rewards))
-        try:  # dp_actor.update_policy (lines 259-262)
-            opt.train()
-        except AttributeError:
-            pass
-        if inject:
-            grad_norms = []
-            grads = {}
-        update_policy(opt, b, old_log_probs, ref_log_prob, advantages, grad_norms, grads, inject, replay)
+    if step > 0:
+        st = {k[len("state."):]: v for k, v in b.items() if k.startswith("state.")}
+        group = opt.param_groups[0]
+        if schedulefree():
+            group["k"] = int(st["step"].item())
+            group["weight_sum"] = float(st["weight_sum"].item())
+            group["lr_max"] = float(st["lr_max"].item())
+            group["train_mode"] = bool(st["train_mode"].item())
+            for name, prm in params.items():
+                opt.state[prm] = {"z": st[f"{name}.z"].clone(), "exp_avg_sq": st[f"{name}.exp_avg_sq"].clone()}
+        else:
+            for name, prm in params.items():
+                opt.state[prm] = {"step": torch.tensor(float(st[f"{name}.step"].item()), dtype=torch.float32),
+                                  "exp_avg": st[f"{name}.exp_avg"].clone(),
+                                  "exp_avg_sq": st[f"{name}.exp_avg_sq"].clone()}
+    return opt, sched
+
+
+def micro_batches_of(b, mini):
+    """The rows of each micro-batch of one mini-batch, as update_policy cuts it."""
+    attention_mask = b["attention_mask"]
+    if case["use_dynamic_bsz"]:
+        lengths = attention_mask[mini].sum(dim=1)
+        assert case["max_token_len"] >= attention_mask.shape[-1]
+        k = math.ceil(lengths.sum().item() / case["max_token_len"])
+        parts = get_seqlen_balanced_partitions(lengths.tolist(), k, equal_size=False)
+        return [[mini[i] for i in p] for p in parts]
+    return [mini[i:i + case["micro_size"]] for i in range(0, len(mini), case["micro_size"])]
+
+
+def accumulate(b, micro_batches, old_log_probs, ref_log_prob, advantages):
+    """Forward/backward of every micro-batch of one mini-batch into .grad (dp_actor's loop)."""
+    R = b["responses"].size(1)
+    response_mask = b["attention_mask"][:, -R:].to(torch.float32)
+    for rows in micro_batches:
+        rows_t = torch.tensor(rows)
+        old = old_log_probs[rows_t]
+        ref = None
+        if needs_ref:
+            ref = old if case["use_iterative_ref_model"] else ref_log_prob[rows_t]
+        entropy, log_prob = forward(b, rows_t, True)
+        loss, _, _ = fork_modules.dp_actor_loss(
+            core_algos, case, log_prob, old, advantages[rows_t], response_mask[rows_t], ref, entropy,
+            micro_rows=len(rows), mini_rows=case["mini_rows"], use_dynamic_bsz=case["use_dynamic_bsz"],
+            micro_size=case["micro_size"])
+        loss.backward()
+
+
+def mini_batches(b):
+    B = b["input_ids"].size(0)
+    for _ in range(case["ppo_epochs"]):
+        for start in range(0, B, case["mini_rows"]):  # batch.split(ppo_mini_batch_size)
+            yield list(range(start, min(B, start + case["mini_rows"])))
+
+
+def train_step(s, b, replay):
+    """One training step of the fork from the step's starting state. replay: every optimizer
+    step k takes rpg's recorded gradient rg.<k> instead of the fork's forward/backward."""
+    set_weights(initial if s == 0 else {name: b[f"start.{name}"] for name in params})
+    opt, sched = make_optimizer(s, b)
+    try:  # dp_actor.compute_log_prob (lines 205-208)
+        opt.eval()
+    except AttributeError:
+        pass
+    old_log_probs, ref_log_prob, token_level_rewards, advantages = old_log_probs_and_advantages(b)
+    try:  # dp_actor.update_policy (lines 259-262)
+        opt.train()
+    except AttributeError:
+        pass
+    grad_norms = []
+    for k, mini in enumerate(mini_batches(b)):
         opt.zero_grad()
-        sched.step()
-    weights = {name: prm.detach().clone().contiguous() for name, prm in model.named_parameters()}
-    return weights, grads, grad_norms, per_step
+        if replay:
+            for name, prm in params.items():
+                prm.grad = b[f"rg.{k}.{name}"].clone()
+        else:
+            accumulate(b, micro_batches_of(b, mini), old_log_probs, ref_log_prob, advantages)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=case["grad_clip"])
+        grad_norms.append(float(grad_norm))
+        if torch.isfinite(grad_norm):
+            opt.step()
+        else:
+            opt.zero_grad()
+    opt.zero_grad()
+    sched.step()
+    weights = {name: prm.detach().clone().contiguous() for name, prm in params.items()}
+    return weights, grad_norms, (old_log_probs, advantages, token_level_rewards)
 
 
-weights, _, grad_norms, per_step = train(inject=False)
-_, grads, _, _ = train(inject=True) if any(k.startswith("before.") for k in batches[-1]) else ({}, {}, [], [])
+def gradients_at_rpgs_weights(b):
+    """inject: the accumulated gradient of each optimizer step at rpg's weights before it, with
+    rpg's old log-probs, reference and advantages."""
+    grads = {}
+    old = b["old_log_probs"]
+    ref = b.get("ref_log_probs", old)
+    for k, mini in enumerate(mini_batches(b)):
+        set_weights({name: b[f"before.{k}.{name}"] for name in params})
+        model.zero_grad()
+        accumulate(b, micro_batches_of(b, mini), old, ref, b["advantages"])
+        for name, prm in params.items():
+            if prm.grad is not None:
+                grads[f"{k}.{name}"] = prm.grad.detach().clone()
+    model.zero_grad()
+    return grads
 
-replayed, _, _, _ = train(inject=False, replay=True) if any(k.startswith("rg.") for k in batches[-1]) else ({}, 0, 0, 0)
 
-out = {f"w.{name}": w for name, w in weights.items()}
-out.update({f"r.{name}": w for name, w in replayed.items()})
-for s, (old, adv, rewards) in enumerate(per_step):
+out = {}
+for s, b in enumerate(batches):
+    weights, grad_norms, (old, adv, rewards) = train_step(s, b, replay=False)
+    out.update({f"w.{s}.{name}": w for name, w in weights.items()})
     out[f"old_log_probs.{s}"] = old.contiguous()
     out[f"advantages.{s}"] = adv.contiguous()
     out[f"token_level_rewards.{s}"] = rewards.contiguous()
-out["old_log_probs"], out["advantages"], out["token_level_rewards"] = (t.clone() for t in per_step[-1])
-out["grad_norm"] = torch.tensor(grad_norms, dtype=torch.float64)
-out.update(grads)
+    out[f"grad_norm.{s}"] = torch.tensor(grad_norms, dtype=torch.float64)
+    out.update({f"g.{s}.{key}": g for key, g in gradients_at_rpgs_weights(b).items()})
+    replayed, _, _ = train_step(s, b, replay=True)
+    out.update({f"r.{s}.{name}": w for name, w in replayed.items()})
 save_file(out, out_path)

@@ -30,19 +30,24 @@ struct GroupStats {
   at::Tensor n, mean, std;  // [B] each, gathered back to rows
 };
 
+// As verl and the authors' fork compute them (compute_grpo_outcome_advantage & co.): per group,
+// torch.stack(the scores of its rows, in row order).mean() and .std() -- torch's own reductions
+// (std in double, Welford), so that the advantages agree bit for bit; a singleton gets 0 and 1.
 GroupStats group_stats(const at::Tensor& scores, const at::Tensor& group_index) {
   auto [uniq, inverse, counts] = at::_unique2(group_index.to(at::kLong), /*sorted=*/true,
                                               /*return_inverse=*/true, /*return_counts=*/true);
   (void)uniq;
-  auto n_groups = counts.size(0);
+  const int64_t n_groups = counts.size(0);
   auto n = counts.to(scores.scalar_type());
-  auto sums = at::zeros({n_groups}, scores.options()).index_add(0, inverse, scores);
-  auto mean = sums / n;
-  auto dev2 = at::zeros({n_groups}, scores.options()).index_add(0, inverse, (scores - mean.index_select(0, inverse)).pow(2));
-  auto singleton = n <= 1;
-  auto std = at::sqrt(dev2 / at::clamp_min(n - 1, 1.0));
-  mean = at::where(singleton, at::zeros_like(mean), mean);
-  std = at::where(singleton, at::ones_like(std), std);
+  auto mean = at::zeros({n_groups}, scores.options()), std = at::ones({n_groups}, scores.options());
+  const at::Tensor inv = inverse.to(at::kCPU);
+  const at::Tensor cnt = counts.to(at::kCPU);
+  for (int64_t g = 0; g < n_groups; ++g) {
+    if (cnt[g].item<int64_t>() <= 1) continue;
+    const at::Tensor members = scores.index_select(0, at::nonzero(inv == g).flatten().to(scores.device()));
+    mean[g] = members.mean();
+    std[g] = members.std();
+  }
   return {n.index_select(0, inverse), mean.index_select(0, inverse), std.index_select(0, inverse)};
 }
 

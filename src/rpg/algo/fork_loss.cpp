@@ -178,6 +178,13 @@ double fork_micro_batch_weight(int64_t micro_batch_rows, int64_t mini_batch_rows
   return 1.0 / static_cast<double>(accumulation);
 }
 
+at::Tensor fork_weighted_micro_batch_loss(const at::Tensor& loss, int64_t micro_batch_rows, int64_t mini_batch_rows,
+                                          bool use_dynamic_bsz, int64_t micro_batch_size_per_gpu) {
+  const double weight = fork_micro_batch_weight(micro_batch_rows, mini_batch_rows, use_dynamic_bsz, micro_batch_size_per_gpu);
+  if (use_dynamic_bsz) return loss * weight;
+  return loss / static_cast<double>(mini_batch_rows / micro_batch_size_per_gpu);  // policy_loss / gradient_accumulation
+}
+
 std::vector<std::vector<int64_t>> fork_fixed_micro_batches(int64_t rows, int64_t micro_batch_size) {
   if (micro_batch_size <= 0)
     throw ValueError(str("ppo_micro_batch_size_per_gpu: got ", micro_batch_size, ", expected > 0"));
@@ -287,9 +294,8 @@ at::Tensor fork_mini_batch_loss(const PolicyLossInputs& in, const ForkLossConfig
     mb.advantages = pick(in.advantages);
     mb.response_mask = pick(in.response_mask);
     mb.entropy = pick(in.entropy);
-    auto weight = fork_micro_batch_weight(static_cast<int64_t>(rows.size()), mini_batch_rows, use_dynamic_bsz,
-                                          micro_batch_size_per_gpu);
-    auto part = fork_micro_batch_loss(mb, config).loss * weight;
+    auto part = fork_weighted_micro_batch_loss(fork_micro_batch_loss(mb, config).loss, static_cast<int64_t>(rows.size()),
+                                               mini_batch_rows, use_dynamic_bsz, micro_batch_size_per_gpu);
     total = total.defined() ? total + part : part;
   }
   if (!total.defined()) throw ValueError("fork loss: no micro-batches");

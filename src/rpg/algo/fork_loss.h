@@ -69,6 +69,12 @@ PolicyLossOutput fork_micro_batch_loss(const PolicyLossInputs& in, const ForkLos
 double fork_micro_batch_weight(int64_t micro_batch_rows, int64_t mini_batch_rows, bool use_dynamic_bsz,
                                int64_t micro_batch_size_per_gpu);
 
+// The micro-batch loss dp_actor calls backward() on, written as the fork writes it:
+// loss * (rows / mini_batch_rows) with dynamic bsz, else loss / (mini_batch_rows // micro)
+// (a division: times the reciprocal differs by an ulp when the count is not a power of two).
+at::Tensor fork_weighted_micro_batch_loss(const at::Tensor& loss, int64_t micro_batch_rows, int64_t mini_batch_rows,
+                                          bool use_dynamic_bsz, int64_t micro_batch_size_per_gpu);
+
 // One mini-batch as dp_actor accumulates it: sum over micro_batches (row indices into `in`)
 // of fork_micro_batch_loss * fork_micro_batch_weight. Its gradient is the one the optimizer
 // step sees. Without dynamic bsz, micro-batches are consecutive slices of

@@ -332,7 +332,12 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor h = hidden.narrow(0, s, n);
-      at::Tensor gs = at::log_softmax(scaled_logits(hidden, weight, s, n, temperature), -1);  // log p
+      // log p = s - lse(s) and p = exp(s - lse(s)), as autograd differentiates the forward's
+      // gather - logsumexp (logsumexp's backward is exp(s - lse)): the same fp32 gradient as
+      // transformers + verl's logprobs_from_logits, bit for bit (log_softmax's own rounding
+      // of log p differs by an ulp, which the gradient of a cancelling sum amplifies).
+      at::Tensor gs = scaled_logits(hidden, weight, s, n, temperature);
+      gs.sub_(at::logsumexp(gs, -1, /*keepdim=*/true));  // log p
       at::Tensor p = gs.exp();
       if (g_ent.defined()) {
         at::Tensor H = -row_dot(p, gs).unsqueeze(1);                        // [n, 1]

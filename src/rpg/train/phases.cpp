@@ -84,6 +84,7 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
     model::LogProbOptions lo;
     lo.temperature = temperature;
     lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
+    lo.split_prompt = !fork;  // fork semantics: every row's full forward, as the fork's dp_actor rounds it
     parts.push_back(m.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                 mb.get("responses"), lo)
                         .log_probs);
@@ -451,6 +452,7 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
   lo.temperature = cfg.actor_rollout_ref.rollout.temperature;
   lo.with_entropy = true;
   lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
+  lo.split_prompt = !fork;  // fork semantics: every row's full forward, as the fork's dp_actor rounds it
   auto lp = compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                       mb.get("responses"), lo);
   algo::PolicyLossInputs in;
@@ -473,8 +475,8 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
     // dp_actor.update_policy: the micro-batch's own aggregation, times rows / mini-batch rows
     // (dynamic bsz) or 1 / gradient_accumulation.
     auto out = algo::fork_micro_batch_loss(in, fork_loss);
-    out.loss = out.loss * algo::fork_micro_batch_weight(mb.rows(), mini_batch_rows(), actor.use_dynamic_bsz,
-                                                        actor.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
+    out.loss = algo::fork_weighted_micro_batch_loss(out.loss, mb.rows(), mini_batch_rows(), actor.use_dynamic_bsz,
+                                                    actor.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
     return out;
   }
   auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);

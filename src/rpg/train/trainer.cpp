@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -345,6 +346,36 @@ void Trainer::Impl::load_data() {
   set_epoch(0);
 }
 
+namespace {
+
+// The order transformers registers a decoder's parameters in: embed_tokens; per layer
+// self_attn q/k/v/o (weight, bias), q_norm, k_norm, mlp gate/up/down, input_layernorm,
+// post_attention_layernorm; norm; lm_head. The fork's clip_grad_norm_ over
+// model.parameters() adds the per-tensor norms up in this order, and a float sum depends on it
+// (an ulp in the clip coefficient, then in the update).
+NamedTensors in_transformers_order(NamedTensors params) {
+  static const std::vector<std::string> within = {
+      "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",
+      "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
+      "self_attn.k_norm.weight", "mlp.gate_proj.weight",  "mlp.up_proj.weight",     "mlp.down_proj.weight",
+      "input_layernorm.weight", "post_attention_layernorm.weight"};
+  const std::string layers = "model.layers.";
+  auto key = [&](const std::string& name) -> std::pair<int64_t, int64_t> {
+    if (name == "model.embed_tokens.weight") return {-1, 0};
+    if (name.rfind(layers, 0) == 0) {
+      const size_t dot = name.find('.', layers.size());
+      const int64_t layer = std::stoll(name.substr(layers.size(), dot - layers.size()));
+      const auto it = std::find(within.begin(), within.end(), name.substr(dot + 1));
+      return {layer, static_cast<int64_t>(it - within.begin())};
+    }
+    return {std::numeric_limits<int64_t>::max(), name == "model.norm.weight" ? 0 : 1};
+  };
+  std::stable_sort(params.begin(), params.end(), [&](const auto& a, const auto& b) { return key(a.first) < key(b.first); });
+  return params;
+}
+
+}  // namespace
+
 void Trainer::Impl::build_optimizer() {
   const auto& o = cfg.actor_rollout_ref.actor.optim;
   OptimizerOptions oo;
@@ -364,7 +395,11 @@ void Trainer::Impl::build_optimizer() {
     oo.scheduled_lr = true;
     oo.restore_exact_y = false;
   }
-  optimizer = dp::make_optimizer(oo, policy.model.named_parameters(), cfg.dist.zero_stage,  // ZeRO-1/2: sharded
+  // Fork semantics: the optimizer (and clip_grad_norm, which walks its parameters) sees them in
+  // transformers' order, as the fork's torch optimizer and clip_grad_norm_ do.
+  NamedTensors params = policy.model.named_parameters();
+  if (fork) params = in_transformers_order(std::move(params));
+  optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,  // ZeRO-1/2: sharded
                                  static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024));
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
@@ -390,7 +425,13 @@ void Trainer::Impl::build_models() {
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
     compute->set_requires_grad(true);
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
-    dp::attach_gradient_sources(*optimizer, compute->parameters());  // ZeRO-2: its gradients go to the buckets
+    // ZeRO-2: its gradients go to the buckets, paired with the optimizer's parameters by
+    // position, so in the optimizer's order (transformers' in fork semantics).
+    NamedTensors sources = compute->named_parameters();
+    if (fork) sources = in_transformers_order(std::move(sources));
+    std::vector<at::Tensor> source_tensors;
+    for (auto& [name, tensor] : sources) source_tensors.push_back(tensor);
+    dp::attach_gradient_sources(*optimizer, source_tensors);
   }
   build_rollout_copy();
 }
@@ -460,6 +501,7 @@ const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
 void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
 const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
+OptimizerState TrainerTesting::optimizer_state(const Trainer& t) { return t.impl_->optimizer->state(); }
 
 std::string validation_metric_key(const std::string& source, const std::string& name,
                                   const std::map<std::string, double>& table) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "rpg/train/optim.h"
 #include "rpg/train/trainer.h"
 
 namespace rpg::train {
@@ -30,6 +31,8 @@ struct TrainerTesting {
   // copy of the weights and gradients each time).
   static void record_updates(Trainer& t, bool on);
   static const std::vector<UpdateRecord>& last_updates(const Trainer& t);
+  // The optimizer's whole state now (what a checkpoint holds of it).
+  static OptimizerState optimizer_state(const Trainer& t);
 };
 
 }  // namespace rpg::train
