@@ -196,6 +196,7 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {"trainer.n_gpus_per_node", {"trainer.n_gpus_per_node", "0"}},
       {"actor_rollout_ref.nccl_timeout", {"actor_rollout_ref.nccl_timeout", "0"}},
       {"dist.zero_stage", {"dist.zero_stage", "3"}},
+      {"dist.reduce_bucket_mb", {"dist.reduce_bucket_mb", "0"}},
   };
   // Numeric keys every value of which means something.
   const std::set<std::string> unbounded = {
