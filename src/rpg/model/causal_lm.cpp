@@ -299,7 +299,7 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
   }
 
   static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor weight, at::Tensor targets,
-                               double temperature, bool with_entropy, int64_t chunk) {
+                               double temperature, bool with_entropy, int64_t chunk, bool autograd_backward) {
     const int64_t N = hidden.size(0);
     at::Tensor lp = at::empty({N}, hidden.options().dtype(at::kFloat));
     at::Tensor ent = at::empty({with_entropy ? N : 0}, hidden.options().dtype(at::kFloat));
@@ -314,6 +314,7 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["with_entropy"] = with_entropy;
     ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["autograd_backward"] = autograd_backward;
     return {lp, ent};
   }
 
@@ -323,6 +324,7 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     double temperature = ctx->saved_data["temperature"].toDouble();
     bool with_entropy = ctx->saved_data["with_entropy"].toBool();
     int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const bool autograd_backward = ctx->saved_data["autograd_backward"].toBool();
     at::Tensor g_lp = grad_out[0], g_ent = with_entropy ? grad_out[1] : at::Tensor();
     const int64_t N = hidden.size(0);
     bool need_h = hidden.requires_grad(), need_w = weight.requires_grad();
@@ -332,12 +334,15 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor h = hidden.narrow(0, s, n);
-      // log p = s - lse(s) and p = exp(s - lse(s)), as autograd differentiates the forward's
-      // gather - logsumexp (logsumexp's backward is exp(s - lse)): the same fp32 gradient as
-      // transformers + verl's logprobs_from_logits, bit for bit (log_softmax's own rounding
-      // of log p differs by an ulp, which the gradient of a cancelling sum amplifies).
+      // autograd_backward: log p = s - lse(s) and p = exp(s - lse(s)), as autograd
+      // differentiates the forward's gather - logsumexp (logsumexp's backward is
+      // exp(s - lse)): the same fp32 gradient as transformers + verl's logprobs_from_logits,
+      // bit for bit (log_softmax's own rounding of log p differs by an ulp, which the
+      // gradient of a cancelling sum amplifies). Otherwise from log_softmax (see
+      // LogProbOptions::autograd_backward for why that stays the default).
       at::Tensor gs = scaled_logits(hidden, weight, s, n, temperature);
-      gs.sub_(at::logsumexp(gs, -1, /*keepdim=*/true));  // log p
+      if (autograd_backward) gs.sub_(at::logsumexp(gs, -1, /*keepdim=*/true));  // log p
+      else gs = at::log_softmax(gs, -1);
       at::Tensor p = gs.exp();
       if (g_ent.defined()) {
         at::Tensor H = -row_dot(p, gs).unsqueeze(1);                        // [n, 1]
@@ -359,7 +364,7 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
       if (need_w) grad_w.addmm_(gs.t(), h.scalar_type() == at::kFloat ? h : h.to(at::kFloat));
     }
     return {grad_h, need_w ? grad_w.to(weight.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -650,7 +655,7 @@ TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor&
   }
   at::Tensor t = targets.to(impl_->device, at::kLong).reshape({B * R});
   auto out = ChunkedLogProbs::apply(h.reshape({B * R, h.size(2)}), impl_->lm_head, t, options.temperature,
-                                    options.with_entropy, options.chunk_tokens);
+                                    options.with_entropy, options.chunk_tokens, options.autograd_backward);
   TokenLogProbs r;
   r.log_probs = out[0].view({B, R});
   if (options.with_entropy) r.entropy = out[1].view({B, R});
@@ -683,7 +688,7 @@ TokenLogProbs CausalLM::packed_log_probs(const at::Tensor& input_ids, const at::
   at::Tensor rows = where.narrow(1, T - R - 1, R).masked_select(scored);                   // [M]
   at::Tensor t = targets.to(m.device, at::kLong).masked_select(scored);
   auto out = ChunkedLogProbs::apply(h.index_select(0, rows), m.lm_head, t, options.temperature,
-                                    options.with_entropy, options.chunk_tokens);
+                                    options.with_entropy, options.chunk_tokens, options.autograd_backward);
   at::Tensor zeros = at::zeros({B, R}, h.options().dtype(at::kFloat));
   TokenLogProbs r;
   r.log_probs = zeros.masked_scatter(scored, out[0]);

@@ -63,6 +63,12 @@ struct LogProbOptions {
   // to the full forward up to fp32 rounding. Not used with gradient checkpointing while
   // autograd records (the full forward runs then).
   bool split_prompt = true;
+  // The log-prob backward forms p as exp(s - logsumexp(s)), exactly as torch's autograd
+  // differentiates gather - logsumexp (transformers + verl; fork semantics uses it to equal
+  // the fork's update bit for bit), instead of from log_softmax. An ulp apart per element.
+  // Off by default: with it, 2-rank bf16 ZeRO-2 runs drifted past 1e-6 of the 1-rank run by
+  // step 2 (DataParallelTrain.ZeroTwoBf16*), with log_softmax they do not.
+  bool autograd_backward = false;
 };
 
 struct TokenLogProbs {

@@ -453,6 +453,7 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
   lo.with_entropy = true;
   lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
   lo.split_prompt = !fork;  // fork semantics: every row's full forward, as the fork's dp_actor rounds it
+  lo.autograd_backward = fork;
   auto lp = compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                       mb.get("responses"), lo);
   algo::PolicyLossInputs in;
