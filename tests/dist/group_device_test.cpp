@@ -102,11 +102,8 @@ TEST_P(GroupOnDevice, CollectivesMatchClosedForms) {
 INSTANTIATE_TEST_SUITE_P(Devices, GroupOnDevice, ::testing::ValuesIn(rpg::test::rpg_test_devices()),
                          rpg::test::DeviceParamName());
 
-// A group for the CUDA device without a usable CUDA backend / NCCL plugin: one-line
-// ConfigError naming why, before anything connects.
-TEST(GroupNccl, UnavailableIsOneLineConfigError) {
-  if (device::cuda_backend_loaded()) GTEST_SKIP() << "the CUDA backend is loaded in this process (a GPU machine)";
-  setenv("RPG_CUDA_BACKEND", "0", 1);
+// A one-rank group on loopback for trainer.device=cuda.
+std::unique_ptr<ProcessGroup> init_one_cuda_rank() {
   RankLayout layout;
   layout.world_size = 1;
   layout.local_world_size = 1;
@@ -114,8 +111,16 @@ TEST(GroupNccl, UnavailableIsOneLineConfigError) {
   layout.master_port = free_port();
   GroupOptions options;
   options.device = device::Kind::kCuda;
+  return ProcessGroup::init(layout, options);
+}
+
+// A group for the CUDA device without a usable CUDA backend / NCCL plugin: one-line
+// ConfigError naming why, before anything connects.
+TEST(GroupNccl, UnavailableIsOneLineConfigError) {
+  if (device::cuda_backend_loaded()) GTEST_SKIP() << "the CUDA backend is loaded in this process (a GPU machine)";
+  setenv("RPG_CUDA_BACKEND", "0", 1);
   try {
-    ProcessGroup::init(layout, options);
+    init_one_cuda_rank();
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& e) {
     const std::string m = e.what();
@@ -134,15 +139,8 @@ TEST(GroupNccl, PluginFactoryRunsWithoutAGpu) {
   std::string why;
   if (device::driver_device_count(&why) > 0) GTEST_SKIP() << "a GPU is present: GroupOnDevice/cuda covers this";
   unsetenv("RPG_CUDA_BACKEND");
-  RankLayout layout;
-  layout.world_size = 1;
-  layout.local_world_size = 1;
-  layout.master_addr = "127.0.0.1";
-  layout.master_port = free_port();
-  GroupOptions options;
-  options.device = device::Kind::kCuda;
   try {
-    ProcessGroup::init(layout, options);
+    init_one_cuda_rank();
     ADD_FAILURE() << "no error without a GPU";
   } catch (const DistError& e) {
     EXPECT_EQ(std::string(e.what()), "dist: rank 0 cannot create its NCCL process group: no CUDA device is visible");
