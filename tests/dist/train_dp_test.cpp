@@ -178,6 +178,16 @@ class DataParallelTrain : public ::testing::Test {
     return counted;
   }
 
+  // A sharded run `got` (`world` ranks) ended as the one-process run `want` at `step`:
+  // identical responses and rewards, weights and optimizer state within 1e-6 (not every
+  // metric: a rank count changes the batch shapes of the rollout's own log-probs).
+  static void expect_same_end(const fs::path& want, const fs::path& got, int step, int world, const std::string& what) {
+    const std::string ckpt = "global_step_" + std::to_string(step);
+    EXPECT_TRUE(read_file(want / "samples.jsonl") == read_file(got / "samples.jsonl")) << what;
+    expect_close_tensors(want / ckpt / "actor/model.safetensors", got / ckpt / "actor/model.safetensors");
+    expect_close(one_process_optimizer(want / ckpt), sharded_optimizer(got / ckpt, world), what);
+  }
+
   // A one-process checkpoint's optimizer tensors ("optim.<param>.<slot>", flattened).
   static std::map<std::string, std::vector<double>> one_process_optimizer(const fs::path& ckpt) {
     std::map<std::string, std::vector<double>> out;
@@ -478,10 +488,7 @@ TEST_F(DataParallelTrain, ZeroTwoUnevenMicroBatchesEqualOneRank) {
   more.insert(more.end(), {"dist.reduce_bucket_mb=0.004", "actor_rollout_ref.nccl_timeout=60"});
   auto b = run_process(zero_argv({"--nproc", "3"}, three, 2, more));
   ASSERT_EQ(b.exit_code, 0) << b.err;
-  EXPECT_TRUE(read_file(one / "samples.jsonl") == read_file(three / "samples.jsonl"));
-  expect_close_tensors(one / "global_step_3/actor/model.safetensors", three / "global_step_3/actor/model.safetensors");
-  expect_close(one_process_optimizer(one / "global_step_3"), sharded_optimizer(three / "global_step_3", 3),
-               "the 3-rank ZeRO-2 shards");
+  expect_same_end(one, three, 3, 3, "the 3-rank ZeRO-2 shards");
 }
 
 // The accounting (dist/memory.h, logged as perf/memory/*): under ZeRO-2 the gradient bytes a
@@ -571,13 +578,8 @@ TEST_F(DataParallelTrain, ThreeRankShardsResumeOnTwoRanks) {
   write_file_atomic(run / "latest_checkpointed_iteration.txt", "2");
   auto b = run_process(two);
   ASSERT_EQ(b.exit_code, 0) << b.err;
-  // Responses and rewards identical, the final weights and optimizer state within 1e-6. (Not
-  // every metric: 3 ranks generate 2/1/1 prompts, and the rollout's own log-probs, logged as
-  // training/rollout_*, round differently with the batch shape, by ~1e-6.)
-  EXPECT_TRUE(read_file(one_ / "samples.jsonl") == read_file(run / "samples.jsonl"));
-  expect_close_tensors(one_ / "global_step_3/actor/model.safetensors", run / "global_step_3/actor/model.safetensors");
-  expect_close(one_process_optimizer(one_ / "global_step_3"), sharded_optimizer(run / "global_step_3", 2),
-               "the resumed run's shards");
+  // (3 ranks generate 2/1/1 prompts: training/rollout_* round differently, by ~1e-6.)
+  expect_same_end(one_, run, 3, 2, "the resumed run's shards");
 }
 
 // A checkpoint is complete only with all of its shards: the newest one with a shard file
