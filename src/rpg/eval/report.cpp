@@ -27,24 +27,90 @@ namespace {
 
 constexpr double kDefaultSmoothing = 0.6;  // TensorBoard's default slider position
 
+// Past this many points a training series is thinned (TensorBoard keeps 1,000 per scalar).
+constexpr size_t kMaxSeriesPoints = 1000;
+
+bool is_validation(const std::string& metric) { return metric.rfind("val-core/", 0) == 0 || metric.rfind("val-aux/", 0) == 0; }
+
+// A metric's values by step, as read from metrics.jsonl. The trainer rewrites the report at
+// every checkpoint, so what the report holds must not grow with the run (scripts/soak.sh saw
+// the trainer's RSS creep with its metrics.jsonl): past kMaxSeriesPoints a training series
+// keeps only the steps that are multiples of a doubling stride, and always the newest step,
+// as TensorBoard downsamples its scalars. Count, sum, min and max stay exact over every value
+// read (the time split's means, the captions, the constant test). Validation series
+// (val-core/, val-aux/) are never thinned: they have one point per validation, and the
+// tables show their start, last and best. A step logged twice keeps its later value (the
+// trainer cuts metrics.jsonl back to the checkpoint it resumes from, so it does not log one
+// twice itself; when the earlier copy was thinned away, count and sum hold both).
+struct Series {
+  std::map<double, double> points;
+  double stride = 0;  // 0: every step kept
+  bool thin = true;
+  size_t count = 0;
+  double sum = 0, lo = INFINITY, hi = -INFINITY;
+
+  bool on_stride(double step) const { return stride == 0 || std::fmod(step, stride) == 0; }
+  void set(double step, double v) {
+    lo = std::min(lo, v), hi = std::max(hi, v);
+    if (auto it = points.find(step); it != points.end()) {
+      sum += v - it->second;
+      it->second = v;
+      return;
+    }
+    sum += v, ++count;
+    if (!points.empty()) {
+      const double newest = points.rbegin()->first;
+      if (step < newest && !on_stride(step)) return;
+      if (step > newest && !on_stride(newest)) points.erase(std::prev(points.end()));  // no longer the newest
+    }
+    points.emplace(step, v);
+    while (thin && points.size() > kMaxSeriesPoints) {
+      stride = stride == 0 ? 2 : 2 * stride;
+      const double newest = points.rbegin()->first;
+      std::erase_if(points, [&](const auto& p) { return p.first != newest && !on_stride(p.first); });
+    }
+  }
+  void erase(double step) {  // a later record made this step NaN / inf
+    if (auto it = points.find(step); it != points.end()) sum -= it->second, --count, points.erase(it);
+  }
+  bool empty() const { return count == 0; }
+  double mean() const { return count ? sum / static_cast<double>(count) : NAN; }
+};
+
+// Steps where a metric was NaN / inf (logged as null): the count, and the first
+// kMaxSeriesPoints steps (a report names at most 8).
+struct NonFinite {
+  std::set<double> steps;
+  size_t count = 0;
+  void add(double step) {
+    if (steps.count(step)) return;
+    ++count;
+    if (steps.size() < kMaxSeriesPoints) steps.insert(step);
+  }
+  void erase(double step) {
+    if (steps.erase(step)) --count;
+  }
+};
+
 // One run as read from its directory.
 struct Run {
   std::string name;
   fs::path dir;
   size_t records = 0;
-  // metric -> step -> value; a step logged twice (a resumed run) keeps its later value.
-  std::map<std::string, std::map<double, double>> values;
-  std::map<std::string, std::set<double>> nonfinite;  // steps where the metric was NaN / inf (null)
+  std::map<std::string, Series> values;
+  std::map<std::string, NonFinite> nonfinite;
   std::optional<ConfigNode> config;
   std::string config_text, config_error;
-  std::vector<nlohmann::json> samples;
+  std::vector<nlohmann::json> samples;  // the newest logged step's, at most kSamplesShown
   double last_step() const {
     double s = -INFINITY;
     for (const auto& [k, v] : values)
-      if (!v.empty()) s = std::max(s, v.rbegin()->first);
+      if (!v.points.empty()) s = std::max(s, v.points.rbegin()->first);
     return s;
   }
 };
+
+constexpr size_t kSamplesShown = 8;
 
 Run load_run(const RunInput& in) {
   Run run;
@@ -62,10 +128,12 @@ Run load_run(const RunInput& in) {
     for (const auto& [k, v] : r.items()) {
       if (k == "step") continue;
       if (v.is_number() && std::isfinite(v.get<double>())) {
-        run.values[k][step] = v.get<double>();
-        if (auto it = run.nonfinite.find(k); it != run.nonfinite.end()) it->second.erase(step);
+        auto [it, added] = run.values.try_emplace(k);
+        if (added) it->second.thin = !is_validation(k);
+        it->second.set(step, v.get<double>());
+        if (auto nf = run.nonfinite.find(k); nf != run.nonfinite.end()) nf->second.erase(step);
       } else if (v.is_null() || v.is_number()) {  // the metrics logger writes NaN / inf as null
-        run.nonfinite[k].insert(step);
+        run.nonfinite[k].add(step);
         if (auto it = run.values.find(k); it != run.values.end()) it->second.erase(step);
       }
     }
@@ -78,7 +146,14 @@ Run load_run(const RunInput& in) {
       run.config_error = e.what();  // the charts are still worth showing
     }
   }
-  run.samples = read_jsonl(in.dir / "samples.jsonl", /*required=*/false);
+  // Only the newest step's generations are shown: keep those, not the whole file.
+  if (const fs::path samples = in.dir / "samples.jsonl"; fs::exists(samples))
+    jsonl::for_each(samples, [&](size_t, nlohmann::json& j) {
+      const nlohmann::json step = j.contains("step") ? j["step"] : nlohmann::json();
+      if (!run.samples.empty() && run.samples.back().value("step", nlohmann::json()) != step) run.samples.clear();
+      if (run.samples.size() == kSamplesShown) run.samples.erase(run.samples.begin());
+      run.samples.push_back(std::move(j));
+    });
   return run;
 }
 
@@ -90,6 +165,14 @@ std::string fixed(double v, int digits) {
 }
 
 std::string esc(const std::string& s) { return html_escape(s); }
+
+// A step as a whole number (12345, not the 4 significant digits of a value: 1.234e+04).
+std::string format_step(double step) {
+  if (step != std::floor(step) || std::fabs(step) >= 1e15) return format_number(step);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", step);
+  return buf;
+}
 
 // A dotted key of the run's config.yaml as written, or "" when absent.
 std::string cfg(const Run& run, const std::string& dotted) {
@@ -130,7 +213,7 @@ Held held_out(const Run& run, const std::string& metric) {
   Held h;
   const auto it = run.values.find(metric);
   if (it == run.values.end() || it->second.empty()) return h;
-  const auto& v = it->second;
+  const auto& v = it->second.points;  // validation series are never thinned
   h.any = true;
   h.start_step = v.begin()->first, h.start = v.begin()->second;
   h.last_step = v.rbegin()->first, h.last = v.rbegin()->second;
@@ -187,10 +270,7 @@ std::string clip_description(const Run& r) {
 
 double mean_of(const Run& r, const std::string& metric) {
   const auto it = r.values.find(metric);
-  if (it == r.values.end() || it->second.empty()) return NAN;
-  double s = 0;
-  for (const auto& [step, v] : it->second) s += v;
-  return s / static_cast<double>(it->second.size());
+  return it == r.values.end() ? NAN : it->second.mean();
 }
 
 std::string runs_table(const std::vector<Run>& runs) {
@@ -205,7 +285,7 @@ std::string runs_table(const std::vector<Run>& runs) {
     h << "<tr><td>" << esc(r.name) << "</td><td>" << esc(cfg(r, "actor_rollout_ref.model.path")) << "</td><td>"
       << esc(policy_description(r)) << "</td><td>" << esc(kl_description(r)) << "</td><td>" << esc(clip_description(r))
       << "</td><td>" << esc(lr) << (opt.empty() ? "" : " (" + esc(opt) + ")") << "</td><td>"
-      << (batch.empty() ? "" : esc(batch + " x " + n)) << "</td><td>" << (std::isfinite(done) ? format_number(done) : "none")
+      << (batch.empty() ? "" : esc(batch + " x " + n)) << "</td><td>" << (std::isfinite(done) ? format_step(done) : "none")
       << " / " << (planned.empty() ? "?" : esc(planned)) << "</td><td>" << fixed(mean_of(r, "timing_s/step"), 2)
       << "</td></tr>\n";
   }
@@ -220,7 +300,7 @@ std::string runs_table(const std::vector<Run>& runs) {
 
 std::string cell(double v, double step, bool with_step) {
   if (std::isnan(v)) return "–";
-  return fixed(v, 4) + (with_step ? str(" (", format_number(step), ")") : "");
+  return fixed(v, 4) + (with_step ? str(" (", format_step(step), ")") : "");
 }
 
 // Table 3: one row per run, for each headline metric Start, Last and Best (step).
@@ -250,8 +330,6 @@ std::string table3_html(const std::vector<Run>& runs, const std::vector<std::str
 // Every validation statistic a run logged (val-core/ and val-aux/: mean, std, best@k, maj@k,
 // pass@k, ...), one row per metric, for each run its last and best value (with the step of
 // the best): the headline table keeps the paper's layout, this one leaves nothing out.
-bool is_validation(const std::string& metric) { return metric.rfind("val-core/", 0) == 0 || metric.rfind("val-aux/", 0) == 0; }
-
 std::vector<std::string> validation_metrics(const std::vector<Run>& runs) {
   std::set<std::string> names;
   for (const auto& r : runs) {
@@ -381,7 +459,7 @@ std::string steps_list(const std::set<double>& steps) {
   size_t i = 0;
   for (double st : steps) {
     if (i++ == 8) return s + ", ...";
-    s += (s.empty() ? "" : ", ") + format_number(st);
+    s += (s.empty() ? "" : ", ") + format_step(st);
   }
   return s;
 }
@@ -399,17 +477,20 @@ Panel make_panel(const std::string& metric, const std::vector<Run>& runs) {
   std::vector<ChartSeries> series;
   std::vector<std::string> notes;
   size_t drawable = 0, finite_total = 0;
-  std::set<double> all_values;
-  double first = INFINITY, last = -INFINITY;
+  double lo = INFINITY, hi = -INFINITY, first = INFINITY, last = -INFINITY, stride = 0;
   for (const auto& r : runs) {
     ChartSeries s{r.name, {}};
-    if (auto it = r.values.find(metric); it != r.values.end())
-      for (const auto& [step, v] : it->second) s.points.emplace_back(step, v), all_values.insert(v), first = std::min(first, step), last = std::max(last, step);
-    if (auto it = r.nonfinite.find(metric); it != r.nonfinite.end() && !it->second.empty())
-      notes.push_back(str(runs.size() > 1 ? r.name + ": " : "", it->second.size(), " NaN/inf value",
-                          it->second.size() > 1 ? "s" : "", " not drawn (step", it->second.size() > 1 ? "s " : " ",
-                          steps_list(it->second), ")"));
-    finite_total += s.points.size();
+    if (auto it = r.values.find(metric); it != r.values.end()) {
+      const Series& v = it->second;
+      for (const auto& [step, value] : v.points) s.points.emplace_back(step, value);
+      if (!v.empty()) lo = std::min(lo, v.lo), hi = std::max(hi, v.hi), finite_total += v.count;
+      if (!v.points.empty()) first = std::min(first, v.points.begin()->first), last = std::max(last, v.points.rbegin()->first);
+      stride = std::max(stride, v.stride);
+    }
+    if (auto it = r.nonfinite.find(metric); it != r.nonfinite.end() && it->second.count > 0)
+      notes.push_back(str(runs.size() > 1 ? r.name + ": " : "", it->second.count, " NaN/inf value",
+                          it->second.count > 1 ? "s" : "", " not drawn (step", it->second.count > 1 ? "s " : " ",
+                          steps_list(it->second.steps), ")"));
     if (s.points.size() >= 2) ++drawable;
     series.push_back(std::move(s));  // every run keeps its colour, logged or not
   }
@@ -420,17 +501,17 @@ Panel make_panel(const std::string& metric, const std::vector<Run>& runs) {
     p.line = str("<b>", name, "</b>: no chart: no finite value was logged", note_text.empty() ? "" : " (" + esc(note_text) + ")");
     return p;
   }
-  if (all_values.size() == 1 && finite_total >= 2 && notes.empty()) {
+  if (lo == hi && finite_total >= 2 && notes.empty()) {
     p.constant = true;
-    p.line = str("<b>", name, "</b> = ", format_number(*all_values.begin()), " at every step (", format_number(first), "&ndash;",
-                 format_number(last), runs.size() > 1 ? ", every run" : "", ")");
+    p.line = str("<b>", name, "</b> = ", format_number(lo), " at every step (", format_step(first), "&ndash;",
+                 format_step(last), runs.size() > 1 ? ", every run" : "", ")");
     return p;
   }
   if (drawable == 0) {
     std::string vals;
     for (const auto& s : series)
       if (!s.points.empty())
-        vals += str(vals.empty() ? "" : "; ", runs.size() > 1 ? s.name + " " : "", "step ", format_number(s.points[0].first),
+        vals += str(vals.empty() ? "" : "; ", runs.size() > 1 ? s.name + " " : "", "step ", format_step(s.points[0].first),
                     ": ", format_number(s.points[0].second));
     p.line = str("<b>", name, "</b>: no chart: one value per run only (", esc(vals), "); a line needs two logged steps",
                  note_text.empty() ? "" : "; " + esc(note_text));
@@ -445,9 +526,7 @@ Panel make_panel(const std::string& metric, const std::vector<Run>& runs) {
   h << "<figure class=\"panel\"><figcaption><b>" << name << "</b>";
   if (runs.size() == 1) {
     const auto& pts = series[0].points;
-    double lo = INFINITY, hi = -INFINITY;
-    for (const auto& [x, y] : pts) lo = std::min(lo, y), hi = std::max(hi, y);
-    h << " <small>last " << format_number(pts.back().second) << " at step " << format_number(pts.back().first) << " (min "
+    h << " <small>last " << format_number(pts.back().second) << " at step " << format_step(pts.back().first) << " (min "
       << format_number(lo) << ", max " << format_number(hi) << ")</small>";
   } else {
     std::string missing;
@@ -456,6 +535,10 @@ Panel make_panel(const std::string& metric, const std::vector<Run>& runs) {
     if (!missing.empty()) h << " <small>not logged by " << esc(missing) << "</small>";
   }
   h << "</figcaption>" << line_chart_svg(series, o) << "<div class=\"readout\">&nbsp;</div>";
+  if (stride > 0)
+    h << "<p class=\"note thinned\">" << finite_total << " values logged" << (runs.size() > 1 ? " by the runs" : "")
+      << "; drawn: every step that is a multiple of " << format_number(stride) << " and the newest (as TensorBoard, a long "
+      << "series is thinned; min and max are over every value)</p>";
   if (!note_text.empty()) h << "<p class=\"note\">" << esc(note_text) << "</p>";
   h << "</figure>\n";
   p.html = h.str();
