@@ -115,6 +115,24 @@ TEST_F(Preemption, SigtermThenSigintMidStepEachCheckpointThenResumeIsBitIdentica
   expect_identical_to_whole();
 }
 
+TEST_F(Preemption, SigtermWhileStartingIsHeldForTheHandlerAndStopsBeforeTheFirstStep) {
+  // A scheduler's SIGTERM can come while the process is still loading libtorch: raised at the
+  // top of rpg-torch's main (RPG_TEST_KILL_AT=startup), it must wait, blocked, for train's
+  // handler and stop the run at its first step boundary (exit 75), not kill it (exit 143,
+  // as soak.sh saw 7 times in 38 starts signalled 3-15 s after launch on a loaded machine).
+  auto r = train("startup:1:TERM");
+  EXPECT_EQ(expect_preempted(r, "SIGTERM"), 0);
+  EXPECT_NE(r.err.find("nothing to save before the first step"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(run_ / "rpg.lock")) << "the run-directory lock was not released";
+  r = train("");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_identical_to_whole();
+
+  // A command without stop handling still ends on the signal, at once.
+  r = test::run_process({test::rpg_binary().string(), "version"}, {"RPG_TEST_KILL_AT=startup:1:TERM"});
+  EXPECT_EQ(r.exit_code, -SIGTERM) << r.err;
+}
+
 TEST_F(Preemption, SecondSignalDuringThePreemptionCheckpointExitsAtOnceAndNothingPartialIsLoaded) {
   // The first SIGTERM mid-step; the second while the preemption checkpoint is half written.
   auto r = train("generation:20:TERM,checkpoint_write:1:TERM");

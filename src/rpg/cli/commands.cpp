@@ -23,13 +23,13 @@ const std::vector<Command>& commands() {
       {"generate", "sample responses from a model for a dataset or prompts (JSON lines)", RPG_TORCH_COMMAND(run_generate)},
       {"eval", "mean@n / pass@k / maj@n of a model on Parquet datasets, scored like verl", RPG_TORCH_COMMAND(run_eval)},
       {"demo", "a real RL run on the CPU from scratch: SFT warm start, RPG-REINFORCE, held-out eval", RPG_TORCH_COMMAND(run_demo)},
-      {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", RPG_TORCH_COMMAND(run_train)},
+      {"train", "RL training (RPG, GRPO, DAPO, REINFORCE++) configured like verl", RPG_TORCH_COMMAND(run_train), true},
       {"plan", "print the memory per rank a training configuration needs (docs/scaling.md)", RPG_TORCH_COMMAND(run_plan)},
       {"launch", "run N ranks of a command on this node (torchrun's environment, output prefixed by rank)", RPG_TORCH_COMMAND(run_launch)},
       {"report", "HTML report of a run (summary, charts) or of several runs compared (Table 3 layout)", run_report},
       {"model info", "architecture, parameter count, dtype and memory of a model directory", run_model_info},
       {"tokenize", "ids and pieces of a text under a model directory's tokenizer", run_tokenize},
-      {"sft", "supervised fine-tuning on (prompt, response) JSONL pairs, loss on responses only", RPG_TORCH_COMMAND(run_sft)},
+      {"sft", "supervised fine-tuning on (prompt, response) JSONL pairs, loss on responses only", RPG_TORCH_COMMAND(run_sft), true},
   };
   return table;
 }

@@ -18,6 +18,9 @@ struct Command {
   std::string summary;  // one line for `rpg --help`
   // nullptr in the `rpg` front binary for a command that needs libtorch (run by rpg-torch).
   int (*run)(const std::string& full_name, const std::vector<std::string>& args);
+  // It installs rpg's SIGTERM / SIGINT handlers itself (core/signals.h): until then a stop
+  // signal stays blocked and pending. Every other command runs with them unblocked.
+  bool handles_stop_signals = false;
 };
 
 // `rpg train` / `rpg config show` (cmd_config.cpp): CONFIG ('-': defaults only) + overrides, bound, validated

@@ -34,6 +34,7 @@
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
 #include "rpg/core/signals.h"
+#include "rpg/core/test_hook.h"
 
 namespace {
 
@@ -107,38 +108,9 @@ void apply_global_options(std::vector<std::string>& args) {
   }
 }
 
-#ifdef RPG_CLI_FRONT
-// The command needs libtorch: become rpg-torch (beside this binary) with the same arguments.
-[[noreturn]] void exec_torch_binary(char** argv) {
-  std::error_code ec;
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) self = argv[0];
-  const std::string torch = (self.parent_path() / "rpg-torch").string();
-  argv[0] = const_cast<char*>(torch.c_str());
-  std::cout.flush();
-  execv(torch.c_str(), argv);
-  throw rpg::IoError(rpg::str(torch, ": cannot run it (", std::strerror(errno),
-                              "); the commands that need libtorch are in that binary: build the rpg target"));
-}
-#endif
-
-int dispatch(std::vector<std::string> args, [[maybe_unused]] char** argv) {
-  apply_global_options(args);
-  if (args.empty()) {
-    print_help();
-    return 2;
-  }
-  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    print_help();
-    return 0;
-  }
-#ifdef RPG_CLI_FRONT
-  if (args[0] == "--version") exec_torch_binary(argv);
-#else
-  if (args[0] == "--version") return rpg::cli::run_version("rpg --version", {});
-#endif
-
-  // Longest command name that the arguments start with.
+// The command with the longest name that the arguments start with (its word count in
+// *words), or nullptr.
+const rpg::cli::Command* match_command(const std::vector<std::string>& args, size_t* words_out) {
   const rpg::cli::Command* best = nullptr;
   size_t best_words = 0;
   for (const auto& c : rpg::cli::commands()) {
@@ -155,6 +127,55 @@ int dispatch(std::vector<std::string> args, [[maybe_unused]] char** argv) {
     for (size_t i = 0; i < words.size() && match; ++i) match = words[i] == args[i];
     if (match) best = &c, best_words = words.size();
   }
+  *words_out = best_words;
+  return best;
+}
+
+#ifdef RPG_CLI_FRONT
+// The command needs libtorch: become rpg-torch (beside this binary) with the same arguments.
+[[noreturn]] void exec_torch_binary(char** argv) {
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) self = argv[0];
+  const std::string torch = (self.parent_path() / "rpg-torch").string();
+  argv[0] = const_cast<char*>(torch.c_str());
+  std::cout.flush();
+  rpg::signals::block_stop_signals();  // a stop while rpg-torch starts stays pending (core/signals.h)
+  execv(torch.c_str(), argv);
+  rpg::signals::unblock_stop_signals();
+  throw rpg::IoError(rpg::str(torch, ": cannot run it (", std::strerror(errno),
+                              "); the commands that need libtorch are in that binary: build the rpg target"));
+}
+#endif
+
+int dispatch(std::vector<std::string> args, [[maybe_unused]] char** argv) {
+  apply_global_options(args);
+#ifndef RPG_CLI_FRONT
+  rpg::test_hook::kill_point("startup");  // tests: a stop signal that arrives while rpg-torch starts
+#endif
+  {
+    // The front binary blocked SIGTERM / SIGINT before exec'ing this one: they stay blocked
+    // only until a command that handles them has installed its handlers.
+    size_t words = 0;
+    const rpg::cli::Command* c = match_command(args, &words);
+    if (!c || !c->handles_stop_signals) rpg::signals::unblock_stop_signals();
+  }
+  if (args.empty()) {
+    print_help();
+    return 2;
+  }
+  if (args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_help();
+    return 0;
+  }
+#ifdef RPG_CLI_FRONT
+  if (args[0] == "--version") exec_torch_binary(argv);
+#else
+  if (args[0] == "--version") return rpg::cli::run_version("rpg --version", {});
+#endif
+
+  size_t best_words = 0;
+  const rpg::cli::Command* best = match_command(args, &best_words);
   if (!best) {
     // A group word alone ("rpg config") lists its subcommands.
     std::vector<std::string> names, group;

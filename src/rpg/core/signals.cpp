@@ -41,7 +41,21 @@ void install_stop_handlers() {
   sa.sa_flags = SA_RESTART;  // blocking reads and writes resume; the loop polls the flag
   ::sigaction(SIGTERM, &sa, nullptr);
   ::sigaction(SIGINT, &sa, nullptr);
+  unblock_stop_signals();
 }
+
+namespace {
+void set_stop_signals_blocked(bool blocked) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  ::pthread_sigmask(blocked ? SIG_BLOCK : SIG_UNBLOCK, &set, nullptr);
+}
+}  // namespace
+
+void block_stop_signals() { set_stop_signals_blocked(true); }
+void unblock_stop_signals() { set_stop_signals_blocked(false); }
 
 bool stop_requested() { return g_count.load(std::memory_order_relaxed) > 0; }
 

@@ -28,8 +28,17 @@ class Preempted : public Error {
 
 namespace signals {
 
-// Installs the SIGTERM / SIGINT handlers described above (idempotent).
+// Installs the SIGTERM / SIGINT handlers described above (idempotent), then unblocks the
+// two signals: one that arrived while they were blocked is handled now.
 void install_stop_handlers();
+// A stop can arrive while the process is still starting: the `rpg` front binary blocks
+// SIGTERM / SIGINT just before it execs rpg-torch (a blocked signal stays pending across
+// execve, where a handler would be reset), so one sent while libtorch loads and the
+// command line is parsed reaches train's / sft's handler (exit 75 after the first step)
+// instead of killing the process (exit 143). Every other command unblocks them first
+// thing: a pending stop then ends it by the default action, as before.
+void block_stop_signals();
+void unblock_stop_signals();
 // Whether a stop was requested (one signal received).
 bool stop_requested();
 // The name of the first signal received ("SIGTERM", "SIGINT"), or "" when none.
