@@ -135,6 +135,7 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
              "% with a miscopied final answer)"));
   SftOptions sft;
   sft.lr = o.sft_lr;
+  sft.warmup_ratio = o.sft_warmup_ratio;
   sft.batch_size = o.sft_batch;
   sft.micro_batch_size = o.sft_batch;
   sft.steps = o.sft_steps;

@@ -53,6 +53,7 @@ struct DemoOptions {
   // to its 2,000-step cap (8 CPU min) below 0.3 (docs/demo-results.md; validation split only).
   int64_t sft_steps = 4000, sft_batch = 16;
   double sft_lr = 5e-3;
+  double sft_warmup_ratio = 0.05;  // linear warm-up over this fraction of sft_steps
   double sft_target = 0.3;
   int64_t sft_eval_every = 100, sft_min_steps = 300, sft_eval_n = 4;
   // RL: 60 steps of 32 prompts x 8 responses, 4 optimizer steps of 8 prompts each per step.

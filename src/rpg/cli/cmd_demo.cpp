@@ -31,6 +31,8 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
               str("stop SFT when validation mean@", o.sft_eval_n, " reaches this (0: run --sft-steps; default ",
                   o.sft_target, ")"),
               "ACC")
+      .option("--sft-warmup-ratio", &o.sft_warmup_ratio,
+              str("SFT linear warm-up as a fraction of --sft-steps (default ", o.sft_warmup_ratio, ")"), "R")
       .option("--sft-batch", &o.sft_batch, str("SFT pairs per optimizer step (default ", o.sft_batch, ")"), "N")
       .option("--sft-eval-every", &o.sft_eval_every,
               str("SFT validation check every N steps (default ", o.sft_eval_every, ")"), "N")
