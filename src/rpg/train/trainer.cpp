@@ -90,7 +90,14 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
 Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
     : cfg(std::move(c)),
       scorers(std::move(s)),
-      policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, "float32", cfg.trainer.device)) {
+      // dist.shard_master_weights: the policy holds bf16 weights (no fp32 copy of its own; the
+      // masters are the sharded optimizer's), else fp32 weights that are the master.
+      policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, cfg.dist.shard_master_weights ? "bfloat16" : "float32",
+                                  cfg.trainer.device)) {
+  shard_master = cfg.dist.shard_master_weights;
+  // The rollout samples with the bf16 policy itself unless another dtype is asked for
+  // explicitly ("auto" would be an fp32 copy on the CPU: the 4 B/param the mode saves).
+  if (shard_master && cfg.actor_rollout_ref.rollout.dtype == "auto") cfg.actor_rollout_ref.rollout.dtype = "bfloat16";
   recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
   filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
   adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
@@ -167,6 +174,13 @@ nlohmann::json Trainer::Impl::fingerprint() const {
           {"optim_type", cfg.actor_rollout_ref.actor.optim.optim_type}};
 }
 
+nlohmann::json Trainer::Impl::fingerprint_with_layout() const {
+  nlohmann::json f = fingerprint();
+  // Only when set, so that checkpoints written before the key existed still resume by default.
+  if (shard_master) f["shard_master_weights"] = true;
+  return f;
+}
+
 void Trainer::Impl::use_export_weights() {
   // Schedule-free AdamW: rpg validates and exports the average x. The fork switches only
   // around its old log-probs (eval) and its update (train), so it samples, validates and
@@ -212,7 +226,7 @@ void Trainer::Impl::save_checkpoint() {
     if (sharded) shard = dp::write_optimizer_shard(*optimizer, dir);
   });
   nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
-                          {"kl_in_reward_coef", kl_in_reward_coef}, {"config", fingerprint()},
+                          {"kl_in_reward_coef", kl_in_reward_coef}, {"config", fingerprint_with_layout()},
                           {"ref_updates", ref_updates},
                           {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
   if (sharded) state["optimizer_shards"] = dp::gather_shard_manifest(shard, *optimizer);
@@ -268,7 +282,7 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
   dp::all_or_none(str("resume from ", dir.string()), [&] {
     if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
     state = read_train_state(dir);
-    const auto want = fingerprint();
+    const auto want = fingerprint_with_layout();
     for (const auto& [key, value] : want.items())
       if (state["config"][key] != value)
         throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", state["config"][key].dump(),
@@ -399,8 +413,10 @@ void Trainer::Impl::build_optimizer() {
   // transformers' order, as the fork's torch optimizer and clip_grad_norm_ do.
   NamedTensors params = policy.model.named_parameters();
   if (fork) params = in_transformers_order(std::move(params));
-  optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,  // ZeRO-1/2: sharded
-                                 static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024));
+  // ZeRO-1/2: sharded. dist.shard_master_weights: the parameters are bf16, their fp32 masters
+  // are the optimizer's (1/N per rank), and gradients accumulate in fp32 (data_parallel.h).
+  optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,
+                                 static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024), shard_master);
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
   schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
@@ -416,11 +432,18 @@ void Trainer::Impl::build_models() {
   const bool resident = fork ? !actor.use_iterative_ref_model
                              : !(actor.use_iterative_ref_model && actor.ref_update_freq == 1);
   if (needs_reference && resident) {
+    // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
     reference = std::make_unique<model::CausalLM>(
-        model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()}));
+        model::CausalLM::from_pretrained(path, {shard_master ? at::kBFloat16 : at::kFloat, policy.model.device()}));
     reference->set_requires_grad(false);
   }
-  if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
+  if (shard_master) {
+    // The policy (bf16) runs forward/backward itself: no compute copy. The optimizer's fp32
+    // masters start from the checkpoint's full-precision weights, not from their bf16
+    // rounding (a transient fp32 load; this rank keeps only its 1/N of it).
+    const model::CausalLM full = model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()});
+    dp::init_master_weights(*optimizer, full.named_parameters());
+  } else if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
     compute = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
     compute->set_requires_grad(true);
