@@ -330,6 +330,22 @@ TEST_F(ShardMasterWeights, TwoRankCheckpointResumesOnOneRank) {
             0u);
 }
 
+// And the other way: a 1-process checkpoint of step 1 (whole masters in train_state.safetensors)
+// resumed by 2 ZeRO-1 ranks, each keeping its half of the masters: equals the uninterrupted run.
+TEST_F(ShardMasterWeights, OneRankCheckpointResumesOnTwoZeroOneRanks) {
+  const fs::path src = one(), run = *dir_ / "grown";
+  fs::remove_all(run);
+  fs::copy(src, run, fs::copy_options::recursive);
+  for (int step = 2; step <= 3; ++step) fs::remove_all(run / ("global_step_" + std::to_string(step)));
+  write_file_atomic(run / "latest_checkpointed_iteration.txt", "1");
+  auto r = run_process(argv({"--nproc", "2"}, run, 1));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  expect_equal_runs(src, run);
+  EXPECT_GT(expect_close(optimizer_state(src / "global_step_3", 1), optimizer_state(run / "global_step_3", 2),
+                         "the grown run's optimizer shards", "optim."),
+            0u);
+}
+
 // The combinations the mode cannot run: one `rpg: error:` line naming the key, before any
 // model is loaded.
 TEST_F(ShardMasterWeights, BadCombinationsAreRefused) {
@@ -348,6 +364,21 @@ TEST_F(ShardMasterWeights, BadCombinationsAreRefused) {
     EXPECT_TRUE(r.err.find(c.message) != std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(run / "global_step_1"));
   }
+}
+
+// A checkpoint of the default layout (fp32 weights, no masters in the optimizer state) is not
+// resumed with the mode on: one line naming the setting (the resume fingerprint), not a
+// silent restart from bf16-rounded weights.
+TEST_F(ShardMasterWeights, DefaultLayoutCheckpointIsRefused) {
+  const fs::path run = *dir_ / "default_layout";
+  auto plain = argv({}, run, 1, {"trainer.total_training_steps=1", "dist.shard_master_weights=false"});
+  auto a = run_process(plain, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto b = run_process(argv({}, run, 1), {"OMP_NUM_THREADS=1"});
+  EXPECT_NE(b.exit_code, 0);
+  EXPECT_TRUE(b.err.find("rpg: error: cannot resume from ") != std::string::npos &&
+              b.err.find("shard_master_weights was null, the config now says true") != std::string::npos)
+      << b.err;
 }
 
 // rpg plan's model of the mode, against the closed forms of docs/scaling.md's table (P
