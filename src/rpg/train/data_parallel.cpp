@@ -323,7 +323,7 @@ class ShardedOptimizer final : public Optimizer {
     for (const Piece& pc : pieces_) {
       const std::string& name = params_[pc.param].first;
       if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end())
-        it->second = master_of(name).detach().to(at::kFloat).reshape({-1}).narrow(0, pc.start, pc.length).clone();
+        it->second = master_of(name).detach().reshape({-1}).narrow(0, pc.start, pc.length).to(at::kFloat).clone();
     }
     inner_->load_state(st);
   }
@@ -751,14 +751,7 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, Named
   return o;
 }
 
-void init_master_weights(Optimizer& optimizer, const NamedTensors& fp32) {
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& [name, t] : fp32) by_name[name] = t;
-  auto master_of = [&](const std::string& name) -> const at::Tensor& {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) throw ValueError(str("dist.shard_master_weights: no fp32 weights for '", name, "'"));
-    return it->second;
-  };
+void init_master_weights(Optimizer& optimizer, const std::function<at::Tensor(const std::string&)>& master_of) {
   if (ShardedOptimizer* s = sharded_of(optimizer)) {
     s->init_master_weights(master_of);
     return;

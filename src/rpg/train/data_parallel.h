@@ -79,10 +79,11 @@ std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage,
                                           int64_t bucket_bytes = int64_t{25} << 20, bool fp32_gradients = false);
 // dist.shard_master_weights: the optimizer's fp32 master copies of its (bf16) parameters --
-// this rank's 1/N under ZeRO-1/2 -- set from full-precision weights (by parameter name, e.g.
-// the checkpoint's fp32 tensors) instead of the bf16-rounded parameters they were made from.
-// Collective for a sharded optimizer.
-void init_master_weights(Optimizer& optimizer, const NamedTensors& fp32);
+// this rank's 1/N under ZeRO-1/2 -- set from full-precision weights instead of the
+// bf16-rounded parameters they were made from. `master_of(name)` gives a parameter's full
+// tensor (any float dtype, e.g. a view of the checkpoint's mapped file): a sharded optimizer
+// copies only its piece. Not collective.
+void init_master_weights(Optimizer& optimizer, const std::function<at::Tensor(const std::string&)>& master_of);
 // ZeRO-2: backward produces the gradients on `sources` (a compute copy's parameters, in
 // params() order and shapes) instead of the optimizer's parameters. No-op otherwise.
 void attach_gradient_sources(Optimizer& optimizer, const std::vector<at::Tensor>& sources);

@@ -38,6 +38,9 @@
 #include "rpg/train/resume_check.h"
 #include "rpg/train/trainer_testing.h"
 #include "rpg/train/optim.h"
+#include "rpg/model/safetensors.h"
+
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -388,6 +391,52 @@ NamedTensors in_transformers_order(NamedTensors params) {
   return params;
 }
 
+// A Hugging Face model directory's tensors, memory-mapped (model.safetensors or the index's
+// shards): get() is a tensor over the mapped bytes, no copy; pages are read on first touch.
+class ModelTensors {
+ public:
+  explicit ModelTensors(const fs::path& dir) {
+    std::set<std::string> files;
+    if (fs::exists(dir / "model.safetensors.index.json")) {
+      const auto j = nlohmann::json::parse(read_file(dir / "model.safetensors.index.json"), nullptr, false);
+      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw FormatError(str((dir / "model.safetensors.index.json").string(), ": missing the weight_map object"));
+      for (const auto& [name, f] : j["weight_map"].items()) files.insert(f.get<std::string>());
+    } else {
+      files.insert("model.safetensors");
+    }
+    for (const auto& f : files) {
+      auto map = std::make_unique<model::safetensors::MappedFile>(dir / f);
+      auto header = model::safetensors::parse(map->data(), map->size(), map->path());
+      open_.push_back({std::move(map), std::move(header)});
+    }
+  }
+  at::Tensor get(const std::string& name) const {
+    namespace st = model::safetensors;
+    for (const auto& [map, header] : open_) {
+      const st::TensorInfo* t = header.find(name);
+      if (!t) continue;
+      at::ScalarType dtype;
+      switch (t->dtype) {
+        case st::DType::kF32: dtype = at::kFloat; break;
+        case st::DType::kBF16: dtype = at::kBFloat16; break;
+        case st::DType::kF16: dtype = at::kHalf; break;
+        default: throw FormatError(str(map->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t->dtype)));
+      }
+      void* data = const_cast<uint8_t*>(map->data() + header.data_start + t->begin);
+      return at::from_blob(data, t->shape, at::TensorOptions().dtype(dtype));
+    }
+    throw FormatError(str("dist.shard_master_weights: no tensor '", name, "' in the model's safetensors"));
+  }
+
+ private:
+  struct Open {
+    std::unique_ptr<model::safetensors::MappedFile> map;
+    model::safetensors::Header header;
+  };
+  std::vector<Open> open_;
+};
+
 }  // namespace
 
 void Trainer::Impl::build_optimizer() {
@@ -440,9 +489,9 @@ void Trainer::Impl::build_models() {
   if (shard_master) {
     // The policy (bf16) runs forward/backward itself: no compute copy. The optimizer's fp32
     // masters start from the checkpoint's full-precision weights, not from their bf16
-    // rounding (a transient fp32 load; this rank keeps only its 1/N of it).
-    const model::CausalLM full = model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()});
-    dp::init_master_weights(*optimizer, full.named_parameters());
+    // rounding: read from the memory-mapped safetensors, each rank copying only its 1/N.
+    ModelTensors fp32(path);
+    dp::init_master_weights(*optimizer, [&](const std::string& name) { return fp32.get(name); });
   } else if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
     compute = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
