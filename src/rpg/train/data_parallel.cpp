@@ -158,6 +158,24 @@ SlotLayout probe_slots(const OptimizerOptions& options, at::ScalarType dtype) {
   return out;
 }
 
+bool is_master_key(const std::string& k) { return k.size() > 7 && k.compare(k.size() - 7, 7, ".master") == 0; }
+
+// `st` (an optimizer's state() with its ".master" tensors overwritten in place) applied to
+// `o`: when state() handed out the optimizer's own tensors (AdamW and schedule-free AdamW
+// do) the masters are in place already and only the parameters take their bf16 rounding,
+// with no second copy of the state; otherwise load_state().
+void apply_masters(Optimizer& o, const OptimizerState& st) {
+  c10::NoGradGuard no_grad;
+  const OptimizerState again = o.state();
+  for (const auto& [k, t] : st.tensors) {
+    if (!is_master_key(k)) continue;
+    auto it = again.tensors.find(k);
+    if (it == again.tensors.end() || !it->second.is_same(t)) return o.load_state(st);
+  }
+  for (const auto& [name, p] : o.params())
+    if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end()) p.detach().copy_(it->second.view(p.sizes()));
+}
+
 int64_t state_bytes(const OptimizerState& st) {
   int64_t n = 0;
   for (const auto& [k, t] : st.tensors) n += static_cast<int64_t>(t.nbytes());
@@ -322,10 +340,12 @@ class ShardedOptimizer final : public Optimizer {
     OptimizerState st = inner_->state();
     for (const Piece& pc : pieces_) {
       const std::string& name = params_[pc.param].first;
+      // In place: no second copy of the masters (state() hands out the optimizer's own
+      // tensors; apply_masters makes it right whether or not it does).
       if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end())
-        it->second = master_of(name).detach().reshape({-1}).narrow(0, pc.start, pc.length).to(at::kFloat).clone();
+        it->second.copy_(master_of(name).detach().reshape({-1}).narrow(0, pc.start, pc.length));
     }
-    inner_->load_state(st);
+    apply_masters(*inner_, st);
   }
 
   // ---- ZeRO-2: gradients reduced bucket by bucket during the backward passes -----------------
@@ -726,7 +746,7 @@ ShardedOptimizer* sharded_of(Optimizer& o) { return dynamic_cast<ShardedOptimize
 int64_t master_bytes_of(const OptimizerState& st) {
   int64_t n = 0;
   for (const auto& [k, t] : st.tensors)
-    if (k.size() > 7 && k.compare(k.size() - 7, 7, ".master") == 0) n += static_cast<int64_t>(t.nbytes());
+    if (is_master_key(k)) n += static_cast<int64_t>(t.nbytes());
   return n;
 }
 
@@ -760,8 +780,8 @@ void init_master_weights(Optimizer& optimizer, const std::function<at::Tensor(co
   OptimizerState st = optimizer.state();
   for (const auto& [name, p] : optimizer.params())
     if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end())
-      it->second = master_of(name).detach().to(at::kFloat).reshape(p.sizes()).clone();
-  optimizer.load_state(st);
+      it->second.copy_(master_of(name).detach().reshape(p.sizes()));  // in place, as above
+  apply_masters(base_of(optimizer), st);
 }
 
 void attach_gradient_sources(Optimizer& optimizer, const std::vector<at::Tensor>& sources) {

@@ -392,7 +392,9 @@ NamedTensors in_transformers_order(NamedTensors params) {
 }
 
 // A Hugging Face model directory's tensors, memory-mapped (model.safetensors or the index's
-// shards): get() is a tensor over the mapped bytes, no copy; pages are read on first touch.
+// shards): get() is a tensor over the mapped bytes, no copy; pages are read on first touch,
+// and the previous get()'s pages are dropped (it must have been copied by then), so the file
+// adds at most one tensor to the resident set.
 class ModelTensors {
  public:
   explicit ModelTensors(const fs::path& dir) {
@@ -411,8 +413,10 @@ class ModelTensors {
       open_.push_back({std::move(map), std::move(header)});
     }
   }
-  at::Tensor get(const std::string& name) const {
+  at::Tensor get(const std::string& name) {
     namespace st = model::safetensors;
+    if (last_map_) last_map_->drop(last_offset_, last_length_);
+    last_map_ = nullptr;
     for (const auto& [map, header] : open_) {
       const st::TensorInfo* t = header.find(name);
       if (!t) continue;
@@ -424,6 +428,7 @@ class ModelTensors {
         default: throw FormatError(str(map->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t->dtype)));
       }
       void* data = const_cast<uint8_t*>(map->data() + header.data_start + t->begin);
+      last_map_ = map.get(), last_offset_ = header.data_start + t->begin, last_length_ = t->end - t->begin;
       return at::from_blob(data, t->shape, at::TensorOptions().dtype(dtype));
     }
     throw FormatError(str("dist.shard_master_weights: no tensor '", name, "' in the model's safetensors"));
@@ -435,6 +440,8 @@ class ModelTensors {
     model::safetensors::Header header;
   };
   std::vector<Open> open_;
+  const model::safetensors::MappedFile* last_map_ = nullptr;
+  uint64_t last_offset_ = 0, last_length_ = 0;
 };
 
 }  // namespace
