@@ -281,6 +281,20 @@ test::TempDir* ShardMasterWeights::dir_ = nullptr;
 TEST_F(ShardMasterWeights, ZeroOneTwoRanksEqualOneRank) { expect_two_ranks_equal_one(1); }
 TEST_F(ShardMasterWeights, ZeroTwoTwoRanksEqualOneRank) { expect_two_ranks_equal_one(2); }
 
+// Schedule-free AdamW (its master y and base sequence z both start at the fp32 weights; its
+// evaluation/training switches re-gather the bf16 weights): 2 ZeRO-1 ranks equal 1 rank.
+TEST_F(ShardMasterWeights, ScheduleFreeZeroOneTwoRanksEqualOneRank) {
+  const std::vector<std::string> sf = {"actor_rollout_ref.actor.optim.optim_type=schedule_free_adamw",
+                                       "actor_rollout_ref.actor.optim.lr_warmup_steps=2"};
+  const fs::path a = *dir_ / "sf_one", b = *dir_ / "sf_two";
+  ensure_run(a, argv({}, a, 1, sf), true);
+  ensure_run(b, argv({"--nproc", "2"}, b, 1, sf), false);
+  expect_equal_runs(a, b);
+  EXPECT_GT(expect_close(optimizer_state(a / "global_step_3", 1), optimizer_state(b / "global_step_3", 2),
+                         "the schedule-free shards", "optim."),
+            0u);
+}
+
 // The accounted bytes (perf/memory/*, dist/memory.h): the weights are bf16 (2 B/param, on
 // every rank); the fp32 masters (4 B/param) and the moments (8 B/param) are whole on 1 rank
 // and split into two halves (to one element) by 2 ranks, at ZeRO-1 and ZeRO-2.

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -158,9 +159,13 @@ SlotLayout probe_slots(const OptimizerOptions& options, at::ScalarType dtype) {
   return out;
 }
 
+// Optimizer slots that start as a copy of the (master) weights: the fp32 master, and
+// schedule-free AdamW's base sequence z (z_0 = x_0 = y_0).
+constexpr const char* kStartsAtTheWeights[] = {".master", ".z"};
+
 bool is_master_key(const std::string& k) { return k.size() > 7 && k.compare(k.size() - 7, 7, ".master") == 0; }
 
-// `st` (an optimizer's state() with its ".master" tensors overwritten in place) applied to
+// `st` (an optimizer's state() with its kStartsAtTheWeights slots overwritten in place) applied to
 // `o`: when state() handed out the optimizer's own tensors (AdamW and schedule-free AdamW
 // do) the masters are in place already and only the parameters take their bf16 rounding,
 // with no second copy of the state; otherwise load_state().
@@ -168,7 +173,11 @@ void apply_masters(Optimizer& o, const OptimizerState& st) {
   c10::NoGradGuard no_grad;
   const OptimizerState again = o.state();
   for (const auto& [k, t] : st.tensors) {
-    if (!is_master_key(k)) continue;
+    const bool written = std::any_of(std::begin(kStartsAtTheWeights), std::end(kStartsAtTheWeights), [&](const char* s) {
+      const size_t n = std::strlen(s);
+      return k.size() > n && k.compare(k.size() - n, n, s) == 0;
+    });
+    if (!written) continue;
     auto it = again.tensors.find(k);
     if (it == again.tensors.end() || !it->second.is_same(t)) return o.load_state(st);
   }
@@ -342,8 +351,9 @@ class ShardedOptimizer final : public Optimizer {
       const std::string& name = params_[pc.param].first;
       // In place: no second copy of the masters (state() hands out the optimizer's own
       // tensors; apply_masters makes it right whether or not it does).
-      if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end())
-        it->second.copy_(master_of(name).detach().reshape({-1}).narrow(0, pc.start, pc.length));
+      const at::Tensor full = master_of(name).detach().reshape({-1}).narrow(0, pc.start, pc.length);
+      for (const char* slot : kStartsAtTheWeights)
+        if (auto it = st.tensors.find(name + slot); it != st.tensors.end()) it->second.copy_(full);
     }
     apply_masters(*inner_, st);
   }
@@ -778,9 +788,11 @@ void init_master_weights(Optimizer& optimizer, const std::function<at::Tensor(co
   }
   c10::NoGradGuard no_grad;
   OptimizerState st = optimizer.state();
-  for (const auto& [name, p] : optimizer.params())
-    if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end())
-      it->second.copy_(master_of(name).detach().reshape(p.sizes()));  // in place, as above
+  for (const auto& [name, p] : optimizer.params()) {
+    const at::Tensor full = master_of(name).detach().reshape(p.sizes());
+    for (const char* slot : kStartsAtTheWeights)
+      if (auto it = st.tensors.find(name + slot); it != st.tensors.end()) it->second.copy_(full);  // in place, as above
+  }
   apply_masters(base_of(optimizer), st);
 }
 
