@@ -281,6 +281,26 @@ test::TempDir* ShardMasterWeights::dir_ = nullptr;
 TEST_F(ShardMasterWeights, ZeroOneTwoRanksEqualOneRank) { expect_two_ranks_equal_one(1); }
 TEST_F(ShardMasterWeights, ZeroTwoTwoRanksEqualOneRank) { expect_two_ranks_equal_one(2); }
 
+// Gradient accumulation over micro-batches: 1-row micro-batches, 4 per mini-batch, 2 per rank,
+// accumulated in fp32 (1 rank and ZeRO-1: the fp32 accumulators the bf16 gradients are added
+// into after each backward; ZeRO-2: the fp32 buckets and shard, 4 KiB buckets so that most
+// parameters are reduced on their own during backward). The fp32 sums of the four bf16
+// gradients are exact in any order (as in tests/dist's ZeroTwoSeveralMicroBatchesEqualOneRank),
+// so both stages equal 1 rank.
+TEST_F(ShardMasterWeights, SeveralMicroBatchesPerRankEqualOneRank) {
+  const std::string micro = "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1";
+  const fs::path one = *dir_ / "micro_one";
+  ensure_run(one, argv({}, one, 1, {micro}), true);
+  for (int stage : {1, 2}) {
+    const fs::path two = *dir_ / ("micro_two_zero" + std::to_string(stage));
+    ensure_run(two, argv({"--nproc", "2"}, two, stage, {micro, "dist.reduce_bucket_mb=0.004"}), false);
+    expect_equal_runs(one, two);
+    EXPECT_GT(expect_close(optimizer_state(one / "global_step_3", 1), optimizer_state(two / "global_step_3", 2),
+                           "ZeRO-" + std::to_string(stage) + " shards", "optim."),
+              0u);
+  }
+}
+
 // Schedule-free AdamW (its master y and base sequence z both start at the fp32 weights; its
 // evaluation/training switches re-gather the bf16 weights): 2 ZeRO-1 ranks equal 1 rank.
 TEST_F(ShardMasterWeights, ScheduleFreeZeroOneTwoRanksEqualOneRank) {
