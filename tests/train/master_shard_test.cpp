@@ -281,6 +281,37 @@ test::TempDir* ShardMasterWeights::dir_ = nullptr;
 TEST_F(ShardMasterWeights, ZeroOneTwoRanksEqualOneRank) { expect_two_ranks_equal_one(1); }
 TEST_F(ShardMasterWeights, ZeroTwoTwoRanksEqualOneRank) { expect_two_ranks_equal_one(2); }
 
+// The fp32 masters start from the checkpoint's fp32 weights, not from their bf16 rounding:
+// with lr 1e-30 (0 is refused) a step moves a weight by at most ~1e-30, far below an fp32 ulp
+// of any non-zero weight (and a zero one to at most ~1e-30), so after it every master equals
+// the fixture's model.safetensors (F32) within 1e-20 -- a bf16 rounding would be off by ~1e-3
+// relative -- on 1 rank (whole, in train_state.safetensors) and on 2 ZeRO-2 ranks (the halves
+// in the shards), and the bf16 weights are their rounding.
+TEST_F(ShardMasterWeights, MastersStartAtTheCheckpointsFp32Weights) {
+  const Tensors model = read_tensors(fixture_ / "model" / "model.safetensors");
+  for (const auto& [name, dtype] : model.dtypes) ASSERT_EQ(dtype, "F32") << name << ": the fixture must be fp32";
+  for (int world : {1, 2}) {
+    const fs::path run = *dir_ / ("lr0_" + std::to_string(world));
+    auto a = argv(world == 1 ? std::vector<std::string>{} : std::vector<std::string>{"--nproc", "2"}, run, 2,
+                  {"actor_rollout_ref.actor.optim.lr=1e-30", "trainer.total_training_steps=1"});
+    auto r = run_process(a, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto state = optimizer_state(run / "global_step_1", world);
+    size_t checked = 0;
+    for (const auto& [name, w] : model.values) {
+      auto it = state.find("optim." + name + ".master");
+      if (it == state.end()) continue;  // a tensor that is no parameter (none in the fixture)
+      ++checked;
+      ASSERT_EQ(it->second.size(), w.size()) << name;
+      double diff = 0;
+      for (size_t i = 0; i < w.size(); ++i) diff = std::max(diff, std::abs(it->second[i] - w[i]));
+      EXPECT_LE(diff, 1e-20) << name << " (" << world << " rank(s)): the master is not the fp32 weight";
+    }
+    EXPECT_EQ(checked, model.values.size());
+    expect_weights_are_rounded_masters(run / "global_step_1", world);
+  }
+}
+
 // Gradient accumulation over micro-batches: 1-row micro-batches, 4 per mini-batch, 2 per rank,
 // accumulated in fp32 (1 rank and ZeRO-1: the fp32 accumulators the bf16 gradients are added
 // into after each backward; ZeRO-2: the fp32 buckets and shard, 4 KiB buckets so that most
