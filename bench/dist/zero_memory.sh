@@ -8,10 +8,12 @@
 # ZeRO-2 the gradient shard and the largest bucket), the peak RSS (perf/max_rss_gb), and
 # `rpg plan`'s estimate of the same run's weights + gradients + optimizer state.
 #
-# usage: bench/dist/zero_memory.sh [HIDDEN] [LAYERS] [BUCKET_MB] [all|zero2]
+# usage: bench/dist/zero_memory.sh [HIDDEN] [LAYERS] [BUCKET_MB] [all|zero2|master]
 #   HIDDEN     hidden size (default 512); LAYERS decoder layers (default 10); MLP 4 x HIDDEN
 #   BUCKET_MB  dist.reduce_bucket_mb (default 25, the default)
-#   all|zero2  every configuration (default) or only the 2-rank ZeRO-2 ones
+#   all|zero2|master  every configuration (default), only the 2-rank ZeRO-2 ones, or bf16
+#              compute with dist.shard_master_weights=true (1 rank, 2 ranks ZeRO-1 and 2;
+#              "weights" are then the bf16 ones, "masters" the fp32 masters this rank holds)
 # The tokenizer is the tests' tiny chat model's (build/oracle-cache, made by
 # tests/oracles/tiny_chat_model.py: run the dist tests once).
 set -euo pipefail
@@ -48,28 +50,41 @@ def plan(ranks, extra):
     def field(name):
         m = re.search(rf"^  {re.escape(name)}\s+([0-9.]+) (MiB|GiB)", out, re.M)
         return float(m.group(1)) * (1024 if m.group(2) == "GiB" else 1)
+    if which == "master":
+        return (field("weights (bf16)"), field("master weights (fp32)"), field("gradients (fp32)"),
+                field("optimizer state (fp32)"))
     return field("weights (fp32)"), field("gradients (fp32)"), field("optimizer state (fp32)")
 
 def run(ranks, stage, compute):
     name = f"r{ranks}_z{stage}_{compute}"
     extra = [f"dist.zero_stage={stage}", f"actor_rollout_ref.actor.compute_dtype={compute}"]
+    if which == "master":
+        extra.append("dist.shard_master_weights=true")
     cmd = [rpg] + (["launch", "--nproc", str(ranks), "--"] if ranks > 1 else []) + ["train", "-", *args, *extra,
            f"trainer.default_local_dir={work}/{name}"]
     r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if r.returncode:
         sys.exit(r.stderr[-3000:])
-    pw, pg, po = plan(ranks, extra)
+    planned = plan(ranks, extra)
     for k in range(ranks):
         f = f"{work}/{name}/metrics.jsonl" if k == 0 else f"{work}/{name}/rank_{k}/metrics.jsonl"
         m = json.loads(open(f).read().splitlines()[-1])
         g = lambda key: m.get("perf/memory/" + key, 0) / MiB
-        print(f"| {ranks} | {stage} | {compute} | {k} | {g('weight_bytes'):.1f} | {g('grad_bytes_max'):.1f} | "
+        masters = f"{g('master_bytes'):.1f} | " if which == "master" else ""
+        print(f"| {ranks} | {stage} | {compute} | {k} | {g('weight_bytes'):.1f} | {masters}{g('grad_bytes_max'):.1f} | "
               f"{g('grad_shard_bytes'):.1f} | {g('grad_bucket_bytes'):.1f} | {g('optimizer_state_bytes'):.1f} | "
-              f"{m['perf/max_rss_gb'] * 1024:.0f} | {pw:.1f} / {pg:.1f} / {po:.1f} |", flush=True)
+              f"{m['perf/max_rss_gb'] * 1024:.0f} | {' / '.join(f'{x:.1f}' for x in planned)} |", flush=True)
 
 p = json.load(open(f"{work}/model/config.json"))
 print(f"model: hidden {p['hidden_size']}, {p['num_hidden_layers']} layers, MLP {p['intermediate_size']}, "
       f"vocab {p['vocab_size']}; reduce_bucket_mb {[a for a in args if a.startswith('dist.reduce')][0].split('=')[1]}")
+if which == "master":
+    print("| ranks | ZeRO | compute | rank | weights MiB | masters MiB | grad peak MiB | grad shard MiB | bucket MiB "
+          "| optimizer MiB | peak RSS MiB | plan: weights / masters / grads / optimizer MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for ranks, stage in [(1, 1), (2, 1), (2, 2)]:
+        run(ranks, stage, "bfloat16")
+    sys.exit(0)
 print("| ranks | ZeRO | compute | rank | weights MiB | grad peak MiB | grad shard MiB | bucket MiB | optimizer MiB "
       "| peak RSS MiB | plan: weights / grads / optimizer MiB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")

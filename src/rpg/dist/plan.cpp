@@ -98,16 +98,19 @@ MemoryPlan estimate(const PlanInput& in) {
   MemoryPlan p;
   p.stage = in.world > 1 ? in.zero_stage : 0;
   const double P = static_cast<double>(m.parameters), N = static_cast<double>(in.world);
-  p.weights = 4 * P;
-  p.compute = in.bf16_compute ? 2 * P : 0;
+  const bool sm = in.shard_master;
+  const double shard = p.stage >= 1 ? N : 1.0;
+  p.weights = sm ? 2 * P : 4 * P;
+  p.compute = in.bf16_compute && !sm ? 2 * P : 0;
+  p.master = sm ? 4 * P / shard : 0;
   // ZeRO-2 reduces the gradients bucket by bucket during backward into a persistent 1/N fp32
   // shard: at its peak a rank holds the shard, the bucket in flight and the one being filled
   // (a tensor larger than a bucket is a bucket of its own), never more than the full gradient.
   const double bucket = std::max(in.bucket_bytes, 4.0 * static_cast<double>(m.largest_tensor()));
   p.grads = p.stage >= 2 ? std::min(4 * P, 4 * P / N + 2 * bucket) : 4 * P;
-  p.optimizer = 8 * P / (p.stage >= 1 ? N : 1.0);
-  p.reference = in.fixed_reference ? 4 * P : 0;
-  p.states = p.weights + p.compute + p.grads + p.optimizer + p.reference;
+  p.optimizer = 8 * P / shard;
+  p.reference = in.fixed_reference ? (sm ? 2 : 4) * P : 0;
+  p.states = p.weights + p.compute + p.master + p.grads + p.optimizer + p.reference;
   // One micro-batch of T tokens: each layer's input kept (checkpointing) plus one layer's
   // full set during recomputation; without checkpointing every layer's full set.
   const double T = in.micro_batch_tokens;
@@ -123,7 +126,7 @@ MemoryPlan estimate(const PlanInput& in) {
                                             : L * (layer_full + h * T * b + scores) + layer_full;
   // Rollouts: every sequence of this rank's share at full length, fp32 K and V.
   p.rollout_sequences = std::min(static_cast<double>(in.max_num_seqs), std::ceil(static_cast<double>(in.rollout_sequences) / N));
-  p.kv_cache = 2.0 * static_cast<double>(m.layers * m.kv_heads * m.head_dim) * 4 * p.rollout_sequences *
+  p.kv_cache = 2.0 * static_cast<double>(m.layers * m.kv_heads * m.head_dim) * (sm ? 2 : 4) * p.rollout_sequences *
                static_cast<double>(in.sequence);
   p.total = p.states + std::max(p.activations, p.kv_cache);
   return p;
@@ -138,16 +141,20 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << ", MLP " << m.intermediate << "\n"
     << "per rank of " << in.world << ", ZeRO-" << p.stage << ", compute " << (in.bf16_compute ? "bf16" : "fp32") << ", "
     << in.optimizer << ":\n"
-    << "  weights (fp32)            " << gib(p.weights) << "\n"
-    << "  compute copy (bf16)       " << gib(p.compute) << "\n"
-    << "  gradients (fp32)          " << gib(p.grads)
+    << (in.shard_master ? "  weights (bf16)            " : "  weights (fp32)            ") << gib(p.weights) << "\n";
+  if (in.shard_master)
+    o << "  master weights (fp32)     " << gib(p.master) << (p.stage >= 1 ? " (1/N, in the optimizer state)" : " (in the optimizer state)")
+      << "\n";
+  else
+    o << "  compute copy (bf16)       " << gib(p.compute) << "\n";
+  o << "  gradients (fp32)          " << gib(p.grads)
     << (p.stage >= 2 ? " (1/N shard + 2 buckets in flight)" : "") << "\n"
     << "  optimizer state (fp32)    " << gib(p.optimizer) << (p.stage >= 1 ? " (1/N)" : "") << "\n"
-    << "  fixed reference (fp32)    " << gib(p.reference) << "\n"
+    << (in.shard_master ? "  fixed reference (bf16)    " : "  fixed reference (fp32)    ") << gib(p.reference) << "\n"
     << "  states                    " << gib(p.states) << "\n"
     << "  activations               " << gib(p.activations) << " (" << static_cast<int64_t>(p.micro_batch_tokens)
     << " tokens per micro-batch, gradient checkpointing " << (in.gradient_checkpointing ? "on" : "off") << ")\n"
-    << "  KV cache (rollout, fp32)  " << gib(p.kv_cache) << " (" << static_cast<int64_t>(p.rollout_sequences)
+    << (in.shard_master ? "  KV cache (rollout, bf16)  " : "  KV cache (rollout, fp32)  ") << gib(p.kv_cache) << " (" << static_cast<int64_t>(p.rollout_sequences)
     << " sequences x " << in.sequence << " tokens)\n"
     << "  peak = states + max(activations, KV cache)\n"
     << "total " << gib(p.total) << " (" << static_cast<int64_t>(p.total) << " bytes)\n";

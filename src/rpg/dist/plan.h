@@ -28,6 +28,10 @@ struct PlanInput {
   int64_t zero_stage = 0;       // dist.zero_stage; only counts with world > 1
   double bucket_bytes = 25.0 * 1024 * 1024;  // dist.reduce_bucket_mb (ZeRO-2)
   bool bf16_compute = false;    // a bf16 working copy next to the fp32 master weights
+  // dist.shard_master_weights (with bf16_compute): the weights are bf16 (no separate compute
+  // copy), the fp32 masters live in the optimizer state (1/N with ZeRO-1/2), the fixed
+  // reference and the rollout's KV cache are bf16.
+  bool shard_master = false;
   bool fixed_reference = false;  // a resident fp32 reference model
   bool gradient_checkpointing = false;
   int64_t sequence = 0;          // max prompt + max response tokens
@@ -41,6 +45,7 @@ struct PlanInput {
 struct MemoryPlan {
   int64_t stage = 0;  // the effective ZeRO stage (0 alone)
   double weights = 0, compute = 0, grads = 0, optimizer = 0, reference = 0, states = 0;
+  double master = 0;  // fp32 master weights held by the optimizer (shard_master only; else `weights` is the master)
   double activations = 0, kv_cache = 0, total = 0;
   double micro_batch_tokens = 0, rollout_sequences = 0;
 };

@@ -223,6 +223,11 @@ void TrainConfig::validate() const {
   require(dist.zero_stage >= 0 && dist.zero_stage <= 2, "dist.zero_stage",
           str("must be 0, 1 or 2, got ", dist.zero_stage));
   require(dist.reduce_bucket_mb > 0, "dist.reduce_bucket_mb", str("must be > 0, got ", dist.reduce_bucket_mb));
+  require(!dist.shard_master_weights || actor_rollout_ref.actor.compute_dtype == "bfloat16", "dist.shard_master_weights",
+          str("true needs actor_rollout_ref.actor.compute_dtype=bfloat16 (got ", actor_rollout_ref.actor.compute_dtype,
+              "): with fp32 compute the fp32 weights are the only copy"));
+  require(!dist.shard_master_weights || dist.zero_stage >= 1, "dist.shard_master_weights",
+          str("true needs dist.zero_stage=1 or 2 (got ", dist.zero_stage, "): the masters live in the sharded optimizer state"));
 }
 
 namespace {

@@ -485,6 +485,10 @@ struct TrainerConfig {
 struct DistConfig {
   int64_t zero_stage = 0;  // 0: replicated optimizer; 1: optimizer state sharded; 2: and the gradients
   double reduce_bucket_mb = 25.0;  // ZeRO-2: gradient bucket reduced during backward (DeepSpeed's reduce_bucket_size)
+  // ZeRO-1/2 with bf16 compute: the policy itself holds bf16 weights (it generates, is the
+  // reference's source, and is saved) and the fp32 master weights live only in the sharded
+  // optimizer state, 1/N per rank (textbook ZeRO / FSDP mixed precision; docs/scaling.md).
+  bool shard_master_weights = false;
 
   template <class V>
   void visit(V& v) {
@@ -492,6 +496,9 @@ struct DistConfig {
       "0 (replicated optimizer state) | 1 (optimizer state sharded over the ranks) | 2 (and the gradients)");
     v("reduce_bucket_mb", reduce_bucket_mb,
       "ZeRO-2: MiB of gradients per bucket reduced to their owners during backward (default 25)");
+    v("shard_master_weights", shard_master_weights,
+      "ZeRO-1/2 + compute_dtype bfloat16: the policy holds bf16 weights, the fp32 masters only the sharded "
+      "optimizer state (1/N per rank); default false (fp32 weights replicated)");
   }
 };
 

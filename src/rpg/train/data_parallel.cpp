@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -94,6 +95,7 @@ dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
   in.zero_stage = cfg.dist.zero_stage;
   in.bucket_bytes = cfg.dist.reduce_bucket_mb * 1024 * 1024;
   in.bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
+  in.shard_master = cfg.dist.shard_master_weights;
   const bool needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
   in.fixed_reference = needs_reference && !(a.actor.use_iterative_ref_model && a.actor.ref_update_freq == 1);
   in.gradient_checkpointing = a.model.enable_gradient_checkpointing;
@@ -157,6 +159,32 @@ SlotLayout probe_slots(const OptimizerOptions& options, at::ScalarType dtype) {
   return out;
 }
 
+// Optimizer slots that start as a copy of the (master) weights: the fp32 master, and
+// schedule-free AdamW's base sequence z (z_0 = x_0 = y_0).
+constexpr const char* kStartsAtTheWeights[] = {".master", ".z"};
+
+bool is_master_key(const std::string& k) { return k.size() > 7 && k.compare(k.size() - 7, 7, ".master") == 0; }
+
+// `st` (an optimizer's state() with its kStartsAtTheWeights slots overwritten in place) applied to
+// `o`: when state() handed out the optimizer's own tensors (AdamW and schedule-free AdamW
+// do) the masters are in place already and only the parameters take their bf16 rounding,
+// with no second copy of the state; otherwise load_state().
+void apply_masters(Optimizer& o, const OptimizerState& st) {
+  c10::NoGradGuard no_grad;
+  const OptimizerState again = o.state();
+  for (const auto& [k, t] : st.tensors) {
+    const bool written = std::any_of(std::begin(kStartsAtTheWeights), std::end(kStartsAtTheWeights), [&](const char* s) {
+      const size_t n = std::strlen(s);
+      return k.size() > n && k.compare(k.size() - n, n, s) == 0;
+    });
+    if (!written) continue;
+    auto it = again.tensors.find(k);
+    if (it == again.tensors.end() || !it->second.is_same(t)) return o.load_state(st);
+  }
+  for (const auto& [name, p] : o.params())
+    if (auto it = st.tensors.find(name + ".master"); it != st.tensors.end()) p.detach().copy_(it->second.view(p.sizes()));
+}
+
 int64_t state_bytes(const OptimizerState& st) {
   int64_t n = 0;
   for (const auto& [k, t] : st.tensors) n += static_cast<int64_t>(t.nbytes());
@@ -179,6 +207,9 @@ class ShardedOptimizer final : public Optimizer {
       first = false;
       if (!layouts_.count(p.scalar_type())) layouts_[p.scalar_type()] = probe_slots(o, p.scalar_type());
     }
+    // Gradients are reduced and accumulated in at least fp32 (bf16 parameters under
+    // dist.shard_master_weights: the buckets and the shard are fp32, as the masters they update).
+    grad_dtype_ = at::promote_types(dtype_, at::kFloat);
     for (int k = 0; k <= w; ++k) bounds_.push_back(total * k / w);
     NamedTensors mine;
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -191,7 +222,7 @@ class ShardedOptimizer final : public Optimizer {
     inner_ = train::make_optimizer(o, std::move(mine));
     gather_bytes_ = bucket_bytes;
     if (shard_grads_) {
-      grad_shard_ = at::zeros({bounds_[r + 1] - bounds_[r]}, at::TensorOptions().dtype(dtype_));
+      grad_shard_ = at::zeros({bounds_[r + 1] - bounds_[r]}, at::TensorOptions().dtype(grad_dtype_));
       dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(grad_shard_.nbytes()));
       make_buckets(bucket_bytes);
       std::vector<at::Tensor> sources;
@@ -310,6 +341,22 @@ class ShardedOptimizer final : public Optimizer {
   FlatRange range() const { return {bounds_[pg_.rank()], bounds_[pg_.rank() + 1], bounds_.back()}; }
   // The inner optimizer's state: tensors of this rank's pieces (flat), their scalars, the globals.
   OptimizerState local_state() const { return inner_->state(); }
+  // dist.shard_master_weights: this rank's pieces of the fp32 master copies taken from the
+  // full-precision weights (`master_of(name)`), instead of the bf16 parameters they were made from.
+  template <class F>
+  void init_master_weights(const F& master_of) {
+    c10::NoGradGuard no_grad;
+    OptimizerState st = inner_->state();
+    for (const Piece& pc : pieces_) {
+      const std::string& name = params_[pc.param].first;
+      // In place: no second copy of the masters (state() hands out the optimizer's own
+      // tensors; apply_masters makes it right whether or not it does).
+      const at::Tensor full = master_of(name).detach().reshape({-1}).narrow(0, pc.start, pc.length);
+      for (const char* slot : kStartsAtTheWeights)
+        if (auto it = st.tensors.find(name + slot); it != st.tensors.end()) it->second.copy_(full);
+    }
+    apply_masters(*inner_, st);
+  }
 
   // ---- ZeRO-2: gradients reduced bucket by bucket during the backward passes -----------------
   // The parameters are grouped into buckets of consecutive parameters, in reverse order (the
@@ -383,7 +430,7 @@ class ShardedOptimizer final : public Optimizer {
   // Bytes of the largest bucket's buffer (the accounting's bound uses it).
   int64_t bucket_capacity_bytes() const {
     int64_t most = 0;
-    for (const Bucket& b : buckets_) most = std::max(most, b.size * static_cast<int64_t>(c10::elementSize(dtype_)));
+    for (const Bucket& b : buckets_) most = std::max(most, b.size * static_cast<int64_t>(c10::elementSize(grad_dtype_)));
     return most;
   }
   int64_t shard_bytes() const { return grad_shard_.defined() ? static_cast<int64_t>(grad_shard_.nbytes()) : 0; }
@@ -403,7 +450,7 @@ class ShardedOptimizer final : public Optimizer {
     }
     // The coefficient as train::clip_grad_norm forms it, in the gradients' dtype (a double one
     // differs by an ulp and moves the weights by an ulp after the step).
-    const at::Tensor total_t = at::full({}, total, at::TensorOptions().dtype(dtype_));
+    const at::Tensor total_t = at::full({}, total, at::TensorOptions().dtype(grad_dtype_));
     const at::Tensor coef = ((total_t + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
     for (at::Tensor& g : grad_pieces_) g.mul_(coef);
     return total;
@@ -438,7 +485,7 @@ class ShardedOptimizer final : public Optimizer {
   // gradients arrive in: reverse parameter order at first, then the order rank 0 saw).
   void make_buckets(int64_t bucket_bytes, const std::vector<size_t>& order) {
     bucket_bytes_ = bucket_bytes;
-    const int64_t cap = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(dtype_)));
+    const int64_t cap = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(c10::elementSize(grad_dtype_)));
     buckets_.clear();
     bucket_of_.assign(params_.size(), 0);
     buffer_offset_.assign(params_.size(), 0);
@@ -489,7 +536,7 @@ class ShardedOptimizer final : public Optimizer {
 
   void alloc_buffer(Bucket& b) {
     if (b.buffer.defined()) return;
-    b.buffer = at::zeros({b.size}, at::TensorOptions().dtype(dtype_));
+    b.buffer = at::zeros({b.size}, at::TensorOptions().dtype(grad_dtype_));
     dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(b.buffer.nbytes()));
   }
 
@@ -504,7 +551,7 @@ class ShardedOptimizer final : public Optimizer {
     if (arrived_[i] || bucket_of_[i] < next_bucket_)
       throw Error(str("dist.zero_stage=2: a second gradient for '", params_[i].first,
                       "' in one micro-batch (call end_micro_batch after each backward)"));
-    if (b.params.size() == 1 && g.scalar_type() == dtype_ && g.is_contiguous()) {
+    if (b.params.size() == 1 && g.scalar_type() == grad_dtype_ && g.is_contiguous()) {
       b.buffer = g.view({-1});  // a bucket of one parameter: its gradient is the buffer (no copy)
     } else {
       alloc_buffer(b);
@@ -622,11 +669,96 @@ class ShardedOptimizer final : public Optimizer {
   InFlight in_flight_;
   std::vector<at::Tensor> sources_;  // tensors carrying the hooks
   std::vector<int64_t> offsets_, bounds_;
-  at::ScalarType dtype_ = at::kFloat;
+  at::ScalarType dtype_ = at::kFloat;       // the parameters' (their all-gather's bytes)
+  at::ScalarType grad_dtype_ = at::kFloat;  // the gradients' buckets and shard
   std::map<at::ScalarType, SlotLayout> layouts_;
   std::vector<Piece> pieces_;
   std::unique_ptr<Optimizer> inner_;
 };
+
+// dist.shard_master_weights without sharded gradients (ZeRO-1, or one process): the
+// parameters are bf16 and their gradients of each micro-batch are added into fp32
+// accumulators (full size, 4 B/param, replicated as ZeRO-1's gradients are), so that
+// accumulation over micro-batches happens in fp32 as with the default layout's fp32
+// gradients. reduce_update() hands the accumulators to the parameters as their .grad(), so
+// the all-reduce, clipping and the optimizer (whose fp32 masters take them) see fp32
+// gradients; zero_grad() drops them. Everything else is the wrapped optimizer's.
+class Fp32GradOptimizer final : public Optimizer {
+ public:
+  explicit Fp32GradOptimizer(std::unique_ptr<Optimizer> inner) : Optimizer(inner->params()), inner_(std::move(inner)) {}
+  ~Fp32GradOptimizer() override { release(); }
+
+  void step(double lr) override {
+    inner_->step(lr);
+    steps_ = inner_->step_count();
+  }
+  double lr_of_next_step(double scheduled) const override { return inner_->lr_of_next_step(scheduled); }
+  void use_eval_weights() override { inner_->use_eval_weights(); }
+  void use_train_weights() override { inner_->use_train_weights(); }
+  OptimizerState state() const override { return inner_->state(); }
+  void load_state(const OptimizerState& st) override {
+    inner_->load_state(st);
+    steps_ = inner_->step_count();
+  }
+
+  // After a micro-batch's backward: its (bf16) gradients added into the fp32 accumulators.
+  void end_micro_batch() {
+    c10::NoGradGuard no_grad;
+    if (acc_.empty()) acc_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& g = params_[i].second.mutable_grad();
+      if (!g.defined()) continue;
+      if (acc_[i].defined()) {
+        acc_[i].add_(g);
+      } else {
+        acc_[i] = g.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+        dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(acc_[i].nbytes()));
+      }
+      g = at::Tensor();
+    }
+  }
+  // Before the reduction: the accumulators become the parameters' gradients (fp32).
+  void hand_over() {
+    end_micro_batch();  // a gradient left by a backward without end_micro_batch()
+    const bool together = dist::world() != nullptr;  // every rank all-reduces every gradient, in fp32
+    for (size_t i = 0; i < acc_.size(); ++i) {
+      at::Tensor& g = params_[i].second.mutable_grad();
+      if (acc_[i].defined()) g = acc_[i];
+      else if (together) g = at::zeros(params_[i].second.sizes(), at::TensorOptions().dtype(at::kFloat));
+    }
+    release();
+  }
+  const Optimizer& inner() const { return *inner_; }
+  Optimizer& inner() { return *inner_; }
+
+ private:
+  void release() {
+    for (const at::Tensor& a : acc_)
+      if (a.defined()) dist::memory::add(dist::memory::Kind::Gradients, -static_cast<int64_t>(a.nbytes()));
+    acc_.clear();
+  }
+  std::unique_ptr<Optimizer> inner_;
+  std::vector<at::Tensor> acc_;
+};
+
+// The optimizer under a Fp32GradOptimizer, or itself.
+const Optimizer& base_of(const Optimizer& o) {
+  if (const auto* f = dynamic_cast<const Fp32GradOptimizer*>(&o)) return f->inner();
+  return o;
+}
+Optimizer& base_of(Optimizer& o) {
+  if (auto* f = dynamic_cast<Fp32GradOptimizer*>(&o)) return f->inner();
+  return o;
+}
+const ShardedOptimizer* sharded_of(const Optimizer& o) { return dynamic_cast<const ShardedOptimizer*>(&base_of(o)); }
+ShardedOptimizer* sharded_of(Optimizer& o) { return dynamic_cast<ShardedOptimizer*>(&base_of(o)); }
+
+int64_t master_bytes_of(const OptimizerState& st) {
+  int64_t n = 0;
+  for (const auto& [k, t] : st.tensors)
+    if (is_master_key(k)) n += static_cast<int64_t>(t.nbytes());
+  return n;
+}
 
 }  // namespace
 
@@ -636,19 +768,41 @@ std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const 
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage,
-                                          int64_t bucket_bytes) {
+                                          int64_t bucket_bytes, bool fp32_gradients) {
   dist::ProcessGroup* pg = dist::world();
-  if (zero_stage >= 1 && pg)
-    return make_sharded_optimizer(*pg, options, std::move(params), zero_stage >= 2, bucket_bytes);
-  return train::make_optimizer(options, std::move(params));
+  std::unique_ptr<Optimizer> o;
+  if (zero_stage >= 1 && pg) {
+    o = make_sharded_optimizer(*pg, options, std::move(params), zero_stage >= 2, bucket_bytes);
+    if (zero_stage >= 2) return o;  // ZeRO-2: its fp32 buckets and shard accumulate
+  } else {
+    o = train::make_optimizer(options, std::move(params));
+  }
+  if (fp32_gradients) return std::make_unique<Fp32GradOptimizer>(std::move(o));
+  return o;
+}
+
+void init_master_weights(Optimizer& optimizer, const std::function<at::Tensor(const std::string&)>& master_of) {
+  if (ShardedOptimizer* s = sharded_of(optimizer)) {
+    s->init_master_weights(master_of);
+    return;
+  }
+  c10::NoGradGuard no_grad;
+  OptimizerState st = optimizer.state();
+  for (const auto& [name, p] : optimizer.params()) {
+    const at::Tensor full = master_of(name).detach().reshape(p.sizes());
+    for (const char* slot : kStartsAtTheWeights)
+      if (auto it = st.tensors.find(name + slot); it != st.tensors.end()) it->second.copy_(full);  // in place, as above
+  }
+  apply_masters(base_of(optimizer), st);
 }
 
 void attach_gradient_sources(Optimizer& optimizer, const std::vector<at::Tensor>& sources) {
-  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer)) s->attach_gradient_sources(sources);
+  if (auto* s = sharded_of(optimizer)) s->attach_gradient_sources(sources);
 }
 
 void end_micro_batch(Optimizer& optimizer) {
-  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer)) s->end_micro_batch();
+  if (auto* f = dynamic_cast<Fp32GradOptimizer*>(&optimizer)) return f->end_micro_batch();
+  if (auto* s = sharded_of(optimizer)) s->end_micro_batch();
 }
 
 void memory_metrics(const Optimizer& optimizer, std::map<std::string, double>& m) {
@@ -658,11 +812,15 @@ void memory_metrics(const Optimizer& optimizer, std::map<std::string, double>& m
     weights += static_cast<int64_t>(p.nbytes());
     largest = std::max(largest, static_cast<int64_t>(p.nbytes()));
   }
+  const int64_t masters = local_master_bytes(optimizer);
   m["perf/memory/grad_bytes_max"] = static_cast<double>(dist::memory::peak(Kind::Gradients));
-  m["perf/memory/optimizer_state_bytes"] = static_cast<double>(local_state_bytes(optimizer));
+  // The optimizer's own state (moments); fp32 master copies of bf16 parameters are counted
+  // apart, as master_bytes (dist.shard_master_weights: this rank's 1/N).
+  m["perf/memory/optimizer_state_bytes"] = static_cast<double>(local_state_bytes(optimizer) - masters);
   m["perf/memory/weight_bytes"] = static_cast<double>(weights);  // the optimizer's parameters (replicated)
   m["perf/memory/largest_param_bytes"] = static_cast<double>(largest);
-  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer); s && s->shards_gradients()) {
+  if (masters > 0) m["perf/memory/master_bytes"] = static_cast<double>(masters);
+  if (const auto* s = sharded_of(optimizer); s && s->shards_gradients()) {
     m["perf/memory/grad_shard_bytes"] = static_cast<double>(s->shard_bytes());
     m["perf/memory/grad_bucket_bytes"] = static_cast<double>(s->bucket_capacity_bytes());
   }
@@ -670,33 +828,34 @@ void memory_metrics(const Optimizer& optimizer, std::map<std::string, double>& m
 }
 
 FlatRange flat_range(const Optimizer& optimizer) {
-  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer)) return s->range();
+  if (const auto* s = sharded_of(optimizer)) return s->range();
   int64_t total = 0;
   for (const auto& [name, p] : optimizer.params()) total += p.numel();
   return {0, total, total};
 }
 
 OptimizerState local_state(const Optimizer& optimizer) {
-  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer)) return s->local_state();
+  if (const auto* s = sharded_of(optimizer)) return s->local_state();
   return optimizer.state();
 }
 
 double clip_grad_norm(Optimizer& optimizer, double max_norm) {
-  if (auto* s = dynamic_cast<ShardedOptimizer*>(&optimizer); s && s->shards_gradients())
-    return s->clip_sharded_grads(max_norm);
+  if (auto* s = sharded_of(optimizer); s && s->shards_gradients()) return s->clip_sharded_grads(max_norm);
   return train::clip_grad_norm(optimizer.params(), max_norm);
 }
 
 int64_t local_state_bytes(const Optimizer& optimizer) {
-  if (const auto* s = dynamic_cast<const ShardedOptimizer*>(&optimizer)) return s->local_bytes();
+  if (const auto* s = sharded_of(optimizer)) return s->local_bytes();
   return state_bytes(optimizer.state());
 }
 
+int64_t local_master_bytes(const Optimizer& optimizer) { return master_bytes_of(local_state(optimizer)); }
 
 void reduce_update(Optimizer& optimizer, const std::vector<at::Tensor>& params,
                    std::map<std::string, std::vector<double>>& metrics, const std::map<std::string, size_t>& before,
                    size_t micro_batches) {
-  auto* sharded = dynamic_cast<ShardedOptimizer*>(&optimizer);
+  if (auto* f = dynamic_cast<Fp32GradOptimizer*>(&optimizer)) f->hand_over();  // fp32 accumulators -> .grad()
+  auto* sharded = sharded_of(optimizer);
   if (!(sharded && sharded->shards_gradients())) {
     int64_t bytes = 0;  // one process, ZeRO-0/1: the full gradients, at their largest
     for (const auto& p : params)

@@ -71,8 +71,19 @@ std::unique_ptr<Optimizer> make_sharded_optimizer(dist::ProcessGroup& pg, const 
                                                   int64_t bucket_bytes = int64_t{25} << 20);
 // The trainer's optimizer: sharded over the world group when zero_stage is 1 or 2 and more
 // than one process runs, else the replicated one (make_optimizer).
+// `fp32_gradients` (dist.shard_master_weights, bf16 parameters): unless ZeRO-2 shards them
+// (its buckets and shard are fp32 already), each micro-batch's bf16 gradients are added into
+// fp32 accumulators at end_micro_batch(), which reduce_update() hands to the parameters as
+// their gradients: accumulation over micro-batches, the all-reduce, clipping and the step are
+// fp32, as with fp32 weights.
 std::unique_ptr<Optimizer> make_optimizer(const OptimizerOptions& options, NamedTensors params, int64_t zero_stage,
-                                          int64_t bucket_bytes = int64_t{25} << 20);
+                                          int64_t bucket_bytes = int64_t{25} << 20, bool fp32_gradients = false);
+// dist.shard_master_weights: the optimizer's fp32 master copies of its (bf16) parameters --
+// this rank's 1/N under ZeRO-1/2 -- set from full-precision weights instead of the
+// bf16-rounded parameters they were made from. `master_of(name)` gives a parameter's full
+// tensor (any float dtype, e.g. a view of the checkpoint's mapped file): a sharded optimizer
+// copies only its piece. Not collective.
+void init_master_weights(Optimizer& optimizer, const std::function<at::Tensor(const std::string&)>& master_of);
 // ZeRO-2: backward produces the gradients on `sources` (a compute copy's parameters, in
 // params() order and shapes) instead of the optimizer's parameters. No-op otherwise.
 void attach_gradient_sources(Optimizer& optimizer, const std::vector<at::Tensor>& sources);
@@ -81,11 +92,15 @@ void end_micro_batch(Optimizer& optimizer);
 // This rank's accounted memory since the last call (dist/memory.h), as perf/memory/* metrics:
 // grad_bytes_max (the peak of gradient tensors: full gradients under ZeRO-0/1; shard +
 // buckets + one parameter's gradient under ZeRO-2), optimizer_state_bytes, weight_bytes (the
-// optimizer's parameters, replicated), largest_param_bytes, and under ZeRO-2
-// grad_shard_bytes and grad_bucket_bytes (the largest bucket).
+// optimizer's parameters, replicated: fp32, or bf16 with dist.shard_master_weights),
+// largest_param_bytes, master_bytes (dist.shard_master_weights: this rank's fp32 master
+// copies, not counted in optimizer_state_bytes), and under ZeRO-2 grad_shard_bytes and
+// grad_bucket_bytes (the largest bucket).
 void memory_metrics(const Optimizer& optimizer, std::map<std::string, double>& metrics);
 // Bytes of optimizer-state tensors this rank holds (its shard under ZeRO-1/2). Not collective.
 int64_t local_state_bytes(const Optimizer& optimizer);
+// Of those, the fp32 master copies of low-precision parameters (dist.shard_master_weights).
+int64_t local_master_bytes(const Optimizer& optimizer);
 // The positions [begin, end) of all parameters flattened (in params() order, `total` in all)
 // whose optimizer state this rank holds: its 1/N when sharded, everything when replicated.
 struct FlatRange {

@@ -38,6 +38,9 @@
 #include "rpg/train/resume_check.h"
 #include "rpg/train/trainer_testing.h"
 #include "rpg/train/optim.h"
+#include "rpg/model/safetensors.h"
+
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -90,7 +93,14 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
 Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
     : cfg(std::move(c)),
       scorers(std::move(s)),
-      policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, "float32", cfg.trainer.device)) {
+      // dist.shard_master_weights: the policy holds bf16 weights (no fp32 copy of its own; the
+      // masters are the sharded optimizer's), else fp32 weights that are the master.
+      policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, cfg.dist.shard_master_weights ? "bfloat16" : "float32",
+                                  cfg.trainer.device)) {
+  shard_master = cfg.dist.shard_master_weights;
+  // The rollout samples with the bf16 policy itself unless another dtype is asked for
+  // explicitly ("auto" would be an fp32 copy on the CPU: the 4 B/param the mode saves).
+  if (shard_master && cfg.actor_rollout_ref.rollout.dtype == "auto") cfg.actor_rollout_ref.rollout.dtype = "bfloat16";
   recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
   filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
   adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
@@ -167,6 +177,13 @@ nlohmann::json Trainer::Impl::fingerprint() const {
           {"optim_type", cfg.actor_rollout_ref.actor.optim.optim_type}};
 }
 
+nlohmann::json Trainer::Impl::fingerprint_with_layout() const {
+  nlohmann::json f = fingerprint();
+  // Only when set, so that checkpoints written before the key existed still resume by default.
+  if (shard_master) f["shard_master_weights"] = true;
+  return f;
+}
+
 void Trainer::Impl::use_export_weights() {
   // Schedule-free AdamW: rpg validates and exports the average x. The fork switches only
   // around its old log-probs (eval) and its update (train), so it samples, validates and
@@ -212,7 +229,7 @@ void Trainer::Impl::save_checkpoint() {
     if (sharded) shard = dp::write_optimizer_shard(*optimizer, dir);
   });
   nlohmann::json state = {{"step", step}, {"epoch", epoch}, {"cursor", cursor},
-                          {"kl_in_reward_coef", kl_in_reward_coef}, {"config", fingerprint()},
+                          {"kl_in_reward_coef", kl_in_reward_coef}, {"config", fingerprint_with_layout()},
                           {"ref_updates", ref_updates},
                           {"ref_kl_running", ref_kl_running ? nlohmann::json(*ref_kl_running) : nlohmann::json()}};
   if (sharded) state["optimizer_shards"] = dp::gather_shard_manifest(shard, *optimizer);
@@ -268,7 +285,7 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
   dp::all_or_none(str("resume from ", dir.string()), [&] {
     if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
     state = read_train_state(dir);
-    const auto want = fingerprint();
+    const auto want = fingerprint_with_layout();
     for (const auto& [key, value] : want.items())
       if (state["config"][key] != value)
         throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", state["config"][key].dump(),
@@ -374,6 +391,59 @@ NamedTensors in_transformers_order(NamedTensors params) {
   return params;
 }
 
+// A Hugging Face model directory's tensors, memory-mapped (model.safetensors or the index's
+// shards): get() is a tensor over the mapped bytes, no copy; pages are read on first touch,
+// and the previous get()'s pages are dropped (it must have been copied by then), so the file
+// adds at most one tensor to the resident set.
+class ModelTensors {
+ public:
+  explicit ModelTensors(const fs::path& dir) {
+    std::set<std::string> files;
+    if (fs::exists(dir / "model.safetensors.index.json")) {
+      const auto j = nlohmann::json::parse(read_file(dir / "model.safetensors.index.json"), nullptr, false);
+      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw FormatError(str((dir / "model.safetensors.index.json").string(), ": missing the weight_map object"));
+      for (const auto& [name, f] : j["weight_map"].items()) files.insert(f.get<std::string>());
+    } else {
+      files.insert("model.safetensors");
+    }
+    for (const auto& f : files) {
+      auto map = std::make_unique<model::safetensors::MappedFile>(dir / f);
+      auto header = model::safetensors::parse(map->data(), map->size(), map->path());
+      open_.push_back({std::move(map), std::move(header)});
+    }
+  }
+  at::Tensor get(const std::string& name) {
+    namespace st = model::safetensors;
+    if (last_map_) last_map_->drop(last_offset_, last_length_);
+    last_map_ = nullptr;
+    for (const auto& [map, header] : open_) {
+      const st::TensorInfo* t = header.find(name);
+      if (!t) continue;
+      at::ScalarType dtype;
+      switch (t->dtype) {
+        case st::DType::kF32: dtype = at::kFloat; break;
+        case st::DType::kBF16: dtype = at::kBFloat16; break;
+        case st::DType::kF16: dtype = at::kHalf; break;
+        default: throw FormatError(str(map->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t->dtype)));
+      }
+      void* data = const_cast<uint8_t*>(map->data() + header.data_start + t->begin);
+      last_map_ = map.get(), last_offset_ = header.data_start + t->begin, last_length_ = t->end - t->begin;
+      return at::from_blob(data, t->shape, at::TensorOptions().dtype(dtype));
+    }
+    throw FormatError(str("dist.shard_master_weights: no tensor '", name, "' in the model's safetensors"));
+  }
+
+ private:
+  struct Open {
+    std::unique_ptr<model::safetensors::MappedFile> map;
+    model::safetensors::Header header;
+  };
+  std::vector<Open> open_;
+  const model::safetensors::MappedFile* last_map_ = nullptr;
+  uint64_t last_offset_ = 0, last_length_ = 0;
+};
+
 }  // namespace
 
 void Trainer::Impl::build_optimizer() {
@@ -399,8 +469,10 @@ void Trainer::Impl::build_optimizer() {
   // transformers' order, as the fork's torch optimizer and clip_grad_norm_ do.
   NamedTensors params = policy.model.named_parameters();
   if (fork) params = in_transformers_order(std::move(params));
-  optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,  // ZeRO-1/2: sharded
-                                 static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024));
+  // ZeRO-1/2: sharded. dist.shard_master_weights: the parameters are bf16, their fp32 masters
+  // are the optimizer's (1/N per rank), and gradients accumulate in fp32 (data_parallel.h).
+  optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,
+                                 static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024), shard_master);
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
   schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
@@ -416,11 +488,18 @@ void Trainer::Impl::build_models() {
   const bool resident = fork ? !actor.use_iterative_ref_model
                              : !(actor.use_iterative_ref_model && actor.ref_update_freq == 1);
   if (needs_reference && resident) {
+    // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
     reference = std::make_unique<model::CausalLM>(
-        model::CausalLM::from_pretrained(path, {at::kFloat, policy.model.device()}));
+        model::CausalLM::from_pretrained(path, {shard_master ? at::kBFloat16 : at::kFloat, policy.model.device()}));
     reference->set_requires_grad(false);
   }
-  if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
+  if (shard_master) {
+    // The policy (bf16) runs forward/backward itself: no compute copy. The optimizer's fp32
+    // masters start from the checkpoint's full-precision weights, not from their bf16
+    // rounding: read from the memory-mapped safetensors, each rank copying only its 1/N.
+    ModelTensors fp32(path);
+    dp::init_master_weights(*optimizer, [&](const std::string& name) { return fp32.get(name); });
+  } else if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
     compute = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
     compute->set_requires_grad(true);

@@ -111,6 +111,9 @@ struct Trainer::Impl {
   // compute_dtype=bfloat16: the bf16 working copy that runs forward/backward; the optimizer
   // owns the fp32 master weights in policy.model (which also generates).
   std::unique_ptr<model::CausalLM> compute;
+  // dist.shard_master_weights: policy.model holds bf16 weights and is trained directly (no
+  // `compute`); the fp32 masters exist only in the (sharded) optimizer state.
+  bool shard_master = false;
   // actor_rollout_ref.rollout.dtype other than fp32: the copy of the master weights the
   // engine samples with (and its KV cache's dtype), refreshed in place after every optimizer
   // step and before every generation. Shared with `compute` when the dtypes agree.
@@ -180,6 +183,8 @@ struct Trainer::Impl {
   at::Tensor log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature);
   // Settings a resumed run must share with the run that wrote the checkpoint.
   nlohmann::json fingerprint() const;
+  // fingerprint() plus the weight layout when it is not the default (dist.shard_master_weights).
+  nlohmann::json fingerprint_with_layout() const;
   // The weights validation and export see: x for schedule-free AdamW, y in fork semantics.
   void use_export_weights();
   // A checkpoint (layout: RunDir) written into a temporary directory and published by one
