@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rpg/core/io.h"
+#include "run_files.h"
 #include "test_util.h"
 
 namespace rpg::test {
@@ -86,19 +87,6 @@ inline std::vector<std::string> temporaries(const std::filesystem::path& dir) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
     if (e.path().filename().string().find(".tmp.") != std::string::npos) out.push_back(e.path().string());
   return out;
-}
-
-// Eight "i+1?" prompts as Parquet in the paper's schema; returns the file.
-inline std::string prepare_prompts(const std::filesystem::path& dir) {
-  std::string jsonl;
-  for (int i = 0; i < 8; ++i)
-    jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
-  write_text(dir / "p.jsonl", jsonl);
-  const std::string data = (dir / "p.parquet").string();
-  const auto r =
-      run_process({rpg_binary().string(), "data", "prepare", (dir / "p.jsonl").string(), data, "--data-source", "math_dapo"});
-  if (r.exit_code != 0) throw std::runtime_error("rpg data prepare failed: " + r.err);
-  return data;
 }
 
 // `rpg train` arguments of a short run that moves the weights every step (the tiny model

@@ -14,6 +14,7 @@
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/dist/launch.h"
+#include "run_files.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -23,62 +24,14 @@ namespace {
 
 using test::run_process;
 
-// name -> values (as double) of a safetensors file's F32 / BF16 tensors.
 std::map<std::string, std::vector<double>> read_tensors(const fs::path& file) {
-  const std::string bytes = read_file(file);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  auto header = nlohmann::json::parse(bytes.substr(8, n));
-  std::map<std::string, std::vector<double>> out;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    const std::string dtype = info["dtype"];
-    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>(), end = 8 + n + info["data_offsets"][1].get<size_t>();
-    std::vector<double>& v = out[name];
-    for (size_t p = begin; p < end; p += dtype == "F32" ? 4 : 2) {
-      uint32_t bits = 0;
-      if (dtype == "F32") std::memcpy(&bits, bytes.data() + p, 4);
-      else if (dtype == "BF16") { uint16_t h; std::memcpy(&h, bytes.data() + p, 2); bits = uint32_t{h} << 16; }
-      else throw std::runtime_error("unexpected dtype " + dtype);
-      float f;
-      std::memcpy(&f, &bits, 4);
-      v.push_back(f);
-    }
-  }
-  return out;
+  return test::read_safetensors_values(file).values;
 }
-
-// Every metric of every step except wall-clock ones (timing_s/*, timing_per_token_ms/*, perf/*) and the
-// per-rank token counts (global_seqlen/*, which depend on the world size), in step order.
 std::vector<std::map<std::string, double>> step_metrics(const fs::path& metrics) {
-  std::vector<std::map<std::string, double>> out;
-  std::istringstream in(read_file(metrics));
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
-    std::map<std::string, double> m;
-    for (const auto& [k, v] : j.items())
-      if (v.is_number() && !k.starts_with("timing_s/") && !k.starts_with("timing_per_token_ms/") &&
-          !k.starts_with("perf/") && !k.starts_with("global_seqlen/"))
-        m[k] = v.get<double>();
-    out.push_back(std::move(m));
-  }
-  return out;
+  return test::read_step_metrics(metrics, test::StepMetrics::kCompared);
 }
-
-// The perf/memory/* metrics (bytes counted by dist/memory.h) of every step, in step order.
 std::vector<std::map<std::string, double>> memory_metrics(const fs::path& metrics) {
-  std::vector<std::map<std::string, double>> out;
-  std::istringstream in(read_file(metrics));
-  std::string line;
-  while (std::getline(in, line)) {
-    std::map<std::string, double> m;
-    const auto j = nlohmann::json::parse(line);
-    for (const auto& [k, v] : j.items())
-      if (k.starts_with("perf/memory/")) m[k.substr(12)] = v.get<double>();
-    out.push_back(std::move(m));
-  }
-  return out;
+  return test::read_step_metrics(metrics, test::StepMetrics::kMemory);
 }
 
 class DataParallelTrain : public ::testing::Test {
@@ -86,14 +39,7 @@ class DataParallelTrain : public ::testing::Test {
   static void SetUpTestSuite() {
     fixture_ = test::oracle_output_dir("tiny_chat_model.py");
     dir_ = new test::TempDir();
-    std::string jsonl;
-    for (int i = 0; i < 8; ++i)
-      jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
-    test::write_text(*dir_ / "p.jsonl", jsonl);
-    data_ = (*dir_ / "p.parquet").string();
-    const auto r = run_process({test::rpg_binary().string(), "data", "prepare", (*dir_ / "p.jsonl").string(), data_,
-                                "--data-source", "math_dapo"});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
+    data_ = test::prepare_prompts(dir_->path());
     // The reference: one process.
     one_ = *dir_ / "one";
     auto one = run_process(train_argv({}, one_, 3), {"OMP_NUM_THREADS=1"});

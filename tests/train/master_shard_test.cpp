@@ -14,6 +14,7 @@
 
 #include "rpg/core/io.h"
 #include "rpg/dist/plan.h"
+#include "run_files.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -23,55 +24,11 @@ namespace {
 
 using test::run_process;
 
-// name -> values (as double) and dtype of a safetensors file's F32 / BF16 tensors.
-struct Tensors {
-  std::map<std::string, std::vector<double>> values;
-  std::map<std::string, std::string> dtypes;
-};
-Tensors read_tensors(const fs::path& file) {
-  const std::string bytes = read_file(file);
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  auto header = nlohmann::json::parse(bytes.substr(8, n));
-  Tensors out;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") continue;
-    const std::string dtype = info["dtype"];
-    out.dtypes[name] = dtype;
-    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>(), end = 8 + n + info["data_offsets"][1].get<size_t>();
-    std::vector<double>& v = out.values[name];
-    for (size_t p = begin; p < end; p += dtype == "F32" ? 4 : 2) {
-      uint32_t bits = 0;
-      if (dtype == "F32") std::memcpy(&bits, bytes.data() + p, 4);
-      else if (dtype == "BF16") { uint16_t h; std::memcpy(&h, bytes.data() + p, 2); bits = uint32_t{h} << 16; }
-      else throw std::runtime_error("unexpected dtype " + dtype);
-      float f;
-      std::memcpy(&f, &bits, 4);
-      v.push_back(f);
-    }
-  }
-  return out;
-}
-
-// Each step's metrics (one map per line of metrics.jsonl); `perf` keeps only perf/memory/*,
-// else everything but wall-clock ones and the per-rank token counts.
+using Tensors = test::SafetensorsValues;
+Tensors read_tensors(const fs::path& file) { return test::read_safetensors_values(file); }
+// Each step's metrics; `perf`: the perf/memory/* byte counts, else what two runs must agree on.
 std::vector<std::map<std::string, double>> read_metrics(const fs::path& file, bool perf) {
-  std::vector<std::map<std::string, double>> out;
-  std::istringstream in(read_file(file));
-  std::string line;
-  while (std::getline(in, line)) {
-    std::map<std::string, double> m;
-    const auto j = nlohmann::json::parse(line);
-    for (const auto& [k, v] : j.items()) {
-      if (!v.is_number()) continue;
-      if (perf ? k.starts_with("perf/memory/")
-               : !(k.starts_with("timing_s/") || k.starts_with("timing_per_token_ms/") || k.starts_with("perf/") ||
-                   k.starts_with("global_seqlen/")))
-        m[perf ? k.substr(12) : k] = v.get<double>();
-    }
-    out.push_back(std::move(m));
-  }
-  return out;
+  return test::read_step_metrics(file, perf ? test::StepMetrics::kMemory : test::StepMetrics::kCompared);
 }
 
 // Every tensor of `got` equals `want`'s within 1e-6 of the tensor's largest magnitude (the
@@ -104,14 +61,7 @@ class ShardMasterWeights : public ::testing::Test {
   static void SetUpTestSuite() {
     fixture_ = test::oracle_output_dir("tiny_chat_model.py");
     dir_ = new test::TempDir();
-    std::string jsonl;
-    for (int i = 0; i < 8; ++i)
-      jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
-    test::write_text(*dir_ / "p.jsonl", jsonl);
-    data_ = (*dir_ / "p.parquet").string();
-    const auto r = run_process({test::rpg_binary().string(), "data", "prepare", (*dir_ / "p.jsonl").string(), data_,
-                                "--data-source", "math_dapo"});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
+    data_ = test::prepare_prompts(dir_->path());
   }
   static void TearDownTestSuite() { delete dir_; }
 

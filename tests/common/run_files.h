@@ -1,0 +1,100 @@
+// What the tests of whole `rpg train` runs read back: the small prompt set they train on, a
+// safetensors file's tensors as doubles (checkpoint weights, optimizer shards), and each
+// step's metrics from metrics.jsonl. Torch-free: the runs are subprocesses.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "rpg/core/io.h"
+#include "test_util.h"
+
+namespace rpg::test {
+
+// Eight problems "i+1?" (answer i+1) written as DIR/p.jsonl and prepared by `rpg data
+// prepare` into DIR/p.parquet, whose path is returned.
+inline std::string prepare_prompts(const std::filesystem::path& dir) {
+  std::string jsonl;
+  for (int i = 0; i < 8; ++i)
+    jsonl += "{\"problem\": \"" + std::to_string(i) + "+1?\", \"answer\": \"" + std::to_string(i + 1) + "\"}\n";
+  write_text(dir / "p.jsonl", jsonl);
+  const std::string data = (dir / "p.parquet").string();
+  const auto r =
+      run_process({rpg_binary().string(), "data", "prepare", (dir / "p.jsonl").string(), data, "--data-source", "math_dapo"});
+  if (r.exit_code != 0) throw std::runtime_error("rpg data prepare failed: " + r.err);
+  return data;
+}
+
+// A safetensors file's F32 / BF16 tensors: name -> values (as double) and name -> dtype.
+struct SafetensorsValues {
+  std::map<std::string, std::vector<double>> values;
+  std::map<std::string, std::string> dtypes;
+};
+
+inline SafetensorsValues read_safetensors_values(const std::filesystem::path& file) {
+  const std::string bytes = read_file(file);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  auto header = nlohmann::json::parse(bytes.substr(8, n));
+  SafetensorsValues out;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string dtype = info["dtype"];
+    out.dtypes[name] = dtype;
+    const size_t begin = 8 + n + info["data_offsets"][0].get<size_t>(), end = 8 + n + info["data_offsets"][1].get<size_t>();
+    std::vector<double>& v = out.values[name];
+    for (size_t p = begin; p < end; p += dtype == "F32" ? 4 : 2) {
+      uint32_t bits = 0;
+      if (dtype == "F32") {
+        std::memcpy(&bits, bytes.data() + p, 4);
+      } else if (dtype == "BF16") {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + p, 2);
+        bits = uint32_t{h} << 16;
+      } else {
+        throw std::runtime_error("unexpected dtype " + dtype + " in " + file.string());
+      }
+      float f;
+      std::memcpy(&f, &bits, 4);
+      v.push_back(f);
+    }
+  }
+  return out;
+}
+
+// kCompared: every number of a step except the wall-clock ones (timing_s/*,
+// timing_per_token_ms/*, perf/*) and the per-rank token counts (global_seqlen/*, which
+// depend on the world size): what two runs of the same training must agree on.
+// kMemory: the perf/memory/* byte counts (dist/memory.h), named without that prefix.
+enum class StepMetrics { kCompared, kMemory };
+
+// One map per line of metrics.jsonl, in step order.
+inline std::vector<std::map<std::string, double>> read_step_metrics(const std::filesystem::path& file, StepMetrics which) {
+  std::vector<std::map<std::string, double>> out;
+  std::istringstream in(read_file(file));
+  std::string line;
+  while (std::getline(in, line)) {
+    std::map<std::string, double> m;
+    const auto j = nlohmann::json::parse(line);
+    for (const auto& [k, v] : j.items()) {
+      if (!v.is_number()) continue;
+      if (which == StepMetrics::kMemory) {
+        if (k.starts_with("perf/memory/")) m[k.substr(12)] = v.get<double>();
+      } else if (!(k.starts_with("timing_s/") || k.starts_with("timing_per_token_ms/") || k.starts_with("perf/") ||
+                   k.starts_with("global_seqlen/"))) {
+        m[k] = v.get<double>();
+      }
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace rpg::test
