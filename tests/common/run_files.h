@@ -32,6 +32,37 @@ inline std::string prepare_prompts(const std::filesystem::path& dir) {
   return data;
 }
 
+// `rpg [launch LAUNCH... --] train -` of the data-parallel tests, into `run`: the tiny chat
+// model under FIXTURE/model on `data` (prepare_prompts), 4 prompts x 2 responses per step, 2
+// mini-batches of 4 rows, micro-batches of 2 rows (one per rank of 2), KL loss to the
+// iterative reference refreshed every step, lr 1e-2, `steps` steps, a checkpoint and every
+// sample logged each step; `more` overrides come last.
+inline std::vector<std::string> dp_train_argv(const std::filesystem::path& fixture, const std::string& data,
+                                              const std::vector<std::string>& launch, const std::filesystem::path& run,
+                                              int steps, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> argv = {rpg_binary().string()};
+  if (!launch.empty()) {
+    argv.push_back("launch");
+    argv.insert(argv.end(), launch.begin(), launch.end());
+    argv.push_back("--");
+  }
+  for (const std::string& a :
+       {std::string("train"), std::string("-"), "actor_rollout_ref.model.path=" + (fixture / "model").string(),
+        "data.train_files=" + data, std::string("data.train_batch_size=4"), std::string("data.max_prompt_length=256"),
+        std::string("data.max_response_length=8"), std::string("actor_rollout_ref.rollout.n=2"),
+        std::string("actor_rollout_ref.actor.ppo_mini_batch_size=2"),
+        std::string("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"),
+        std::string("actor_rollout_ref.actor.policy_loss=rpg_reinforce"),
+        std::string("actor_rollout_ref.actor.optim.lr=1e-2"), std::string("actor_rollout_ref.actor.entropy_coeff=0.01"),
+        std::string("actor_rollout_ref.actor.use_kl_loss=true"), std::string("actor_rollout_ref.actor.kl_loss_coef=0.1"),
+        std::string("algorithm.adv_estimator=rpg_batch"), "trainer.total_training_steps=" + std::to_string(steps),
+        std::string("trainer.save_freq=1"), std::string("trainer.device=cpu"), std::string("trainer.sample_log_freq=1"),
+        std::string("trainer.sample_log_count=100"), "trainer.default_local_dir=" + run.string()})
+    argv.push_back(a);
+  argv.insert(argv.end(), more.begin(), more.end());
+  return argv;
+}
+
 // A safetensors file's F32 / BF16 tensors: name -> values (as double) and name -> dtype.
 struct SafetensorsValues {
   std::map<std::string, std::vector<double>> values;

@@ -54,27 +54,7 @@ class DataParallelTrain : public ::testing::Test {
   // (lr 1e-2, updates near eps) turns that into ~1e-4 relative weight differences after 3
   // steps (measured) -- rounding, not a different update.
   static std::vector<std::string> train_argv(const std::vector<std::string>& launch, const fs::path& run, int steps) {
-    std::vector<std::string> argv = {test::rpg_binary().string()};
-    if (!launch.empty()) {
-      argv.push_back("launch");
-      argv.insert(argv.end(), launch.begin(), launch.end());
-      argv.push_back("--");
-    }
-    for (const std::string& a :
-         {std::string("train"), std::string("-"), "actor_rollout_ref.model.path=" + (fixture_ / "model").string(),
-          "data.train_files=" + data_, std::string("data.train_batch_size=4"), std::string("data.max_prompt_length=256"),
-          std::string("data.max_response_length=8"), std::string("actor_rollout_ref.rollout.n=2"),
-          std::string("actor_rollout_ref.actor.ppo_mini_batch_size=2"),
-          std::string("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"),
-          std::string("actor_rollout_ref.actor.policy_loss=rpg_reinforce"),
-          std::string("actor_rollout_ref.actor.optim.lr=1e-2"), std::string("actor_rollout_ref.actor.entropy_coeff=0.01"),
-          std::string("actor_rollout_ref.actor.use_kl_loss=true"), std::string("actor_rollout_ref.actor.kl_loss_coef=0.1"),
-          std::string("algorithm.adv_estimator=rpg_batch"), "trainer.total_training_steps=" + std::to_string(steps),
-          std::string("trainer.save_freq=1"), std::string("trainer.device=cpu"),
-          std::string("trainer.sample_log_freq=1"), std::string("trainer.sample_log_count=100"),
-          "trainer.default_local_dir=" + run.string()})
-      argv.push_back(a);
-    return argv;
+    return test::dp_train_argv(fixture_, data_, launch, run, steps);
   }
 
   static void expect_equal_runs(const fs::path& want, const fs::path& got, int steps) {

@@ -71,29 +71,10 @@ class ShardMasterWeights : public ::testing::Test {
   // master weights sharded at ZeRO `stage`. `launch`: rpg launch's arguments (none: 1 process).
   static std::vector<std::string> argv(const std::vector<std::string>& launch, const fs::path& run, int stage,
                                        const std::vector<std::string>& more = {}) {
-    std::vector<std::string> a = {test::rpg_binary().string()};
-    if (!launch.empty()) {
-      a.push_back("launch");
-      a.insert(a.end(), launch.begin(), launch.end());
-      a.push_back("--");
-    }
-    for (const std::string& s :
-         {std::string("train"), std::string("-"), "actor_rollout_ref.model.path=" + (fixture_ / "model").string(),
-          "data.train_files=" + data_, std::string("data.train_batch_size=4"), std::string("data.max_prompt_length=256"),
-          std::string("data.max_response_length=8"), std::string("actor_rollout_ref.rollout.n=2"),
-          std::string("actor_rollout_ref.actor.ppo_mini_batch_size=2"),
-          std::string("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"),
-          std::string("actor_rollout_ref.actor.policy_loss=rpg_reinforce"),
-          std::string("actor_rollout_ref.actor.optim.lr=1e-2"), std::string("actor_rollout_ref.actor.entropy_coeff=0.01"),
-          std::string("actor_rollout_ref.actor.use_kl_loss=true"), std::string("actor_rollout_ref.actor.kl_loss_coef=0.1"),
-          std::string("algorithm.adv_estimator=rpg_batch"), std::string("trainer.total_training_steps=3"),
-          std::string("trainer.save_freq=1"), std::string("trainer.device=cpu"),
-          std::string("trainer.sample_log_freq=1"), std::string("trainer.sample_log_count=100"),
-          std::string("actor_rollout_ref.actor.compute_dtype=bfloat16"), std::string("dist.shard_master_weights=true"),
-          "dist.zero_stage=" + std::to_string(stage), "trainer.default_local_dir=" + run.string()})
-      a.push_back(s);
-    a.insert(a.end(), more.begin(), more.end());
-    return a;
+    std::vector<std::string> mode = {"actor_rollout_ref.actor.compute_dtype=bfloat16", "dist.shard_master_weights=true",
+                                     "dist.zero_stage=" + std::to_string(stage)};
+    mode.insert(mode.end(), more.begin(), more.end());
+    return test::dp_train_argv(fixture_, data_, launch, run, 3, mode);
   }
 
   // Runs `a` into `run` unless an earlier test of this process already did.
