@@ -73,8 +73,14 @@ int expect_only_complete_checkpoints(const fs::path& run) {
     EXPECT_TRUE(complete_safetensors(dir / "actor" / "model.safetensors")) << dir;
   }
   if (dirs.empty()) return 0;
-  const std::string marker = read_file(run / "latest_checkpointed_iteration.txt");
-  EXPECT_EQ(std::stoi(marker), dirs.front().first) << "the latest marker names another checkpoint";
+  // The marker is rewritten right after a checkpoint directory is published (as verl's is): a
+  // SIGKILL between the two leaves it naming the checkpoint before (seen once in CI: marker 4,
+  // newest 5); the resume then starts there and redoes the step, which the caller checks ends
+  // bit-identical. It never names a missing, incomplete or older checkpoint.
+  const int marked = std::stoi(read_file(run / "latest_checkpointed_iteration.txt"));
+  const bool newest = marked == dirs.front().first, one_before = dirs.size() > 1 && marked == dirs[1].first;
+  EXPECT_TRUE(newest || one_before) << "the latest marker names step " << marked << ", the newest checkpoint is step "
+                                    << dirs.front().first;
   return dirs.front().first;
 }
 
