@@ -42,14 +42,14 @@ flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|
   echo "CPU: $cpu ($(nproc) cores; flags: ${flags:-none of avx2/avx512}). $(date -u +%Y-%m-%d)."
   echo "Command: \`scripts/demo_seeds.sh ${seeds[*]}\` (CAPS=\"$CAPS\", THREADS=\"$THREADS\"${DEMO_ARGS:+, DEMO_ARGS=\"$DEMO_ARGS\"})."
   echo
-  echo "| kernels | threads | seed | SFT steps | SFT | after RL | gain (points) | wall (min) | CPU (min) | load (start/end) |"
-  echo "|---|---|---|---|---|---|---|---|---|---|"
+  echo "| kernels | threads | seed | SFT steps | SFT | RL steps | after RL | gain (points) | wall (min) | CPU (min) | load (start/end) |"
+  echo "|---|---|---|---|---|---|---|---|---|---|---|"
 } > "$table"
 
 failed=0
 for cap in $CAPS; do
   if ! supported "$cap"; then
-    echo "| $cap | - | - | - | - | - | skipped: this CPU lacks $cap | - | - | - |" >> "$table"
+    echo "| $cap | - | - | - | - | - | - | skipped: this CPU lacks $cap | - | - | - |" >> "$table"
     echo "skipping ATEN_CPU_CAPABILITY=$cap: this CPU lacks it" >&2
     continue
   fi
@@ -66,7 +66,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 ok = s["improvement_points"] >= float(sys.argv[2])
 print(f'| {s.get("cpu_capability", "?")} | {s.get("threads", "?")} | {s["seed"]} | {s.get("sft_steps", "?")} | '
-      f'{s["sft_accuracy"]:.3f} | {s["rl_accuracy"]:.3f} | {s["improvement_points"]:+.1f}{"" if ok else " (FAILED)"} | '
+      f'{s["sft_accuracy"]:.3f} | {s.get("rl_steps", "?")} | {s["rl_accuracy"]:.3f} | {s["improvement_points"]:+.1f}{"" if ok else " (FAILED)"} | '
       f'{s["wall_seconds"] / 60:.1f} | {s.get("cpu_seconds", float("nan")) / 60:.1f} | {sys.argv[3]} |')
 sys.exit(0 if ok else 3)
 EOF

@@ -246,6 +246,41 @@ TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
   EXPECT_EQ(validation_steps(), (std::vector<int64_t>{0, 2, 3, 3, 4, 5}));
 }
 
+// fit(stop): the caller's rule sees each validation during training with its metrics; the run
+// ends at the step where it first gives a reason, that step is checkpointed as the last one,
+// and nothing runs past it. A rule that never fires leaves the run as fit() does.
+TEST_F(TrainerTest, ValidationStopEndsTheRunAtTheStepItFires) {
+  auto make = [&](const std::string& run) {
+    TrainConfig c = config(run);
+    c.data.val_files = c.data.train_files;
+    c.data.max_response_length = 4;
+    c.actor_rollout_ref.rollout.val_kwargs.n = 2;
+    c.trainer.total_training_steps = 6;
+    c.trainer.test_freq = 2;
+    c.trainer.save_freq = -1;
+    return c;
+  };
+  std::vector<int64_t> seen;
+  const std::string key = "val-core/letters/acc/mean@2";
+  Trainer t(make("val_stop"), scorers());
+  t.fit([&](int64_t step, const Metrics& val) -> std::string {
+    seen.push_back(step);
+    EXPECT_TRUE(val.count(key)) << "validation metrics not passed to the rule at step " << step;
+    return step >= 4 ? "enough" : "";
+  });
+  EXPECT_EQ(seen, (std::vector<int64_t>{2, 4}));  // not the validation before training
+  EXPECT_EQ(t.global_step(), 4);
+  const fs::path run = dir_->path() / "val_stop";
+  EXPECT_TRUE(fs::exists(run / "global_step_4" / "actor" / "config.json"));
+  EXPECT_FALSE(fs::exists(run / "global_step_6"));
+  EXPECT_EQ(scores_in(run / "metrics.jsonl").size(), 4u);
+
+  Trainer never(make("val_no_stop"), scorers());
+  never.fit([](int64_t, const Metrics&) { return std::string(); });
+  EXPECT_EQ(never.global_step(), 6);
+  EXPECT_TRUE(fs::exists(dir_->path() / "val_no_stop" / "global_step_6" / "actor" / "config.json"));
+}
+
 // A damaged newest checkpoint (truncated state file) is reported and the previous complete
 // one is used.
 TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {

@@ -206,7 +206,7 @@ train::TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, co
   c.algorithm.filter_groups.max_num_gen_batches = 40;
   c.trainer.total_training_steps = o.rl_steps;
   c.trainer.total_epochs = 1000;  // the step count decides
-  c.trainer.test_freq = std::max<int64_t>(1, o.rl_steps / (o.compare ? 6 : 3));
+  c.trainer.test_freq = std::max<int64_t>(1, o.rl_steps / 6);
   c.trainer.save_freq = -1;
   c.trainer.max_actor_ckpt_to_keep = 1;
   c.trainer.val_before_train = true;
@@ -219,14 +219,28 @@ train::TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, co
   return c;
 }
 
-// Trains `c` in a fresh run directory (a previous demo's RL output there is replaced).
-void train_fresh(const train::TrainConfig& c) {
+// Trains `c` in a fresh run directory (a previous demo's RL output there is replaced); returns
+// the last step run.
+int64_t train_fresh(const train::TrainConfig& c, const Trainer::ValidationStop& stop = {}) {
   const fs::path run_dir = c.trainer.default_local_dir;
   fs::remove_all(run_dir);
   fs::create_directories(run_dir);
   write_file_atomic(run_dir / "config.yaml", config_to_yaml(c));
   Trainer trainer(c, reward::builtin_scorers());
-  trainer.fit();
+  trainer.fit(stop);
+  return trainer.global_step();
+}
+
+// Stops RL once validation accuracy reaches o.rl_stop_validation.
+Trainer::ValidationStop saturation_stop(const DemoOptions& o) {
+  if (o.rl_stop_validation <= 0.0) return {};
+  const std::string key = str("val-core/math_dapo/acc/mean@", o.rl_val_n);
+  const double bar = o.rl_stop_validation;
+  return [key, bar](int64_t, const train::Metrics& val) -> std::string {
+    const auto it = val.find(key);
+    if (it == val.end() || it->second < bar) return "";
+    return str("validation ", key, " = ", it->second, " reached ", bar, " (saturated: little left for RL to learn)");
+  };
 }
 
 // (step, value) of one validation metric from a run's metrics.jsonl.
@@ -300,11 +314,12 @@ DemoResult run_demo(DemoOptions o) {
   }
 
   stage("6/7 RL: RPG-REINFORCE-UFKL, RPG-Style Clip (0.2, 0.28), iterative reference, dynamic sampling");
-  train_fresh(rl_config(o, "rpg_reinforce_ufkl_clip_0.2_0.28", w, rl_dir,
-                        w.data_dir / data::synth_parquet_name("validation"), 1));
+  r.rl_steps = train_fresh(rl_config(o, "rpg_reinforce_ufkl_clip_0.2_0.28", w, rl_dir,
+                                     w.data_dir / data::synth_parquet_name("validation"), o.rl_val_n),
+                           saturation_stop(o));
 
   stage("7/7 evaluation after RL");
-  const fs::path final_model = rl_dir / str("global_step_", o.rl_steps) / "actor";
+  const fs::path final_model = rl_dir / str("global_step_", r.rl_steps) / "actor";
   r.after = test_accuracy(final_model, w.data_dir / data::synth_parquet_name("test"), o);
   r.report = eval::write_report(rl_dir);
   nlohmann::json summary = {{"seed", o.seed},
@@ -314,6 +329,7 @@ DemoResult run_demo(DemoOptions o) {
                             {"eval", str("mean@", o.eval_n)},
                             {"sft_steps", r.sft_steps},
                             {"sft_validation_accuracy", r.sft_validation},
+                            {"rl_steps", r.rl_steps},
                             {"sft_accuracy", r.before},
                             {"rl_accuracy", r.after},
                             {"improvement_points", 100.0 * (r.after - r.before)},

@@ -42,6 +42,10 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
             "stop after the SFT warm start (no test-split evaluation): for tuning it on the validation split")
       .option("--rl-steps", &o.rl_steps, str("RL steps (default ", o.rl_steps, ")"), "N")
       .option("--rl-lr", &o.rl_lr, str("RL learning rate (default ", o.rl_lr, ")"), "X")
+      .option("--rl-stop-validation", &o.rl_stop_validation,
+              str("stop RL when validation mean@", o.rl_val_n, " reaches this (0: run --rl-steps; default ",
+                  o.rl_stop_validation, ")"),
+              "ACC")
       .option("--eval-n", &o.eval_n, str("samples per test problem for mean@n (default ", o.eval_n, ")"), "N")
       .option("--recipes", &recipes, "directory of the recipe files (default recipes)", "DIR")
       .flag("--compare", &o.compare,
@@ -82,7 +86,8 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
     return 0;
   }
   std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): SFT " << r.before << " -> RL " << r.after
-            << " (" << (r.after - r.before) * 100.0 << " points)\n"
+            << " (" << (r.after - r.before) * 100.0 << " points; " << r.sft_steps << " SFT steps, " << r.rl_steps
+            << " RL steps)\n"
             << app::demo_verdict(r.before, r.after) << "\n"
             << "run directory: " << out << "\nreport: " << r.report.string() << "\n";
   return 0;

@@ -684,7 +684,9 @@ void Trainer::save_model(const std::string& dir) {
   s.optimizer->use_train_weights();
 }
 
-void Trainer::fit() {
+void Trainer::fit() { fit(ValidationStop{}); }
+
+void Trainer::fit(const ValidationStop& stop) {
   Impl& s = *impl_;
   const auto& t = s.cfg.trainer;
   // As verl and the fork (rpg_ray_trainer.fit): validation before the first step of this
@@ -722,8 +724,14 @@ void Trainer::fit() {
     bar.advance(1, str("score=", m["critic/score/mean"], " acc=", m["acc/mean"], " len=", m["response_length/mean"]));
     if (s.step < s.total_steps) stop_if_signalled();
     if (t.test_freq > 0 && (s.step % t.test_freq == 0 || s.step == s.total_steps) && !s.val_rows.empty()) {
-      for (const auto& [k, val] : validate())
-        if (k.rfind("val-core/", 0) == 0) log_info(str("step ", s.step, ": ", k, " = ", val));
+      const Metrics val = validate();
+      for (const auto& [k, v] : val)
+        if (k.rfind("val-core/", 0) == 0) log_info(str("step ", s.step, ": ", k, " = ", v));
+      // Every rank validated the same rows, so each reaches the same verdict.
+      if (const std::string why = stop ? stop(s.step, val) : std::string(); !why.empty() && s.step < s.total_steps) {
+        log_info(str("stopping after step ", s.step, " of ", s.total_steps, ": ", why));
+        break;
+      }
     }
     if (t.save_freq > 0 && s.step % t.save_freq == 0 && s.step < s.total_steps) s.save_checkpoint();
   }

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +68,12 @@ class Trainer {
   // the same trainer.default_local_dir resumes from the newest complete checkpoint
   // (resume_mode auto) and produces the same weights as an uninterrupted run.
   void fit();
+  // fit() with a caller's stopping rule: after each validation during training, `stop` sees
+  // the step and the validation metrics; a non-empty reason ends the run there (logged, and
+  // the step is checkpointed as the last one). Not a verl setting: the demo stops its RL
+  // stage when validation saturates, where dynamic sampling would draw ever more batches.
+  using ValidationStop = std::function<std::string(int64_t step, const Metrics& validation)>;
+  void fit(const ValidationStop& stop);
   // One RL step; returns its metrics (verl's names: critic/score/mean, actor/pg_loss, ...).
   Metrics train_step();
   // Generates on the validation files with val_kwargs; metrics laid out as verl's:
