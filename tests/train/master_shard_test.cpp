@@ -277,6 +277,26 @@ TEST_F(ShardMasterWeights, ScheduleFreeZeroOneTwoRanksEqualOneRank) {
             0u);
 }
 
+// Fork semantics (the authors' update loop: transformers' parameter order, the fork's loss and
+// constant schedule) with the iterative reference (ref = old log-probs, no resident model) and
+// with the fixed one (the initial policy, resident in bf16): 2 ZeRO-1 ranks equal 1 rank.
+TEST_F(ShardMasterWeights, ForkSemanticsZeroOneTwoRanksEqualOneRank) {
+  for (const std::string iterative : {"true", "false"}) {
+    SCOPED_TRACE("use_iterative_ref_model=" + iterative);
+    const std::vector<std::string> fork = {"rpg.semantics=fork", "actor_rollout_ref.actor.policy_loss=vanilla",
+                                           "algorithm.adv_estimator=grpo",
+                                           "actor_rollout_ref.actor.use_iterative_ref_model=" + iterative};
+    const fs::path a = *dir_ / ("fork_one_" + iterative), b = *dir_ / ("fork_two_" + iterative);
+    ensure_run(a, argv({}, a, 1, fork), true);
+    ensure_run(b, argv({"--nproc", "2"}, b, 1, fork), false);
+    expect_equal_runs(a, b);
+    EXPECT_GT(expect_close(optimizer_state(a / "global_step_3", 1), optimizer_state(b / "global_step_3", 2),
+                           "the fork run's shards", "optim."),
+              0u);
+    expect_weights_are_rounded_masters(b / "global_step_3", 2);
+  }
+}
+
 // The accounted bytes (perf/memory/*, dist/memory.h): the weights are bf16 (2 B/param, on
 // every rank); the fp32 masters (4 B/param) and the moments (8 B/param) are whole on 1 rank
 // and split into two halves (to one element) by 2 ranks, at ZeRO-1 and ZeRO-2.
@@ -375,6 +395,20 @@ TEST_F(ShardMasterWeights, DefaultLayoutCheckpointIsRefused) {
   EXPECT_TRUE(b.err.find("rpg: error: cannot resume from ") != std::string::npos &&
               b.err.find("shard_master_weights was null, the config now says true") != std::string::npos)
       << b.err;
+}
+
+// And the other way: a checkpoint written with the mode on is not resumed with it off (its fp32
+// masters are only in the optimizer shards; the saved weights are bf16).
+TEST_F(ShardMasterWeights, ShardedLayoutCheckpointIsRefusedWithTheModeOff) {
+  const fs::path run = *dir_ / "sharded_layout";
+  auto a = run_process(argv({}, run, 1, {"trainer.total_training_steps=1"}), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto b = run_process(argv({}, run, 1, {"dist.shard_master_weights=false"}), {"OMP_NUM_THREADS=1"});
+  EXPECT_NE(b.exit_code, 0);
+  EXPECT_TRUE(b.err.find("rpg: error: cannot resume from ") != std::string::npos &&
+              b.err.find("shard_master_weights was true, the config now says false") != std::string::npos)
+      << b.err;
+  EXPECT_FALSE(fs::exists(run / "global_step_2"));
 }
 
 // rpg plan's model of the mode, against the closed forms of docs/scaling.md's table (P

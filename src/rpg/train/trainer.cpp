@@ -286,11 +286,18 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
     if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
     state = read_train_state(dir);
     const auto want = fingerprint_with_layout();
+    auto refuse = [&](const std::string& key, const nlohmann::json& was, const nlohmann::json& now) {
+      throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", was.dump(), ", the config now says ",
+                            now.dump(), " (use trainer.resume_mode=disable or another trainer.default_local_dir to "
+                            "start over)"));
+    };
     for (const auto& [key, value] : want.items())
-      if (state["config"][key] != value)
-        throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", state["config"][key].dump(),
-                              ", the config now says ", value.dump(), " (use trainer.resume_mode=disable or another "
-                              "trainer.default_local_dir to start over)"));
+      if (state["config"][key] != value) refuse(key, state["config"][key], value);
+    // A layout the checkpoint was written in that the config no longer asks for
+    // (dist.shard_master_weights on, then off: its fp32 masters live only in the optimizer
+    // shards, and the bf16 weights alone would silently restart from rounded values).
+    for (const auto& [key, value] : state["config"].items())
+      if (!want.contains(key) && !value.is_null() && value != false) refuse(key, value, false);
     tensors = load_tensor_file(dir / "train_state.safetensors");
     auto check = [&](const std::string& prefix, const model::CausalLM& m) {
       for (const auto& [name, p] : m.named_parameters()) {
