@@ -67,5 +67,34 @@ TEST(CliThreads, BadValuesAreOneLineErrorsNamingTheSource) {
   expect_one_line_error(rpg({"version"}, {"RPG_NUM_THREADS=99999999"}), "RPG_NUM_THREADS: got '99999999'");
 }
 
+// The OpenMP wait policy (core/openmp_env.h), chosen by the front binary before rpg-torch loads
+// libgomp, and read back from libgomp itself (OMP_DISPLAY_ENV=verbose prints its settings on
+// stderr at load: GOMP_SPINCOUNT '0' is the passive policy). RPG_TEST_OTHER_RUNNABLE stands in
+// for the machine's run queue.
+TEST(CliThreads, WaitPolicyIsPassiveOnlyWhenTheMachineIsBusyAndTheUserWins) {
+  auto line = [](const ProcessResult& r) {
+    const size_t at = r.out.find("openmp wait policy ");
+    return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  ProcessResult busy = rpg({"version"}, {"RPG_TEST_OTHER_RUNNABLE=64", "OMP_DISPLAY_ENV=verbose"});
+  ASSERT_EQ(busy.exit_code, 0) << busy.err;
+  EXPECT_EQ(line(busy).rfind("openmp wait policy PASSIVE (chosen by rpg: 64 other runnable threads + 1 here exceed ", 0), 0u)
+      << busy.out;
+  EXPECT_NE(busy.err.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << busy.err;
+
+  ProcessResult idle = rpg({"version"}, {"RPG_TEST_OTHER_RUNNABLE=0", "OMP_DISPLAY_ENV=verbose"});
+  ASSERT_EQ(idle.exit_code, 0) << idle.err;
+  EXPECT_EQ(line(idle).rfind("openmp wait policy default (chosen by rpg: 0 other runnable threads + 1 here fit ", 0), 0u) << idle.out;
+  EXPECT_NE(idle.err.find("GOMP_SPINCOUNT = '"), std::string::npos) << idle.err;
+  EXPECT_EQ(idle.err.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << idle.err;
+
+  ProcessResult user = rpg({"version"}, {"RPG_TEST_OTHER_RUNNABLE=64", "OMP_WAIT_POLICY=active"});
+  ASSERT_EQ(user.exit_code, 0) << user.err;
+  EXPECT_EQ(line(user), "openmp wait policy active (set by the user)") << user.out;
+  ProcessResult spin = rpg({"version"}, {"RPG_TEST_OTHER_RUNNABLE=64", "GOMP_SPINCOUNT=1000"});
+  ASSERT_EQ(spin.exit_code, 0) << spin.err;
+  EXPECT_EQ(line(spin), "openmp wait policy default (GOMP_SPINCOUNT=1000 set by the user)") << spin.out;
+}
+
 }  // namespace
 }  // namespace rpg

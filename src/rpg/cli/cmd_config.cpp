@@ -2,6 +2,7 @@
 // thread count), so they live in the rpg-torch binary only.
 #include <ATen/Parallel.h>
 
+#include <cstdlib>
 #include <iostream>
 
 #include "rpg/cli/commands.h"
@@ -45,10 +46,18 @@ int run_config_show(const std::string& full_name, const std::vector<std::string>
 int run_version(const std::string& full_name, const std::vector<std::string>& args) {
   ArgParser parser(full_name,
                    "Prints the versions of rpg and of the libtorch it was built against, and the\n"
-                   "intra-op thread count this process uses (rpg --threads N / RPG_NUM_THREADS).");
+                   "intra-op thread count this process uses (rpg --threads N / RPG_NUM_THREADS) and its\n"
+                   "OpenMP wait policy (passive when the machine was busy at start, else libgomp's default;\n"
+                   "OMP_WAIT_POLICY or GOMP_SPINCOUNT set by you win).");
   if (!parser.parse(args)) return 0;
   std::cout << "rpg " << RPG_VERSION_STRING << " (libtorch " << RPG_TORCH_VERSION_STRING << ")\n";
   std::cout << "threads " << at::get_num_threads() << " (libtorch intra-op)\n";
+  // What the front binary chose before libgomp loaded (core/openmp_env.h); absent when
+  // rpg-torch was started directly.
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* choice = std::getenv("RPG_OMP_WAIT_POLICY_CHOICE");
+  std::cout << "openmp wait policy " << (policy && *policy ? policy : "default") << " ("
+            << (choice && *choice ? choice : "rpg-torch started directly: not chosen by rpg") << ")\n";
   return 0;
 }
 

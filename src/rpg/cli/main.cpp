@@ -33,6 +33,7 @@
 #include "rpg/core/build_info.h"
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
+#include "rpg/core/openmp_env.h"
 #include "rpg/core/signals.h"
 #include "rpg/core/test_hook.h"
 
@@ -139,6 +140,9 @@ const rpg::cli::Command* match_command(const std::vector<std::string>& args, siz
   if (ec) self = argv[0];
   const std::string torch = (self.parent_path() / "rpg-torch").string();
   argv[0] = const_cast<char*>(torch.c_str());
+  // libgomp reads its wait policy when rpg-torch loads it: the last moment to choose it.
+  const std::string policy = rpg::openmp::choose_wait_policy();
+  setenv("RPG_OMP_WAIT_POLICY_CHOICE", policy.c_str(), 1);
   std::cout.flush();
   rpg::signals::block_stop_signals();  // a stop while rpg-torch starts stays pending (core/signals.h)
   execv(torch.c_str(), argv);
