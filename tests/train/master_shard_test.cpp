@@ -201,6 +201,21 @@ class ShardMasterWeights : public ::testing::Test {
     expect_weights_are_rounded_masters(b / "global_step_3", 2);
   }
 
+  // Runs `one_name` (1 process) and `two_name` (2 ZeRO-1 ranks) with the `more` overrides
+  // unless done, and checks they are equal (the run, and the optimizer state against the
+  // shards); returns the 2-rank run.
+  static fs::path expect_zero_one_equals_one_process(const std::string& one_name, const std::string& two_name,
+                                                     const std::vector<std::string>& more, const std::string& what) {
+    const fs::path a = *dir_ / one_name, b = *dir_ / two_name;
+    ensure_run(a, argv({}, a, 1, more), true);
+    ensure_run(b, argv({"--nproc", "2"}, b, 1, more), false);
+    expect_equal_runs(a, b);
+    EXPECT_GT(expect_close(optimizer_state(a / "global_step_3", 1), optimizer_state(b / "global_step_3", 2), what,
+                           "optim."),
+              0u);
+    return b;
+  }
+
   static fs::path fixture_;
   static std::string data_;
   static test::TempDir* dir_;
@@ -268,13 +283,7 @@ TEST_F(ShardMasterWeights, SeveralMicroBatchesPerRankEqualOneRank) {
 TEST_F(ShardMasterWeights, ScheduleFreeZeroOneTwoRanksEqualOneRank) {
   const std::vector<std::string> sf = {"actor_rollout_ref.actor.optim.optim_type=schedule_free_adamw",
                                        "actor_rollout_ref.actor.optim.lr_warmup_steps=2"};
-  const fs::path a = *dir_ / "sf_one", b = *dir_ / "sf_two";
-  ensure_run(a, argv({}, a, 1, sf), true);
-  ensure_run(b, argv({"--nproc", "2"}, b, 1, sf), false);
-  expect_equal_runs(a, b);
-  EXPECT_GT(expect_close(optimizer_state(a / "global_step_3", 1), optimizer_state(b / "global_step_3", 2),
-                         "the schedule-free shards", "optim."),
-            0u);
+  expect_zero_one_equals_one_process("sf_one", "sf_two", sf, "the schedule-free shards");
 }
 
 // Fork semantics (the authors' update loop: transformers' parameter order, the fork's loss and
@@ -286,14 +295,9 @@ TEST_F(ShardMasterWeights, ForkSemanticsZeroOneTwoRanksEqualOneRank) {
     const std::vector<std::string> fork = {"rpg.semantics=fork", "actor_rollout_ref.actor.policy_loss=vanilla",
                                            "algorithm.adv_estimator=grpo",
                                            "actor_rollout_ref.actor.use_iterative_ref_model=" + iterative};
-    const fs::path a = *dir_ / ("fork_one_" + iterative), b = *dir_ / ("fork_two_" + iterative);
-    ensure_run(a, argv({}, a, 1, fork), true);
-    ensure_run(b, argv({"--nproc", "2"}, b, 1, fork), false);
-    expect_equal_runs(a, b);
-    EXPECT_GT(expect_close(optimizer_state(a / "global_step_3", 1), optimizer_state(b / "global_step_3", 2),
-                           "the fork run's shards", "optim."),
-              0u);
-    expect_weights_are_rounded_masters(b / "global_step_3", 2);
+    const fs::path two = expect_zero_one_equals_one_process("fork_one_" + iterative, "fork_two_" + iterative, fork,
+                                                            "the fork run's shards");
+    expect_weights_are_rounded_masters(two / "global_step_3", 2);
   }
 }
 
