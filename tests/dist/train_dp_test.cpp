@@ -328,6 +328,29 @@ TEST_F(DataParallelTrain, ZeroTwoTwoRanksEqualOneRank) {
   EXPECT_GT(optim, 0u);
 }
 
+// With clipping active in every mini-batch (grad_clip 0.3) and without gradient checkpointing
+// (the update's split prompt forward), 2 ZeRO-2 ranks still equal 1 process: the global norm is
+// formed per parameter over its whole gradient as on one process (before 2026-12-02 it was
+// summed from the shards' pieces, and the clip coefficient's ulp made these runs drift ~1e-5
+// apart in three steps).
+TEST_F(DataParallelTrain, ZeroTwoWithClippingActiveEqualsOneRank) {
+  const std::vector<std::string> more = {"actor_rollout_ref.actor.grad_clip=0.3",
+                                         "actor_rollout_ref.model.enable_gradient_checkpointing=false"};
+  const fs::path one = *dir_ / "clip_one", two = *dir_ / "clip_zero2";
+  auto a = run_process(test::dp_train_argv(fixture_, data_, {}, one, 3, more), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  std::vector<std::string> zero2 = more;
+  zero2.push_back("dist.zero_stage=2");
+  auto b = run_process(test::dp_train_argv(fixture_, data_, {"--nproc", "2"}, two, 3, zero2));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  for (const auto& m : step_metrics(one / "metrics.jsonl"))
+    EXPECT_GT(m.at("actor/grad_norm"), 0.3) << "clipping must be active in this test";
+  expect_equal_runs(one, two, 3);
+  EXPECT_GT(expect_close(one_process_optimizer(one / "global_step_3"), sharded_optimizer(two / "global_step_3", 2),
+                         "the ZeRO-2 shards", "optim."),
+            0u);
+}
+
 // A ZeRO-0 run's checkpoint is sharded as well: each rank writes its slice of the (replicated)
 // optimizer state, so saving is spread over the ranks.
 TEST_F(DataParallelTrain, ZeroZeroCheckpointIsShardedToo) {

@@ -435,22 +435,43 @@ class ShardedOptimizer final : public Optimizer {
   }
   int64_t shard_bytes() const { return grad_shard_.defined() ? static_cast<int64_t>(grad_shard_.nbytes()) : 0; }
 
-  // ZeRO-2: clip_grad_norm on the global norm of the sharded gradient (each rank's squared
-  // norm, summed over the ranks in double).
+  // ZeRO-2: clip_grad_norm on the global norm of the sharded gradient, formed as
+  // train::clip_grad_norm forms it on one process: each parameter's norm over its whole
+  // gradient in the gradients' dtype, then the norm of those norms. A norm summed from the
+  // shards' pieces (as before 2026-12-02) rounds differently, and once clipping is active
+  // the coefficient's ulp moved every weight by an ulp (2 ranks then drifted ~1e-5 from 1
+  // process in three steps). A parameter whose gradient is split between ranks (at most
+  // world - 1 of them) is gathered first: one parameter's gradient, within ZeRO-2's bound.
   double clip_sharded_grads(double max_norm) {
     c10::NoGradGuard no_grad;
-    at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-    for (const at::Tensor& g : grad_pieces_) sq += at::linalg_vector_norm(g, 2).to(at::kDouble).pow(2);
-    pg_.all_reduce(sq, dist::ReduceOp::Sum);
-    const double total = std::sqrt(sq.item<double>());
+    const int me = pg_.rank();
+    const auto opts = at::TensorOptions().dtype(grad_dtype_);
+    at::Tensor norms = at::zeros({static_cast<int64_t>(params_.size())}, opts);  // each set by one rank
+    std::vector<std::pair<int64_t, at::Tensor>> split;                              // the same on every rank
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t a = offsets_[i], n = params_[i].second.numel(), e = a + n;
+      int holders = 0;
+      for (int r = 0; r < pg_.size(); ++r) holders += std::max(a, bounds_[r]) < std::min(e, bounds_[r + 1]);
+      if (holders <= 1) {
+        if (a >= bounds_[me] && e <= bounds_[me + 1] && n > 0)
+          norms.narrow(0, static_cast<int64_t>(i), 1).copy_(at::linalg_vector_norm(grad_shard_.narrow(0, a - bounds_[me], n), 2).reshape({1}));
+        continue;
+      }
+      at::Tensor whole = at::zeros({n}, opts);
+      const int64_t pa = std::max(a, bounds_[me]), pe = std::min(e, bounds_[me + 1]);
+      if (pa < pe) whole.narrow(0, pa - a, pe - pa).copy_(grad_shard_.narrow(0, pa - bounds_[me], pe - pa));
+      pg_.all_reduce(whole, dist::ReduceOp::Sum);  // the other ranks add zeros: exact
+      split.emplace_back(static_cast<int64_t>(i), at::linalg_vector_norm(whole, 2));
+    }
+    pg_.all_reduce(norms, dist::ReduceOp::Sum);
+    for (const auto& [i, v] : split) norms.narrow(0, i, 1).copy_(v.reshape({1}));
+    const at::Tensor total_t = at::linalg_vector_norm(norms, 2);
+    const double total = total_t.item<double>();
     if (!std::isfinite(total)) {
       grad_pieces_.clear();  // the step is skipped
       grad_shard_.zero_();
       return total;
     }
-    // The coefficient as train::clip_grad_norm forms it, in the gradients' dtype (a double one
-    // differs by an ulp and moves the weights by an ulp after the step).
-    const at::Tensor total_t = at::full({}, total, at::TensorOptions().dtype(grad_dtype_));
     const at::Tensor coef = ((total_t + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
     for (at::Tensor& g : grad_pieces_) g.mul_(coef);
     return total;
