@@ -4,7 +4,7 @@
 // all threads) and wall seconds, median of --repeats after one warm-up.
 //
 //   update_bench MODEL_DIR [--threads 2] [--rows 128] [--prompt 190] [--response 64] [--n 8]
-//                [--repeats 3] [--packed] [--no-split] [--only ref|update]
+//                [--repeats 3] [--packed] [--no-split] [--checkpointing] [--only ref|update]
 //
 // Rows come in groups of --n sharing a prompt (as GRPO's). MODEL_DIR: a Qwen2 checkpoint, e.g. the bench's (`trl_step_bench.py --work W
 // --only-inputs` writes W/model). Prompts are left-padded (lengths prompt-2..prompt),
@@ -60,13 +60,13 @@ Times median_times(F&& f, int repeats) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: update_bench MODEL_DIR [--threads N] [--rows B] [--prompt P] [--response R] [--n N] "
-                         "[--repeats K] [--packed] [--only ref|update]\n");
+                         "[--repeats K] [--packed] [--no-split] [--checkpointing] [--only ref|update]\n");
     return 2;
   }
   std::string dir = argv[1], only;
   int threads = 2, repeats = 3;
   int64_t B = 128, P = 190, R = 64, n = 8;
-  bool packed = false, split = true;
+  bool packed = false, split = true, checkpointing = false;
   for (int i = 2; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return std::string(argv[++i]); };
@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     else if (a == "--repeats") repeats = std::stoi(next());
     else if (a == "--packed") packed = true;
     else if (a == "--no-split") split = false;
+    else if (a == "--checkpointing") checkpointing = true;
     else if (a == "--only") only = next();
     else {
       std::fprintf(stderr, "update_bench: unknown argument %s\n", a.c_str());
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   }
   at::set_num_threads(threads);
   CausalLM m = CausalLM::from_pretrained(dir, {at::kFloat});
+  m.set_gradient_checkpointing(checkpointing);
   const int64_t V = m.config().vocab_size, T = P + R;
   at::manual_seed(0);
   at::Tensor ids = at::randint(V, {B, T}, at::kLong);
@@ -128,11 +130,11 @@ int main(int argc, char** argv) {
     for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
   }, repeats);
   std::printf("update_bench: %lld rows x (%lld prompt + %lld response), vocab %lld, hidden %lld, %lld layers, "
-              "%d threads, %s%s\n",
+              "%d threads, %s%s%s\n",
               static_cast<long long>(B), static_cast<long long>(P), static_cast<long long>(R),
               static_cast<long long>(V), static_cast<long long>(m.config().hidden_size),
               static_cast<long long>(m.config().num_hidden_layers), threads, packed ? "packed" : "padded",
-              packed || split ? "" : ", no split_prompt");
+              packed || split ? "" : ", no split_prompt", checkpointing ? ", gradient checkpointing" : "");
   std::printf("ref    (no_grad log-probs):     cpu %7.3f s  wall %7.3f s\n", ref_t.cpu, ref_t.wall);
   std::printf("update (log-probs+ent, fwd+bwd): cpu %7.3f s  wall %7.3f s  (loss %.6g)\n", upd_t.cpu, upd_t.wall,
               loss_value);

@@ -90,55 +90,61 @@ TEST_P(PerFamily, ChunkedLogProbsAndEntropiesEqualNaiveValuesAndGradients) {
 // LogProbOptions::split_prompt (each distinct prompt prefix once, the last layer's K/V only
 // there) against the full forward over every column (split_prompt = false): log-probs,
 // entropies and gradients, on groups of rows sharing a left-padded prompt, responses of
-// 1..R tokens, a lone row, and prompts of one token (no prefix at all).
+// 1..R tokens, a lone row, and prompts of one token (no prefix at all); with and without
+// gradient checkpointing (each split layer checkpointed).
 TEST_P(PerFamily, SplitPromptEqualsTheFullForwardValuesAndGradients) {
-  CausalLM m = random_model(family(), at::kFloat, "", 17, device());
-  const int64_t V = m.config().vocab_size;
-  // prompt lengths per group (left-padded to P) and response lengths per row (right-padded to R)
-  const std::vector<std::vector<int64_t>> cases_p = {{5, 3, 5, 1}, {1, 1}};
-  const std::vector<int64_t> Ps = {6, 1};
-  for (size_t ci = 0; ci < cases_p.size(); ++ci) {
-    const int64_t P = Ps[ci], R = 5, n = 3;
-    const auto& groups = cases_p[ci];
-    const int64_t B = static_cast<int64_t>(groups.size()) * n - 1;  // the last group has n-1 rows
-    SCOPED_TRACE(testing::Message() << "P " << P << " B " << B);
-    at::manual_seed(static_cast<uint64_t>(23 + ci));
-    at::Tensor ids = at::randint(1, V, {B, P + R}, at::kLong), mask = at::ones({B, P + R}, at::kLong);
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t g = b / n, lp = groups[static_cast<size_t>(g)], lr = 1 + (b * 2) % R;  // 1..R response tokens
-      ids[b].narrow(0, 0, P).copy_(ids[g * n].narrow(0, 0, P));
-      mask[b].narrow(0, 0, P - lp).zero_();
-      mask[b].narrow(0, P + lr, R - lr).zero_();
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "gradient checkpointing" : "no checkpointing");
+    CausalLM m = random_model(family(), at::kFloat, "", 17, device());
+    const int64_t V = m.config().vocab_size;
+    // prompt lengths per group (left-padded to P) and response lengths per row (right-padded to R)
+    const std::vector<std::vector<int64_t>> cases_p = {{5, 3, 5, 1}, {1, 1}};
+    const std::vector<int64_t> Ps = {6, 1};
+    for (size_t ci = 0; ci < cases_p.size(); ++ci) {
+      const int64_t P = Ps[ci], R = 5, n = 3;
+      const auto& groups = cases_p[ci];
+      const int64_t B = static_cast<int64_t>(groups.size()) * n - 1;  // the last group has n-1 rows
+      SCOPED_TRACE(testing::Message() << "P " << P << " B " << B);
+      at::manual_seed(static_cast<uint64_t>(23 + ci));
+      at::Tensor ids = at::randint(1, V, {B, P + R}, at::kLong), mask = at::ones({B, P + R}, at::kLong);
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t g = b / n, lp = groups[static_cast<size_t>(g)], lr = 1 + (b * 2) % R;  // 1..R response tokens
+        ids[b].narrow(0, 0, P).copy_(ids[g * n].narrow(0, 0, P));
+        mask[b].narrow(0, 0, P - lp).zero_();
+        mask[b].narrow(0, P + lr, R - lr).zero_();
+      }
+      ids.mul_(mask);
+      at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
+      ids = ids.to(device()), mask = mask.to(device()), pos = pos.to(device());
+      at::Tensor targets = ids.narrow(1, P, R);
+      at::Tensor resp = mask.narrow(1, P, R).to(at::kFloat);
+      at::manual_seed(5);
+      at::Tensor w_lp = at::randn({B, R}).to(device()) * resp, w_ent = at::randn({B, R}).to(device()) * resp;
+      auto run = [&](bool split, double tau) {
+        LogProbOptions o{tau, true, 4};
+        o.split_prompt = split;
+        // The full forward without checkpointing is the reference of both.
+        m.set_gradient_checkpointing(split && checkpointing);
+        TokenLogProbs lp = m.log_probs(ids, mask, pos, targets, o);
+        auto g = grads_of(m, (lp.log_probs * w_lp).sum() + (lp.entropy * w_ent).sum());
+        return std::make_tuple(lp.log_probs.detach() * resp, lp.entropy.detach() * resp, g);
+      };
+      for (double tau : {1.0, 0.7}) {
+        auto [lp0, ent0, g0] = run(false, tau);
+        auto [lp1, ent1, g1] = run(true, tau);
+        EXPECT_LE((lp1 - lp0).abs().max().item<double>(), tol(1e-5));
+        EXPECT_LE((ent1 - ent0).abs().max().item<double>(), tol(1e-5));
+        expect_close(g1, g0, tol(1e-5), m);
+        EXPECT_GT(lp0.abs().max().item<double>(), 0.1);  // the comparison sees real values
+      }
+      // No grad (the reference pass) takes the same path.
+      at::NoGradGuard no_grad;
+      LogProbOptions o{1.0, false, 64};
+      at::Tensor a = m.log_probs(ids, mask, pos, targets, o).log_probs * resp;
+      o.split_prompt = false;
+      at::Tensor b = m.log_probs(ids, mask, pos, targets, o).log_probs * resp;
+      EXPECT_LE((a - b).abs().max().item<double>(), tol(1e-5));
     }
-    ids.mul_(mask);
-    at::Tensor pos = (mask.cumsum(1) - 1).clamp_min(0);
-    ids = ids.to(device()), mask = mask.to(device()), pos = pos.to(device());
-    at::Tensor targets = ids.narrow(1, P, R);
-    at::Tensor resp = mask.narrow(1, P, R).to(at::kFloat);
-    at::manual_seed(5);
-    at::Tensor w_lp = at::randn({B, R}).to(device()) * resp, w_ent = at::randn({B, R}).to(device()) * resp;
-    auto run = [&](bool split, double tau) {
-      LogProbOptions o{tau, true, 4};
-      o.split_prompt = split;
-      TokenLogProbs lp = m.log_probs(ids, mask, pos, targets, o);
-      auto g = grads_of(m, (lp.log_probs * w_lp).sum() + (lp.entropy * w_ent).sum());
-      return std::make_tuple(lp.log_probs.detach() * resp, lp.entropy.detach() * resp, g);
-    };
-    for (double tau : {1.0, 0.7}) {
-      auto [lp0, ent0, g0] = run(false, tau);
-      auto [lp1, ent1, g1] = run(true, tau);
-      EXPECT_LE((lp1 - lp0).abs().max().item<double>(), tol(1e-5));
-      EXPECT_LE((ent1 - ent0).abs().max().item<double>(), tol(1e-5));
-      expect_close(g1, g0, tol(1e-5), m);
-      EXPECT_GT(lp0.abs().max().item<double>(), 0.1);  // the comparison sees real values
-    }
-    // No grad (the reference pass) takes the same path.
-    at::NoGradGuard no_grad;
-    LogProbOptions o{1.0, false, 64};
-    at::Tensor a = m.log_probs(ids, mask, pos, targets, o).log_probs * resp;
-    o.split_prompt = false;
-    at::Tensor b = m.log_probs(ids, mask, pos, targets, o).log_probs * resp;
-    EXPECT_LE((a - b).abs().max().item<double>(), tol(1e-5));
   }
 }
 

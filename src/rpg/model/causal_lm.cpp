@@ -392,6 +392,85 @@ at::Tensor decoder_stack(const CausalLM::Impl& m, at::Tensor x, const AttnInputs
   return rms_norm(x, m.final_norm, m.config.rms_norm_eps);
 }
 
+// What one layer of the split forward below reads besides its weights: the prefix's and the
+// suffix's attention inputs and each row's prefix (an index into the distinct prefixes).
+struct SplitInputs {
+  AttnInputs prefix, suffix;
+  at::Tensor row_of;
+};
+
+// One layer of the split forward: the distinct prefixes xp [U, P1, C] (their keys/values only
+// when `last`: the outputs are never scored) and every row's suffix x [B, R, C], attending
+// over its prefix's keys/values then its own. Returns (xp', x'); xp' is undefined when last.
+std::pair<at::Tensor, at::Tensor> split_layer(const LayerWeights& w, const ModelConfig& c, const at::Tensor& xp,
+                                              const at::Tensor& x, const SplitInputs& in, bool last) {
+  Qkv p = project_qkv(w, c, rms_norm(xp, w.input_norm, c.rms_norm_eps), in.prefix.cos, in.prefix.sin, !last);
+  at::Tensor xp_out;
+  if (!last) xp_out = mlp_block(w, c, xp + at::linear(attend(c, p.q, p.k, p.v, in.prefix), w.o_w));
+  Qkv s = project_qkv(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), in.suffix.cos, in.suffix.sin);
+  at::Tensor k = at::cat({p.k.index_select(0, in.row_of), s.k}, 1);
+  at::Tensor v = at::cat({p.v.index_select(0, in.row_of), s.v}, 1);
+  return {xp_out, mlp_block(w, c, x + at::linear(attend(c, s.q, k, v, in.suffix), w.o_w))};
+}
+
+// split_layer under activation checkpointing (as CheckpointedLayer: the forward keeps only
+// the layer's inputs, the backward re-runs it with autograd on). The SplitInputs outlive the
+// backward only while the graph does: they are copied into the saved tensors here.
+struct CheckpointedSplitLayer : public torch::autograd::Function<CheckpointedSplitLayer> {
+  static variable_list forward(AutogradContext* ctx, at::Tensor xp, at::Tensor x, at::TensorList params, int64_t layer,
+                               bool last, const CausalLM::Impl* impl, const SplitInputs* in) {
+    const auto& pa = in->prefix;
+    const auto& sa = in->suffix;
+    std::vector<at::Tensor> saved = {xp, x, pa.cos, pa.sin, pa.mask, sa.cos, sa.sin, sa.mask, in->row_of};
+    saved.insert(saved.end(), params.begin(), params.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["last"] = last;
+    ctx->saved_data["prefix_causal"] = pa.is_causal;
+    ctx->saved_data["impl"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(impl));
+    auto [xp_out, x_out] = split_layer(impl->layers[layer], impl->config, xp, x, *in, last);
+    if (last) return {x_out};
+    return {x_out, xp_out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const bool last = ctx->saved_data["last"].toBool();
+    SplitInputs in;
+    in.prefix = AttnInputs{saved[2], saved[3], saved[4], ctx->saved_data["prefix_causal"].toBool(), {}};
+    in.suffix = AttnInputs{saved[5], saved[6], saved[7], false, {}};
+    in.row_of = saved[8];
+    at::AutoGradMode grad_on(true);
+    at::Tensor xp = saved[0].detach().requires_grad_(saved[0].requires_grad());
+    at::Tensor x = saved[1].detach().requires_grad_(saved[1].requires_grad());
+    LayerWeights w = impl->layers[layer];
+    auto ws = layer_slots(w, impl->config);
+    std::vector<at::Tensor> inputs;
+    std::vector<int> where;  // index into the gradient list for each differentiated input
+    for (auto [t, i] : {std::pair<at::Tensor*, int>{&xp, 0}, {&x, 1}})
+      if (t->requires_grad()) inputs.push_back(*t), where.push_back(i);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const at::Tensor& p = saved[9 + i];
+      *ws[i] = p.detach().requires_grad_(p.requires_grad());
+      if (p.requires_grad()) inputs.push_back(*ws[i]), where.push_back(static_cast<int>(2 + i));
+    }
+    // xp, x, each param, layer, last, impl, in
+    variable_list grads(2 + ws.size() + 4);
+    if (inputs.empty()) return grads;
+    auto [xp_out, x_out] = split_layer(w, impl->config, xp, x, in, last);
+    std::vector<at::Tensor> outputs, grad_outputs;
+    if (grad_out[0].defined()) outputs.push_back(x_out), grad_outputs.push_back(grad_out[0]);
+    if (!last && grad_out[1].defined()) outputs.push_back(xp_out), grad_outputs.push_back(grad_out[1]);
+    if (outputs.empty()) return grads;
+    auto g = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
+                                   /*allow_unused=*/true);
+    for (size_t i = 0; i < g.size(); ++i) grads[where[i]] = g[i];
+    return grads;
+  }
+};
+
 // The final hidden states at the scoring positions T-R-1 .. T-2 of a padded batch ([B, R, C]),
 // computed in two parts that do less work than decoder_stack over all T columns:
 //   prefix: columns 0 .. P-2 (P = T-R, the prompt without its last token) of each distinct
@@ -415,10 +494,10 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
   AttnInputs sa;
   std::tie(sa.cos, sa.sin) = rope_tables(m.inv_freq, pos.narrow(1, P1, R), m.dtype);
   at::Tensor x = at::embedding(m.embed, ids.narrow(1, P1, R));  // [B, R, C]
+  const bool checkpoint = m.checkpointing && at::GradMode::is_enabled();
   if (P1 == 0) {
     sa.mask = make_mask(sfx_mask, c);
-    for (const auto& w : m.layers) x = layer_forward(w, c, x, sa, nullptr);
-    return rms_norm(x, m.final_norm, c.rms_norm_eps);
+    return decoder_stack(m, x, sa);
   }
   // Distinct prefixes (ids, mask and positions of columns 0 .. P1-1) and each row's index.
   at::Tensor key = at::cat({ids.narrow(1, 0, P1), mask.narrow(1, 0, P1).to(at::kLong), pos.narrow(1, 0, P1)}, 1);
@@ -438,16 +517,19 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
   sa.mask = make_mask(at::cat({mask.narrow(1, 0, P1).view({B, 1, 1, P1}).expand({B, 1, R, P1}), sfx_mask}, 3), c);
   at::Tensor xp = at::embedding(m.embed, p_ids);  // [U, P1, C]
   const size_t L = m.layers.size();
+  const SplitInputs in{pa, sa, row_of};
   for (size_t l = 0; l < L; ++l) {
-    const LayerWeights& w = m.layers[l];
-    // Prefix keys/values of this layer (all of the last layer needs), then its outputs.
-    at::Tensor xpn = rms_norm(xp, w.input_norm, c.rms_norm_eps);
-    Qkv p = project_qkv(w, c, xpn, pa.cos, pa.sin, /*with_q=*/l + 1 < L);
-    if (l + 1 < L) xp = mlp_block(w, c, xp + at::linear(attend(c, p.q, p.k, p.v, pa), w.o_w));
-    // Suffix: own q/k/v, keys = [row's prefix keys, own keys].
-    Qkv s = project_qkv(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), sa.cos, sa.sin);
-    at::Tensor k = at::cat({p.k.index_select(0, row_of), s.k}, 1), v = at::cat({p.v.index_select(0, row_of), s.v}, 1);
-    x = mlp_block(w, c, x + at::linear(attend(c, s.q, k, v, sa), w.o_w));
+    const bool last = l + 1 == L;
+    if (checkpoint) {
+      LayerWeights w = m.layers[l];
+      std::vector<at::Tensor> params;
+      for (at::Tensor* p : layer_slots(w, c)) params.push_back(*p);
+      auto out = CheckpointedSplitLayer::apply(xp, x, at::TensorList(params), static_cast<int64_t>(l), last, &m, &in);
+      x = out[0];
+      if (!last) xp = out[1];
+    } else {
+      std::tie(xp, x) = split_layer(m.layers[l], c, xp, x, in, last);
+    }
   }
   return rms_norm(x, m.final_norm, c.rms_norm_eps);
 }
@@ -642,7 +724,7 @@ TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor&
   if (options.chunk_tokens < 1) throw ValueError(str("log_probs chunk_tokens: got ", options.chunk_tokens, ", expected >= 1"));
   if (options.remove_padding) return packed_log_probs(input_ids, attention_mask, position_ids, targets, options);
   at::Tensor h;
-  if (options.split_prompt && !(impl_->checkpointing && at::GradMode::is_enabled())) {
+  if (options.split_prompt) {
     const Impl& m = *impl_;
     check_batch(input_ids, attention_mask, position_ids);
     at::Tensor ids = input_ids.to(m.device, at::kLong);

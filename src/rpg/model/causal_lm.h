@@ -60,8 +60,8 @@ struct LogProbOptions {
   // Padded path only: compute the prompt part (all but its last token) once per distinct
   // prompt and, in the last layer, only its keys/values; the scoring positions attend over
   // it (rows of a GRPO group share a prompt, so most of the prompt work is skipped). Equal
-  // to the full forward up to fp32 rounding. Not used with gradient checkpointing while
-  // autograd records (the full forward runs then).
+  // to the full forward up to fp32 rounding. With gradient checkpointing each layer of it is
+  // checkpointed (only the layer's prefix and suffix inputs are kept).
   bool split_prompt = true;
   // The log-prob backward forms p as exp(s - logsumexp(s)), exactly as torch's autograd
   // differentiates gather - logsumexp (transformers + verl; fork semantics uses it to equal
