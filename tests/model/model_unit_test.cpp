@@ -154,7 +154,7 @@ TEST_P(PerFamily, GradientCheckpointingGivesTheSameGradients) {
   at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
   auto run = [&] {
     LogProbOptions o{0.8, true, 7};
-    o.split_prompt = false;  // checkpointing runs the full forward; compare it with the same
+    o.split_prompt = false;  // the full forward per checkpointed layer (the split one: SplitPrompt... above)
     TokenLogProbs lp = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, o);
     at::Tensor resp = b.attention_mask.narrow(1, b.P, b.R).to(device(), at::kFloat);
     return grads_of(m, ((lp.log_probs - 0.01 * lp.entropy) * resp).sum());
