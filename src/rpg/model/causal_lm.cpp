@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -224,9 +225,45 @@ at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::
   return mlp_block(w, c, x + attention(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache));
 }
 
+// The backward of a checkpointed layer: re-runs `run` (the layer's forward) with autograd on
+// over detached copies of the saved activations and of layer `layer`'s weights (`saved_params`,
+// in layer_slots order) and differentiates the outputs whose incoming gradient is defined. The
+// layer is deterministic (no dropout), so the recomputation reproduces the forward exactly.
+// Returns one gradient per activation, then one per weight, then `trailing` undefined ones (the
+// Function's inputs that are not differentiated).
+variable_list recompute_layer_gradients(
+    const CausalLM::Impl& impl, int64_t layer, const std::vector<at::Tensor>& activations,
+    const std::vector<at::Tensor>& saved_params, const variable_list& grad_out, size_t trailing,
+    const std::function<std::vector<at::Tensor>(const LayerWeights&, const std::vector<at::Tensor>&)>& run) {
+  at::AutoGradMode grad_on(true);
+  std::vector<at::Tensor> acts, inputs;
+  std::vector<size_t> where;  // index into the gradient list for each differentiated input
+  for (size_t i = 0; i < activations.size(); ++i) {
+    acts.push_back(activations[i].detach().requires_grad_(activations[i].requires_grad()));
+    if (acts.back().requires_grad()) inputs.push_back(acts.back()), where.push_back(i);
+  }
+  LayerWeights w = impl.layers[layer];
+  auto ws = layer_slots(w, impl.config);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const at::Tensor& p = saved_params[i];
+    *ws[i] = p.detach().requires_grad_(p.requires_grad());
+    if (p.requires_grad()) inputs.push_back(*ws[i]), where.push_back(activations.size() + i);
+  }
+  variable_list grads(activations.size() + ws.size() + trailing);
+  if (inputs.empty()) return grads;
+  const std::vector<at::Tensor> outs = run(w, acts);
+  std::vector<at::Tensor> outputs, grad_outputs;
+  for (size_t k = 0; k < outs.size() && k < grad_out.size(); ++k)
+    if (outs[k].defined() && grad_out[k].defined()) outputs.push_back(outs[k]), grad_outputs.push_back(grad_out[k]);
+  if (outputs.empty()) return grads;
+  auto g = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
+                                 /*allow_unused=*/true);
+  for (size_t i = 0; i < g.size(); ++i) grads[where[i]] = g[i];
+  return grads;
+}
+
 // Per-layer activation checkpointing: the forward keeps only the layer input; backward
-// re-runs the layer with autograd on and differentiates it. The layer is deterministic
-// (no dropout), so the recomputation reproduces the forward exactly.
+// re-runs the layer (recompute_layer_gradients).
 struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::TensorList params, at::Tensor cos,
                             at::Tensor sin, std::optional<at::Tensor> mask, bool is_causal,
@@ -245,35 +282,14 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto saved = ctx->get_saved_variables();
     const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
-    int64_t layer = ctx->saved_data["layer"].toInt();
-    AttnInputs a{saved[1], saved[2], saved[3], ctx->saved_data["is_causal"].toBool(),
-                 ctx->saved_data["seq_lens"].toIntVector()};
-    at::AutoGradMode grad_on(true);
-    at::Tensor x = saved[0].detach().requires_grad_(saved[0].requires_grad());
-    LayerWeights w = impl->layers[layer];
-    auto ws = layer_slots(w, impl->config);
-    std::vector<at::Tensor> inputs;
-    std::vector<int> where;  // index into the gradient list for each differentiated input
-    if (x.requires_grad()) {
-      inputs.push_back(x);
-      where.push_back(0);
-    }
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const at::Tensor& p = saved[4 + i];
-      *ws[i] = p.detach().requires_grad_(p.requires_grad());
-      if (p.requires_grad()) {
-        inputs.push_back(*ws[i]);
-        where.push_back(static_cast<int>(1 + i));
-      }
-    }
-    // x, each param, cos, sin, mask, is_causal, seq_lens, layer, impl
-    variable_list grads(1 + ws.size() + 7);
-    if (inputs.empty()) return grads;
-    at::Tensor y = layer_forward(w, impl->config, x, a, nullptr);
-    auto g = torch::autograd::grad({y}, inputs, {grad_out[0]}, /*retain_graph=*/false, /*create_graph=*/false,
-                                   /*allow_unused=*/true);
-    for (size_t i = 0; i < g.size(); ++i) grads[where[i]] = g[i];
-    return grads;
+    const AttnInputs a{saved[1], saved[2], saved[3], ctx->saved_data["is_causal"].toBool(),
+                       ctx->saved_data["seq_lens"].toIntVector()};
+    // x, each param, then cos, sin, mask, is_causal, seq_lens, layer, impl
+    return recompute_layer_gradients(*impl, ctx->saved_data["layer"].toInt(), {saved[0]},
+                                     {saved.begin() + 4, saved.end()}, grad_out, 7,
+                                     [&](const LayerWeights& w, const std::vector<at::Tensor>& in) {
+                                       return std::vector<at::Tensor>{layer_forward(w, impl->config, in[0], a, nullptr)};
+                                     });
   }
 };
 
@@ -436,38 +452,18 @@ struct CheckpointedSplitLayer : public torch::autograd::Function<CheckpointedSpl
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     auto saved = ctx->get_saved_variables();
     const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
-    const int64_t layer = ctx->saved_data["layer"].toInt();
     const bool last = ctx->saved_data["last"].toBool();
     SplitInputs in;
     in.prefix = AttnInputs{saved[2], saved[3], saved[4], ctx->saved_data["prefix_causal"].toBool(), {}};
     in.suffix = AttnInputs{saved[5], saved[6], saved[7], false, {}};
     in.row_of = saved[8];
-    at::AutoGradMode grad_on(true);
-    at::Tensor xp = saved[0].detach().requires_grad_(saved[0].requires_grad());
-    at::Tensor x = saved[1].detach().requires_grad_(saved[1].requires_grad());
-    LayerWeights w = impl->layers[layer];
-    auto ws = layer_slots(w, impl->config);
-    std::vector<at::Tensor> inputs;
-    std::vector<int> where;  // index into the gradient list for each differentiated input
-    for (auto [t, i] : {std::pair<at::Tensor*, int>{&xp, 0}, {&x, 1}})
-      if (t->requires_grad()) inputs.push_back(*t), where.push_back(i);
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const at::Tensor& p = saved[9 + i];
-      *ws[i] = p.detach().requires_grad_(p.requires_grad());
-      if (p.requires_grad()) inputs.push_back(*ws[i]), where.push_back(static_cast<int>(2 + i));
-    }
-    // xp, x, each param, layer, last, impl, in
-    variable_list grads(2 + ws.size() + 4);
-    if (inputs.empty()) return grads;
-    auto [xp_out, x_out] = split_layer(w, impl->config, xp, x, in, last);
-    std::vector<at::Tensor> outputs, grad_outputs;
-    if (grad_out[0].defined()) outputs.push_back(x_out), grad_outputs.push_back(grad_out[0]);
-    if (!last && grad_out[1].defined()) outputs.push_back(xp_out), grad_outputs.push_back(grad_out[1]);
-    if (outputs.empty()) return grads;
-    auto g = torch::autograd::grad(outputs, inputs, grad_outputs, /*retain_graph=*/false, /*create_graph=*/false,
-                                   /*allow_unused=*/true);
-    for (size_t i = 0; i < g.size(); ++i) grads[where[i]] = g[i];
-    return grads;
+    // xp, x, each param, then layer, last, impl, in; outputs as forward's: x', then xp' unless last
+    return recompute_layer_gradients(*impl, ctx->saved_data["layer"].toInt(), {saved[0], saved[1]},
+                                     {saved.begin() + 9, saved.end()}, grad_out, 4,
+                                     [&](const LayerWeights& w, const std::vector<at::Tensor>& acts) {
+                                       auto [xp_out, x_out] = split_layer(w, impl->config, acts[0], acts[1], in, last);
+                                       return std::vector<at::Tensor>{x_out, xp_out};
+                                     });
   }
 };
 
