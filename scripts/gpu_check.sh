@@ -9,11 +9,13 @@
 #        machine's own torch: same torch version required, checked),
 #     2. run the device-generic tests on CUDA only (RPG_TEST_DEVICES=cuda: an unusable GPU
 #        fails the run, it never skips) and the device-selection tests,
-#     3. measure a training step (forward + backward of the token log-probs; MFU from
+#     3. run `rpg train` end to end on the device (fp32 and bf16, 4 steps, a tiny task packed
+#        here: the front binary, the Parquet reader, validation, a checkpoint, perf metrics),
+#     4. measure a training step (forward + backward of the token log-probs; MFU from
 #        verl's FLOP formula) and decode tokens/s of a random Qwen2 of the Qwen2.5-0.5B and
 #        1.5B shapes in bf16, rpg (bench/gpu/gpu_bench.cpp) next to transformers in the same
 #        venv (bench/gpu/hf_bench.py),
-#     4. write one results file, $OUT/gpu_check.md (tables + the raw JSON lines).
+#     5. write one results file, $OUT/gpu_check.md (tables + the raw JSON lines).
 #   scripts/gpu_check.sh --cpu-dry-run [--build DIR]   here, as a CTest: the same steps on
 #                                                 the CPU (pack, unpack into a temp dir, the
 #                                                 library check, the tests on cpu, the tiny
@@ -38,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --build) build="$(cd "$2" && pwd)"; shift ;;
     --out) out="$2"; shift ;;
     --bundle) bundle="$2"; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_check: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -47,7 +49,7 @@ done
 say() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" >&2; }
 die() { echo "gpu_check: error: $*" >&2; exit 1; }
 
-BINARIES=(tests/model/model_tests tests/rollout/rollout_tests tests/dist/dist_tests bench/gpu/gpu_bench)
+BINARIES=(tests/model/model_tests tests/rollout/rollout_tests tests/dist/dist_tests bench/gpu/gpu_bench rpg rpg-torch)
 
 # The Python that holds torch (+ transformers): the GPU machine's python3, or the venv here.
 pick_python() {
@@ -81,6 +83,16 @@ pack() {  # pack <bundle path>
   elif [[ $mode != dry ]]; then
     die "$build/librpg_cuda.so is not built (cmake --build $build --target rpg_cuda)"
   fi
+  # A tiny task for `rpg train` on the device (step 3 there), made here by rpg itself: the
+  # demo's sums of three digits, a 512-token BPE tokenizer, a 2-layer Qwen2.
+  local fx="$stage/rpg-gpu/fixture"
+  "$build/rpg" data synth --seed 0 --train 64 --val 8 --test 8 --min-difficulty 0 --max-difficulty 0 "$fx/data"
+  "$(pick_python)" -c 'import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l); print((j["prompt"] + " " + j["response"]).replace("\n", " "))' "$fx/data/train_sft.jsonl" > "$fx/corpus.txt"
+  "$build/rpg" tokenizer train --corpus "$fx/corpus.txt" --vocab-size 512 --output "$fx/tokenizer"
+  "$build/rpg" model init --tokenizer "$fx/tokenizer" --output "$fx/model" --hidden 64 --layers 2 --heads 4 \
+    --kv-heads 2 --intermediate 128
   "$(pick_python)" -c 'import torch; print(torch.__version__)' > "$stage/rpg-gpu/torch_version"
   git -C "$here" rev-parse HEAD > "$stage/rpg-gpu/commit" 2>/dev/null || echo unknown > "$stage/rpg-gpu/commit"
   mkdir -p "$(dirname "$dest")"
@@ -113,9 +125,8 @@ else
   device=cuda; shapes=(0.5b 1.5b); test_devices=cuda
   train_args=(--batch 8 --seq 1024 --steps 5 --warmup 2 --chunk 1024)
   decode_args=(--batch 64 --prompt-len 128 --new-tokens 256)
-  # Every CUDA instance of the device-generic tests, and the device-selection tests
-  # (not their CLI half: it needs the rpg binary, which is not carried: Arrow is too large).
-  test_filter='*cuda*:DeviceSelection.ACpuRun*:DeviceSelection.TheCudaBackend*'
+  # Every CUDA instance of the device-generic tests, and the device-selection tests.
+  test_filter='*cuda*:DeviceSelection.*'
 fi
 mkdir -p "$out"
 results="$out/gpu_check.md"
@@ -155,9 +166,9 @@ budget() {  # budget <cap seconds> -> seconds to give the next step (0: skip it)
 }
 # 1. The tests. Oracles (transformers) run under this python; fixtures go to the temp dir.
 mkdir -p "$work/build"
-# The dry run has the rpg binary (the CLI half of the device-selection tests); the GPU
-# machine has not (not carried), so those checks are filtered out there.
-if [[ $mode == dry ]]; then ln -s "$build/rpg" "$work/build/rpg"; ln -s "$build/rpg-torch" "$work/build/rpg-torch"; fi
+# The CLI half of the device-selection tests runs the carried rpg (the front binary execs
+# rpg-torch from its own directory, where the CUDA plugin is too).
+ln -s "$root/bin/rpg" "$work/build/rpg"; ln -s "$root/bin/rpg-torch" "$work/build/rpg-torch"
 for t in model_tests rollout_tests dist_tests; do
   say "tests: $t ($test_filter, RPG_TEST_DEVICES=$test_devices)"
   limit=$(budget 150)
@@ -173,7 +184,54 @@ for t in model_tests rollout_tests dist_tests; do
   fi
 done
 
-# 2. The benchmarks, each side in its own process, interleaved per shape.
+# 2. `rpg train` end to end on the device (the front binary, rpg-torch, the CUDA plugin, the
+# Parquet reader), fp32 and bf16 (rollout and compute), 4 steps with validation and a
+# checkpoint: every step's loss finite and gradient non-zero, and the trainer's own perf
+# metrics there (on CUDA: MFU from the device's name, the allocator's peaks).
+train_run() {  # train_run <label> <overrides...>
+  local label="$1"; shift
+  local run="$work/train_$label" fx="$root/fixture" limit
+  say "train: $label"
+  limit=$(budget 90)
+  if ((limit > 0)) && timeout "$limit" "$root/bin/rpg" train - "actor_rollout_ref.model.path=$fx/model" \
+       "data.train_files=$fx/data/train.parquet" "data.val_files=$fx/data/validation.parquet" \
+       data.train_batch_size=8 data.max_prompt_length=256 data.max_response_length=48 actor_rollout_ref.rollout.n=4 \
+       actor_rollout_ref.actor.ppo_mini_batch_size=4 actor_rollout_ref.actor.policy_loss=rpg_reinforce \
+       algorithm.adv_estimator=rpg actor_rollout_ref.actor.optim.lr=1e-3 actor_rollout_ref.actor.entropy_coeff=0.01 \
+       actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.1 \
+       trainer.total_training_steps=4 trainer.save_freq=2 trainer.test_freq=2 "trainer.device=$device" \
+       "trainer.default_local_dir=$run" "$@" > "$work/train_$label.log" 2>&1 &&
+     "$py" - "$run/metrics.jsonl" "$label" "$device" >> "$raw" 2>> "$log" <<'PY'
+import json, math, sys
+path, label, device = sys.argv[1:4]
+records = [json.loads(l) for l in open(path)]
+steps = [r for r in records if "timing_s/step" in r]
+bad = [r["step"] for r in steps if not math.isfinite(r.get("actor/pg_loss") or math.nan)
+       or not (r.get("actor/grad_norm") or 0) > 0]
+need = ["perf/mfu/actor", "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb"] if device == "cuda" else []
+missing = sorted({k for r in steps for k in need if not (r.get(k) or 0) > 0})
+saves = [r["step"] for r in records if "timing_s/save_checkpoint" in r]
+last = steps[-1] if steps else {}
+ok = len(steps) == 4 and not bad and not missing and saves == [2, 4]
+print(json.dumps({"train": label, "result": "pass" if ok else "FAIL", "steps": len(steps), "bad_steps": bad,
+                  "missing": missing, "saves": saves,
+                  "seconds_per_step": sum(r["timing_s/step"] for r in steps[1:]) / max(1, len(steps) - 1),
+                  **{k: last.get(k) for k in ("critic/score/mean", "actor/pg_loss", "perf/mfu/actor",
+                                              "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
+                                              "perf/throughput")}}))
+sys.exit(0 if ok else 1)
+PY
+  then :
+  else
+    status=1
+    echo "{\"train\": \"$label\", \"result\": \"FAIL\", \"timeout_s\": $limit}" >> "$raw"
+    { echo "--- rpg train $label"; tail -40 "$work/train_$label.log" 2>/dev/null; } >> "$log"
+  fi
+}
+train_run fp32
+train_run bf16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.compute_dtype=bfloat16
+
+# 3. The benchmarks, each side in its own process, interleaved per shape.
 bench() {  # bench <label> <command...>
   local label="$1"; shift
   say "bench: $label"
@@ -193,7 +251,7 @@ for shape in "${shapes[@]}"; do
   bench "rpg graph decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what graph "${decode_args[@]}"
 done
 
-# 3. One results file.
+# 4. One results file.
 gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
 "$py" - "$raw" "$results" "$log" "${gpu_name:-none}" "$(cat "$root/commit")" "$mode" <<'PY'
 import json, sys, datetime
@@ -215,6 +273,9 @@ out = [f"# rpg GPU check ({mode})", "",
        "## Tests", ""]
 for r in rows:
     if "tests" in r: out.append(f"- {r['tests']}: **{r['result']}** {r['summary']}")
+out += ["", "## rpg train on the device (4 steps, tiny model; the last step's metrics)", ""]
+for r in rows:
+    if "train" in r: out.append(f"- {r['train']}: **{r['result']}** " + json.dumps({k: v for k, v in r.items() if k not in ("train", "result")}))
 def find(impl, what, shape):
     for r in rows:
         if r.get("impl") == impl and r.get("what") == what and r.get("shape") == shape: return r
@@ -231,9 +292,11 @@ def side_by_side(title, columns, what, cells):
             ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
             out.append(f"| {shape} | {impl} | {cells(r)} | {ratio} |")
 side_by_side("## Training step (forward + backward of token log-probs, bf16)",
-             ["tokens/step", "s/step", "tokens/s", "MFU (of 989 TFLOP/s; meaningless on a CPU)"], "train",
+             ["tokens/step", "s/step", "tokens/s", "MFU (of 989 TFLOP/s; meaningless on a CPU)", "peak GiB allocated"],
+             "train",
              lambda r: f"{r['batch'] * r['seq']} | {r['seconds_per_step']:.4f} | {r['tokens_per_second']:.0f} | "
-                       f"{100 * flops_per_step(r['shape'], r['batch'], r['seq']) / r['seconds_per_step'] / PEAK:.1f}%")
+                       f"{100 * flops_per_step(r['shape'], r['batch'], r['seq']) / r['seconds_per_step'] / PEAK:.1f}% | "
+                       + (f"{r['max_memory_allocated_gb']:.2f}" if "max_memory_allocated_gb" in r else "-"))
 side_by_side("## Decode (sampling, no stop token, bf16)", ["prompts x new tokens", "s", "tokens/s"], "decode",
              lambda r: f"{r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.0f}")
 out += ["", "## Decode steps with fixed shapes (decode_all_slots, greedy): eager vs CUDA graph replay", "",

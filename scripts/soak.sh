@@ -99,7 +99,8 @@ args() {  # $1 run dir, $2 steps
     trainer.val_before_train=false "trainer.default_local_dir=$1"
 }
 rss_kb() { awk '/^VmRSS/ {print $2}' "/proc/$1/status" 2>/dev/null || echo 0; }
-steps_done() { [ -f "$1/metrics.jsonl" ] && wc -l <"$1/metrics.jsonl" || echo 0; }
+# Step records only: a checkpoint's timing_s/save_checkpoint record has no timing_s/step.
+steps_done() { if [ -f "$1/metrics.jsonl" ]; then grep -c '"timing_s/step"' "$1/metrics.jsonl" || true; else echo 0; fi; }
 # Exit code of a finished child; 0 and 75 (preempted) are expected.
 reap() { rc=0; wait "$1" || rc=$?; }  # sets rc (not in a subshell: wait needs the parent)
 
@@ -184,7 +185,9 @@ def load(p):
     out = []
     for line in open(p):
         j = json.loads(line)
-        out.append({k: v for k, v in j.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "perf/"))})
+        kept = {k: v for k, v in j.items() if not k.startswith(("timing_s/", "timing_per_token_ms/", "perf/"))}
+        if len(kept) > 1:  # a checkpoint's record is only its step and timing_s/save_checkpoint
+            out.append(kept)
     return out
 a, b = load(sys.argv[1]), load(sys.argv[2])
 sys.exit(0 if a == b else print(f"metrics differ: {len(a)} vs {len(b)} steps") or 1)

@@ -60,7 +60,8 @@ def run(ranks, n, name):
 def measure(ranks):
     cpu1, _ = run(ranks, 1, f"r{ranks}_one")
     cpun, d = run(ranks, steps, f"r{ranks}_all")
-    rows = [json.loads(l) for l in open(f"{d}/metrics.jsonl")][1:]  # drop the warm-up step
+    # Step records only (a checkpoint's timing record has no timing_s/step); the first is the warm-up.
+    rows = [r for r in map(json.loads, open(f"{d}/metrics.jsonl")) if "timing_s/step" in r][1:]
     mean = lambda k: sum(r.get(k, 0.0) for r in rows) / len(rows)
     wall = mean("timing_s/step")
     tokens = mean("response_length/mean") * 8 * 4

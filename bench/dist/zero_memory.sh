@@ -68,7 +68,7 @@ def run(ranks, stage, compute):
     planned = plan(ranks, extra)
     for k in range(ranks):
         f = f"{work}/{name}/metrics.jsonl" if k == 0 else f"{work}/{name}/rank_{k}/metrics.jsonl"
-        m = json.loads(open(f).read().splitlines()[-1])
+        m = [r for r in map(json.loads, open(f)) if "timing_s/step" in r][-1]  # the last step's record
         g = lambda key: m.get("perf/memory/" + key, 0) / MiB
         masters = f"{g('master_bytes'):.1f} | " if which == "master" else ""
         print(f"| {ranks} | {stage} | {compute} | {k} | {g('weight_bytes'):.1f} | {masters}{g('grad_bytes_max'):.1f} | "

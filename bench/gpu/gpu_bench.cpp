@@ -21,11 +21,13 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "rpg/core/args.h"
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/config.h"
@@ -179,6 +181,9 @@ int main(int argc, char** argv) {
       throw rpg::UsageError("--what: got '" + what + "', expected train, decode or graph");
     }
     j["sdpa"] = rpg::model::sdpa_backends();  // which fused attention kernels ran
+    // As hf_bench.py's torch.cuda.max_memory_allocated(): the allocator's peak of this process.
+    if (const auto peaks = dev.is_cuda() ? rpg::device::cuda_memory_peaks(static_cast<int>(dev.index())) : std::nullopt)
+      j["max_memory_allocated_gb"] = static_cast<double>(peaks->allocated) / (1 << 30);
     std::cout << j.dump() << std::endl;
   } catch (const std::exception& e) {
     std::string m = e.what();

@@ -106,7 +106,15 @@ inline SafetensorsValues read_safetensors_values(const std::filesystem::path& fi
 // kMemory: the perf/memory/* byte counts (dist/memory.h), named without that prefix.
 enum class StepMetrics { kCompared, kMemory };
 
-// One map per line of metrics.jsonl, in step order.
+// A record of metrics.jsonl that holds only timings (a checkpoint's timing_s/save_checkpoint,
+// written after the step's own line).
+inline bool timing_only_record(const nlohmann::json& j) {
+  for (const auto& [k, v] : j.items())
+    if (k != "step" && !k.starts_with("timing_s/")) return false;
+  return true;
+}
+
+// One map per step line of metrics.jsonl (timing-only records skipped), in step order.
 inline std::vector<std::map<std::string, double>> read_step_metrics(const std::filesystem::path& file, StepMetrics which) {
   std::vector<std::map<std::string, double>> out;
   std::istringstream in(read_file(file));
@@ -114,6 +122,7 @@ inline std::vector<std::map<std::string, double>> read_step_metrics(const std::f
   while (std::getline(in, line)) {
     std::map<std::string, double> m;
     const auto j = nlohmann::json::parse(line);
+    if (timing_only_record(j)) continue;
     for (const auto& [k, v] : j.items()) {
       if (!v.is_number()) continue;
       if (which == StepMetrics::kMemory) {

@@ -10,6 +10,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -23,6 +24,7 @@
 #include "rpg/model/cuda_graph.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
+#include "test_devices.h"
 #include "test_util.h"
 
 namespace rpg::rollout {
@@ -77,6 +79,9 @@ TEST(DeviceChild, DISABLED_CpuRun) {
   p.max_new_tokens = 4;
   EXPECT_EQ(engine.generate({{1, 2, 3}, {4, 5}}, p).size(), 2u);
   EXPECT_FALSE(device::cuda_backend_loaded());
+  // The perf-metric queries (the trainer asks only for a CUDA policy) load nothing either.
+  EXPECT_FALSE(device::cuda_device_name(-1).has_value());
+  EXPECT_FALSE(device::cuda_memory_peaks(-1).has_value());
   auto maps = cuda_mappings();
   EXPECT_TRUE(maps.empty()) << "a CPU run mapped: " << maps.front();
   // auto on a machine without a GPU: the CPU, still nothing mapped (on a GPU machine the
@@ -105,6 +110,11 @@ TEST(DeviceChild, DISABLED_LoadBackend) {
                       std::filesystem::exists(std::filesystem::path(RPG_BINARY_DIR) / "librpg_cuda.so");
   EXPECT_TRUE(plugin) << "librpg_cuda.so is not built";
   EXPECT_TRUE(model::cuda_graphs_available());
+  // Its perf queries answer for a device that exists and fail cleanly (no abort) otherwise.
+  EXPECT_EQ(device::cuda_device_name(0).has_value(), gpu_present());
+  EXPECT_EQ(device::cuda_memory_peaks(0).has_value(), gpu_present());
+  EXPECT_FALSE(device::cuda_device_name(-1).has_value() && !gpu_present());
+  EXPECT_FALSE(device::cuda_device_name(1 << 20).has_value());
 }
 
 // ---- the tests -----------------------------------------------------------------------
@@ -142,6 +152,36 @@ TEST(DeviceSelection, CudaWithoutAGpuIsOneClearLine) {
   EXPECT_TRUE(r.err.starts_with("rpg: error: device: cuda requested, but no CUDA GPU is usable here (")) << r.err;
   EXPECT_EQ(r.err.find('\n'), r.err.size() - 1) << r.err;
 }
+
+// verl's perf/max_memory_{allocated,reserved}_gb and the device name its MFU table is keyed by
+// (torch.cuda.max_memory_allocated / max_memory_reserved / get_device_name), through the
+// plugin: on CUDA a 64 MiB tensor raises the allocated peak to at least that, the reserved
+// peak covers it, and the name is the driver's; a CPU tensor counts in neither.
+class PerfQueries : public ::testing::TestWithParam<at::Device> {};
+
+TEST_P(PerfQueries, AllocatorPeaksCountTheDevicesTensorsOnly) {
+  const at::Device dev = GetParam();
+  constexpr int64_t kBytes = int64_t{64} << 20;
+  const auto before = device::cuda_memory_peaks(-1);
+  at::Tensor t = at::ones({kBytes / 4}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  (void)t.sum().item<float>();
+  const auto after = device::cuda_memory_peaks(-1);
+  if (!dev.is_cuda()) {
+    ASSERT_EQ(after.has_value(), before.has_value());
+    if (after) EXPECT_EQ(after->allocated, before->allocated) << "a CPU tensor counted on the GPU";
+    return;
+  }
+  ASSERT_TRUE(after.has_value()) << "the CUDA plugin is not loaded";
+  EXPECT_GE(after->allocated, kBytes);
+  EXPECT_GE(after->reserved, after->allocated);
+  const auto name = device::cuda_device_name(static_cast<int>(dev.index()));
+  ASSERT_TRUE(name.has_value());
+  EXPECT_FALSE(name->empty());
+  std::printf("[ perf ] %s: max allocated %.3f GiB, max reserved %.3f GiB\n", name->c_str(),
+              static_cast<double>(after->allocated) / (1 << 30), static_cast<double>(after->reserved) / (1 << 30));
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, PerfQueries, ::testing::ValuesIn(test::rpg_test_devices()), test::DeviceParamName());
 
 TEST(DeviceSelection, TheBinaryNeedsNoCudaLibraryToStart) {
   // build/rpg is the torch-free front; the commands that compute run in build/rpg-torch.

@@ -141,4 +141,20 @@ Kind select(const std::string& name, const std::string& what) {
   throw ConfigError(str(what, ": got '", name, "', expected auto, cpu or cuda"));
 }
 
+std::optional<std::string> cuda_device_name(int index) {
+  using NameFn = int (*)(int, char*, size_t);
+  auto f = reinterpret_cast<NameFn>(dlsym(RTLD_DEFAULT, "rpg_cuda_device_name"));
+  char name[256];
+  if (!f || f(index, name, sizeof name) != 0) return std::nullopt;
+  return std::string(name);
+}
+
+std::optional<CudaMemoryPeaks> cuda_memory_peaks(int index) {
+  using PeaksFn = int (*)(int, int64_t*, int64_t*);
+  auto f = reinterpret_cast<PeaksFn>(dlsym(RTLD_DEFAULT, "rpg_cuda_memory_peaks"));
+  CudaMemoryPeaks p;
+  if (!f || f(index, &p.allocated, &p.reserved) != 0) return std::nullopt;
+  return p;
+}
+
 }  // namespace rpg::device

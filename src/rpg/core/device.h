@@ -13,6 +13,8 @@
 // Torch-free: the caller turns the Kind into an at::Device.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 
 namespace rpg::device {
@@ -36,6 +38,17 @@ bool cuda_backend_loaded();
 // line, then kCpu), else kCpu without loading anything. Anything else: ConfigError.
 // `what` names the setting in messages ("device", "trainer.device", "--device").
 Kind select(const std::string& name, const std::string& what = "device");
+
+// What verl's perf metrics read from torch.cuda, from the CUDA plugin (librpg_cuda.so,
+// model/cuda/stats_plugin.cpp); nullopt where it is not loaded (every CPU run) or the query
+// fails. `index` < 0: the current device.
+// torch.cuda.get_device_name: picks the peak FLOP/s for perf/mfu/* (verl's table).
+std::optional<std::string> cuda_device_name(int index);
+// torch.cuda.max_memory_allocated / max_memory_reserved (bytes, peaks since the start).
+struct CudaMemoryPeaks {
+  int64_t allocated = 0, reserved = 0;
+};
+std::optional<CudaMemoryPeaks> cuda_memory_peaks(int index);
 
 // The environment variable RPG_CUDA_BACKEND=0 makes "auto" pick the CPU and "cuda" an
 // error without touching the driver (for runs that must stay CPU-only on a GPU machine).

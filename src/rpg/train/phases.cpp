@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "rpg/algo/advantage.h"
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
 #include "rpg/core/rng.h"
@@ -574,8 +575,6 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
   const std::vector<int64_t> seqlens(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
   const int64_t total = std::accumulate(seqlens.begin(), seqlens.end(), int64_t{0});
   const int64_t response_tokens = sb.batch.get("response_mask").sum().item<int64_t>();
-  if (last_save_seconds) m["timing_s/save_checkpoint"] = *last_save_seconds;
-  last_save_seconds.reset();
   std::map<std::string, double> timing;
   for (const auto& [k, v] : m)
     if (k.rfind("timing_s/", 0) == 0) timing[k.substr(9)] = v;
@@ -587,8 +586,13 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
   for (const auto& [k, v] : seqlen_balance_metrics(seqlens, rank_rows(sb.batch))) m[k] = v;
   // MFU as verl's fsdp worker: FLOPs of the batch's real tokens (times ppo_epochs) over the
   // update's time, the device's peak and the world size; the old-log-prob pass is a forward
-  // (a third). Only where the peak is known (verl's table; on CPU its nominal 448 GFLOP/s).
-  const double peak = policy.model.device().is_cpu() ? device_peak_flops("CPU") : 0.0;
+  // (a third). Only where the peak is known (verl's table by device name, as
+  // torch.cuda.get_device_name gives it; on CPU its nominal 448 GFLOP/s).
+  const at::Device dev = policy.model.device();
+  const int cuda_index = dev.is_cuda() ? static_cast<int>(dev.index()) : -1;
+  const double peak =
+      dev.is_cpu() ? device_peak_flops("CPU")
+                   : dev.is_cuda() ? device_peak_flops(device::cuda_device_name(cuda_index).value_or("")) : 0.0;
   if (peak > 0) {
     const double flops = training_flops(policy.model.config(), seqlens);
     if (up.seconds > 0)
@@ -597,9 +601,14 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
     if (recompute_old && !old_from_update && lp.old_seconds > 0)
       m["perf/mfu/actor_infer"] = flops / 3 / lp.old_seconds / peak / static_cast<double>(world);
   }
-  // CPU memory: the process's peak resident set (verl logs CUDA allocator peaks as
-  // perf/max_memory_{allocated,reserved}_gb, and the machine's used memory).
+  // CPU memory: the process's peak resident set (verl also logs the machine's used memory,
+  // which counts other processes). CUDA: the caching allocator's peaks, as verl's worker.
   m["perf/max_rss_gb"] = peak_rss_gb();
+  if (dev.is_cuda())
+    if (const auto peaks = device::cuda_memory_peaks(cuda_index)) {
+      m["perf/max_memory_allocated_gb"] = static_cast<double>(peaks->allocated) / (1 << 30);
+      m["perf/max_memory_reserved_gb"] = static_cast<double>(peaks->reserved) / (1 << 30);
+    }
   std::map<std::string, double> mem;
   dp::memory_metrics(*optimizer, mem);  // bytes of gradients / optimizer state / weights (dist/memory.h)
   for (const auto& [k, v] : mem) m[k] = v;

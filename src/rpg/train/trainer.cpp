@@ -243,7 +243,10 @@ void Trainer::Impl::save_checkpoint() {
     eval::write_report(run_dir.root());
   }
   dp::barrier();  // the other ranks go on once rank 0 has published it
-  last_save_seconds = seconds_since(t_save);  // logged with the next step's metrics
+  // A record of its own at the step it saved (as validation's): the step's line is written
+  // before its checkpoint so that a complete checkpoint always has its step's metrics; this
+  // one is best-effort (a crash right here loses a timing, never a step).
+  logger->log(step, {{"timing_s/save_checkpoint", seconds_since(t_save)}});
 }
 
 std::vector<fs::path> Trainer::Impl::resume_candidates() const {
@@ -715,6 +718,7 @@ void Trainer::fit(const ValidationStop& stop) {
     if (!t.save_on_preempt) saved = "no checkpoint written (trainer.save_on_preempt=false)";
     else if (s.step > 0) {
       if (!dp::main_decides(s.run_dir.has_complete(s.step))) s.save_checkpoint();
+      s.logger->flush(/*durable=*/true);
       saved = str("checkpoint ", s.run_dir.checkpoint(s.step).string());
     }
     const std::string what = signals::stop_requested() ? signals::stop_signal_name() : "a stop signal";
@@ -744,7 +748,10 @@ void Trainer::fit(const ValidationStop& stop) {
   }
   bar.finish();
   s.logger->flush(/*durable=*/true);
-  if (!dp::main_decides(s.run_dir.has_complete(s.step))) s.save_checkpoint();
+  if (!dp::main_decides(s.run_dir.has_complete(s.step))) {
+    s.save_checkpoint();
+    s.logger->flush(/*durable=*/true);
+  }
 }
 
 }  // namespace rpg::train

@@ -144,10 +144,6 @@ struct Trainer::Impl {
   // This step's old log-probs come from the update's own forward (on_policy_old_log_probs):
   // the batch's old_log_probs start as zeros and each micro-batch writes its rows.
   bool old_from_update = false;
-  // The last checkpoint write's time: the next step's timing_s/save_checkpoint (a step's
-  // metrics line is written before the checkpoint that follows it, and a line of its own
-  // would break one-line-per-step readers).
-  std::optional<double> last_save_seconds;
   bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
   bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
   int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
