@@ -249,6 +249,7 @@ for shape in "${shapes[@]}"; do
   bench "rpg decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what decode "${decode_args[@]}"
   bench "transformers decode $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what decode "${decode_args[@]}"
   bench "rpg graph decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what graph "${decode_args[@]}"
+  bench "rpg engine $shape" "$root/bin/gpu_bench" "${common[@]}" --what engine "${decode_args[@]}"
 done
 
 # 4. One results file.
@@ -307,6 +308,16 @@ for shape in shapes_run:
     g = r.get("graph_tokens_per_second")
     out.append(f"| {shape} | {r['batch']} x {r['steps']} | {r['eager_tokens_per_second']:.0f} | "
                + (f"{g:.0f} | {r['graph_speedup']:.2f}x | {r['graph_equals_eager']} |" if g else f"{r.get('graph')} | | |"))
+out += ["", "## The rollout engine, greedy: eager steps over the active rows vs fixed-slot steps from a CUDA graph "
+        "(enforce_eager=false; fixed-slot eager on a CPU)", "",
+        "| shape | prompts x new tokens | eager tokens/s | fixed-slot tokens/s | CUDA graph | speedup | identical responses |",
+        "|---|---|---|---|---|---|---|"]
+for shape in shapes_run:
+    r = find("rpg", "engine", shape)
+    if not r: out.append(f"| {shape} | FAILED | | | | | |"); continue
+    out.append(f"| {shape} | {r['batch']} x {r['new_tokens']} | {r['eager_tokens_per_second']:.0f} | "
+               f"{r['fixed_tokens_per_second']:.0f} | {r['cuda_graph']} | {r['speedup']:.2f}x | "
+               f"{r['identical_responses']}/{r['responses']} |")
 out += ["", "## Attention kernels rpg ran (scaled_dot_product_attention; math = unfused fallback)", ""]
 for r in rows:
     if r.get("impl") == "rpg":

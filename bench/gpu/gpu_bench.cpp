@@ -13,6 +13,11 @@
 //                  token), eager and replayed from one CUDA graph (cuda_graph.h); tokens/s
 //                  of each and whether both produced the same tokens. Eager only without
 //                  the CUDA plugin (the CPU).
+//   --what engine: the rollout engine end to end (prefill, continuous batching, greedy),
+//                  eager steps over the active rows vs fixed-slot steps replayed from a
+//                  CUDA graph (EngineOptions::cuda_graph, what enforce_eager=false selects;
+//                  fixed-slot eager without the plugin); tokens/s of each and how many
+//                  responses came out identical (bf16 rounding may flip near-ties).
 // Prints one JSON object per run. The device goes through rollout::parse_device, i.e. the
 // same on-demand CUDA backend load as `rpg ... --device`.
 #include <ATen/ATen.h>
@@ -21,10 +26,12 @@
 
 #include <chrono>
 #include <functional>
-#include <optional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rpg/core/args.h"
 #include "rpg/core/device.h"
@@ -68,7 +75,7 @@ int main(int argc, char** argv) {
   parser.option("--shape", &shape, "0.5b | 1.5b | tiny")
       .option("--device", &device_name, "cuda | cpu | auto")
       .option("--dtype", &dtype_name, "bf16 | fp32")
-      .option("--what", &what, "train | decode | graph")
+      .option("--what", &what, "train | decode | graph | engine")
       .option("--batch", &batch, "rows (train) or prompts (decode)")
       .option("--seq", &seq, "tokens per row (train)")
       .option("--steps", &steps, "timed steps (train)")
@@ -177,8 +184,42 @@ int main(int argc, char** argv) {
       } else {
         j["graph"] = "unavailable (no CUDA plugin loaded: CPU run)";
       }
+    } else if (what == "engine") {
+      std::vector<std::vector<int64_t>> prompts;
+      at::Tensor r = at::randint(0, cfg.vocab_size, {batch, prompt_len}, at::kLong).contiguous();
+      for (int64_t i = 0; i < batch; ++i)
+        prompts.emplace_back(r[i].data_ptr<int64_t>(), r[i].data_ptr<int64_t>() + prompt_len);
+      rpg::rollout::SamplingParams p;
+      p.temperature = 0;
+      p.max_new_tokens = new_tokens;
+      auto run = [&](const rpg::rollout::EngineOptions& o) {
+        rpg::rollout::RolloutEngine engine(model, o);
+        rpg::rollout::SamplingParams w = p;
+        w.max_new_tokens = 4;
+        engine.generate({prompts.begin(), prompts.begin() + std::min<int64_t>(batch, 4)}, w);  // warm-up
+        sync(dev);
+        const double t0 = now();
+        auto out = engine.generate(prompts, p);
+        sync(dev);
+        return std::make_pair(out, now() - t0);
+      };
+      rpg::rollout::EngineOptions eager{batch, 0}, fixed{batch, 0};
+      fixed.fixed_slots = true;
+      fixed.cuda_graph = dev.is_cuda() && rpg::model::cuda_graphs_available();
+      const auto [want, t_eager] = run(eager);
+      const auto [got, t_fixed] = run(fixed);
+      int64_t generated = 0, identical = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        generated += static_cast<int64_t>(want[i].token_ids.size());
+        identical += want[i].token_ids == got[i].token_ids;
+      }
+      j.update({{"batch", batch}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
+                {"eager_seconds", t_eager}, {"eager_tokens_per_second", static_cast<double>(generated) / t_eager},
+                {"fixed_seconds", t_fixed}, {"fixed_tokens_per_second", static_cast<double>(generated) / t_fixed},
+                {"cuda_graph", fixed.cuda_graph}, {"speedup", t_eager / t_fixed},
+                {"identical_responses", identical}, {"responses", static_cast<int64_t>(want.size())}});
     } else {
-      throw rpg::UsageError("--what: got '" + what + "', expected train, decode or graph");
+      throw rpg::UsageError("--what: got '" + what + "', expected train, decode, graph or engine");
     }
     j["sdpa"] = rpg::model::sdpa_backends();  // which fused attention kernels ran
     // As hf_bench.py's torch.cuda.max_memory_allocated(): the allocator's peak of this process.

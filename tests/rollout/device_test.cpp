@@ -168,7 +168,9 @@ TEST_P(PerfQueries, AllocatorPeaksCountTheDevicesTensorsOnly) {
   const auto after = device::cuda_memory_peaks(-1);
   if (!dev.is_cuda()) {
     ASSERT_EQ(after.has_value(), before.has_value());
-    if (after) EXPECT_EQ(after->allocated, before->allocated) << "a CPU tensor counted on the GPU";
+    if (after) {
+      EXPECT_EQ(after->allocated, before->allocated) << "a CPU tensor counted on the GPU";
+    }
     return;
   }
   ASSERT_TRUE(after.has_value()) << "the CUDA plugin is not loaded";

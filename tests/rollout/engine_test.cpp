@@ -141,6 +141,70 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
   EXPECT_NE(other[0].token_ids, first[0].token_ids);
 }
 
+// Fixed-slot decoding (every slot each step, sampling on the device from a tensor of
+// uniforms) gives the eager engine's responses: the same tokens from the same streams, the
+// same finish reasons, log-probs equal within rounding (attention spans the whole cache
+// under a mask), for any slot count (slots reused as sequences finish). On CUDA the same
+// holds for the step replayed from a CUDA graph; elsewhere that mode is refused up front.
+TEST_P(EngineTest, FixedSlotDecodingGivesTheEagerResponses) {
+  const double tol = test::fp32_tol(GetParam(), 1e-5);
+  size_t stopped = 0;  // responses that ended at the stop token, freeing their slot early
+  for (const auto& name : kModels) {
+    model::CausalLM m = load(name);
+    SamplingParams sampled;
+    sampled.temperature = 1.0;
+    sampled.top_p = 0.9;
+    sampled.top_k = 50;
+    sampled.n = 3;
+    sampled.max_new_tokens = 12;
+    sampled.seed = 7;
+    sampled.stop_token_ids = {(*ref_)[name]["eos"].get<int64_t>()};
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_new_tokens = 10;
+    std::vector<EngineOptions> modes;
+    for (int64_t slots : {1, 3, 8}) {
+      EngineOptions o{slots, 0};
+      o.fixed_slots = true;
+      modes.push_back(o);
+      if (GetParam().is_cuda()) {
+        o.cuda_graph = true;
+        modes.push_back(o);
+      }
+    }
+    for (const SamplingParams& p : {sampled, greedy}) {
+      const auto want = RolloutEngine(m, {4, 0}).generate(prompts(name), p);
+      for (const auto& r : want) stopped += r.finish_reason == FinishReason::kStop;
+      for (const EngineOptions& o : modes) {
+        const std::string what = name + (p.temperature > 0 ? " sampled" : " greedy") + " slots " +
+                                  std::to_string(o.max_num_seqs) + (o.cuda_graph ? " cuda graph" : "");
+        const auto got = RolloutEngine(m, o).generate(prompts(name), p);
+        ASSERT_EQ(got.size(), want.size()) << what;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_EQ(got[i].token_ids, want[i].token_ids) << what << " seq " << i;
+          EXPECT_EQ(got[i].finish_reason, want[i].finish_reason) << what << " seq " << i;
+          EXPECT_EQ(got[i].prompt_index, want[i].prompt_index);
+          EXPECT_EQ(got[i].sample_index, want[i].sample_index);
+          for (size_t t = 0; t < got[i].log_probs.size(); ++t)
+            EXPECT_NEAR(got[i].log_probs[t], want[i].log_probs[t], tol) << what << " seq " << i << " token " << t;
+        }
+      }
+    }
+  }
+  EXPECT_GT(stopped, 0u) << "no response hit the stop token";
+  if (!GetParam().is_cuda()) {
+    model::CausalLM m = load("qwen2_fp32");
+    EngineOptions o;
+    o.cuda_graph = true;
+    try {
+      RolloutEngine engine(m, o);
+      FAIL() << "cuda_graph accepted on " << GetParam().str();
+    } catch (const ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda_graph: needs a model on CUDA"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_P(EngineTest, BadRequestsAreValueErrors) {
   model::CausalLM m = load("qwen2_fp32");
   RolloutEngine engine(m, {2, 0});

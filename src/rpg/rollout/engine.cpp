@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <memory>
+#include <optional>
 
 #include "rpg/core/error.h"
 #include "rpg/core/rng.h"
 #include "rpg/core/test_hook.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/cuda_graph.h"
 
 namespace rpg::rollout {
 namespace {
@@ -26,11 +29,35 @@ struct Active {
   Clock::time_point start;
 };
 
+// The device side of fixed-slot decoding: every slot's input token and write position, a
+// uniform per slot, and the sampled token and log-prob per slot, at fixed addresses (a
+// captured graph reads and writes them), plus host staging copies (pinned on CUDA).
+struct FixedSlots {
+  at::Tensor tok, pos, uni, ids, lps;  // device: [S, 1] int64, [S] int64, [S] f64, [S] int64, [S] f32
+  at::Tensor tok_h, pos_h, uni_h;      // host
+  std::unique_ptr<model::StepGraph> graph;
+
+  FixedSlots(int64_t slots, at::Device device) {
+    auto host = at::TensorOptions().pinned_memory(device.is_cuda());
+    tok_h = at::zeros({slots, 1}, host.dtype(at::kLong));
+    pos_h = at::zeros({slots}, host.dtype(at::kLong));
+    uni_h = at::zeros({slots}, host.dtype(at::kDouble));
+    tok = tok_h.to(device);
+    pos = pos_h.to(device);
+    uni = uni_h.to(device);
+    ids = at::zeros({slots}, at::TensorOptions().dtype(at::kLong).device(device));
+    lps = at::zeros({slots}, at::TensorOptions().dtype(at::kFloat).device(device));
+  }
+};
+
 }  // namespace
 
 RolloutEngine::RolloutEngine(const model::CausalLM& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_num_seqs < 1) throw ValueError(str("max_num_seqs: must be >= 1, got ", options_.max_num_seqs));
   if (options_.max_kv_tokens < 0) throw ValueError(str("max_kv_tokens: must be >= 0, got ", options_.max_kv_tokens));
+  if (options_.cuda_graph && !(model_.device().is_cuda() && model::cuda_graphs_available()))
+    throw ValueError(str("cuda_graph: needs a model on CUDA and the CUDA plugin librpg_cuda.so (model on ",
+                         model_.device().str(), model_.device().is_cuda() ? ", plugin not loaded" : "", ")"));
 }
 
 void RolloutEngine::validate_request(const std::vector<std::vector<int64_t>>& prompts,
@@ -82,21 +109,30 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
     return !params.ignore_eos &&
            std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) != params.stop_token_ids.end();
   };
-  // Appends the sampled token of each active row; retires the rows that finished.
-  auto take_tokens = [&](std::vector<Active>& rows, const at::Tensor& logits) {
-    std::vector<double> uniforms;
-    uniforms.reserve(rows.size());
-    for (auto& a : rows) uniforms.push_back(params.temperature == 0.0 ? 0.0 : a.rng.uniform());
-    SampledTokens sampled = sample_tokens(logits, params, uniforms);
-    at::Tensor ids_t = sampled.ids.cpu();
-    auto ids = ids_t.accessor<int64_t, 1>();
-    at::Tensor lp_t = sampled.log_probs.cpu().contiguous();
-    const float* lp = lp_t.data_ptr<float>();
+  // Fixed-slot decoding: where each slot's next token is written (its prompt, then one more
+  // position per step); decode_all_slots keeps no lengths of its own.
+  std::optional<FixedSlots> fixed;
+  std::vector<int64_t> next_position(static_cast<size_t>(slots), 0);
+  auto fixed_step = [&] {
+    at::Tensor logits = model_.decode_all_slots(cache, fixed->tok, fixed->pos).select(1, 0);  // [S, V]
+    SampledTokens s = sample_tokens_on_device(logits, params, fixed->uni);
+    fixed->ids.copy_(s.ids);
+    fixed->lps.copy_(s.log_probs);
+  };
+  if (options_.fixed_slots || options_.cuda_graph) {
+    fixed.emplace(slots, model_.device());
+    // Captured before any prefill: its warm-up step writes position 0 of every (empty) slot.
+    if (options_.cuda_graph) fixed->graph = model::capture_cuda_graph(fixed_step);
+  }
+  // Appends each row's sampled token (ids / lp indexed like `rows`, or by slot when
+  // `by_slot`); retires the rows that finished.
+  auto append_tokens = [&](std::vector<Active>& rows, const int64_t* ids, const float* lp, bool by_slot) {
     std::vector<Active> still;
     for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t k = by_slot ? static_cast<size_t>(rows[i].slot) : i;
       Response& r = out[static_cast<size_t>(rows[i].seq)];
-      r.token_ids.push_back(ids[static_cast<int64_t>(i)]);
-      r.log_probs.push_back(lp[i]);
+      r.token_ids.push_back(ids[k]);
+      r.log_probs.push_back(lp[k]);
       ++stats_.generated_tokens;
       bool stop = is_stop(r.token_ids.back());
       if (stop || static_cast<int64_t>(r.token_ids.size()) >= params.max_new_tokens) {
@@ -108,9 +144,21 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
         if (on_finished) on_finished(finished, total);
       } else {
         still.push_back(rows[i]);
+        next_position[static_cast<size_t>(rows[i].slot)] =
+            static_cast<int64_t>(prompts[static_cast<size_t>(r.prompt_index)].size() + r.token_ids.size()) - 1;
       }
     }
     rows.swap(still);
+  };
+  // Samples each row's token from its logits row (eager) and appends it.
+  auto take_tokens = [&](std::vector<Active>& rows, const at::Tensor& logits) {
+    std::vector<double> uniforms;
+    uniforms.reserve(rows.size());
+    for (auto& a : rows) uniforms.push_back(params.temperature == 0.0 ? 0.0 : a.rng.uniform());
+    SampledTokens sampled = sample_tokens(logits, params, uniforms);
+    at::Tensor ids = sampled.ids.cpu().contiguous();
+    at::Tensor lp = sampled.log_probs.cpu().contiguous();
+    append_tokens(rows, ids.data_ptr<int64_t>(), lp.data_ptr<float>(), false);
   };
 
   while (finished < total) {
@@ -145,6 +193,31 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
       active.insert(active.end(), group.begin(), group.end());
     }
     if (active.empty()) continue;
+    if (fixed) {
+      // One step of every slot: idle ones read token 0 at position 0 (their next prefill
+      // overwrites it). Inputs staged on the host, copied in, then the one host read.
+      FixedSlots& f = *fixed;
+      f.tok_h.zero_();
+      f.pos_h.zero_();
+      f.uni_h.zero_();
+      int64_t* tok = f.tok_h.data_ptr<int64_t>();
+      int64_t* pos = f.pos_h.data_ptr<int64_t>();
+      double* uni = f.uni_h.data_ptr<double>();
+      for (auto& a : active) {
+        tok[a.slot] = out[static_cast<size_t>(a.seq)].token_ids.back();
+        pos[a.slot] = next_position[static_cast<size_t>(a.slot)];
+        uni[a.slot] = params.temperature == 0.0 ? 0.0 : a.rng.uniform();
+      }
+      f.tok.copy_(f.tok_h, /*non_blocking=*/true);
+      f.pos.copy_(f.pos_h, /*non_blocking=*/true);
+      f.uni.copy_(f.uni_h, /*non_blocking=*/true);
+      if (f.graph) f.graph->replay();
+      else fixed_step();
+      at::Tensor ids = f.ids.cpu(), lp = f.lps.cpu();
+      append_tokens(active, ids.data_ptr<int64_t>(), lp.data_ptr<float>(), true);
+      test_hook::kill_point("generation");
+      continue;
+    }
     // One decode step for every active sequence.
     std::vector<int64_t> slot_ids, last_tokens;
     for (const auto& a : active) {

@@ -25,6 +25,16 @@ namespace rpg::rollout {
 struct EngineOptions {
   int64_t max_num_seqs = 64;   // sequence slots decoding together
   int64_t max_kv_tokens = 0;   // KV-cache budget in token positions over all slots (0: none)
+  // Decode steps of fixed shape over every slot (model::CausalLM::decode_all_slots, sampling
+  // on the device from a tensor of uniforms; idle slots computed and ignored), instead of a
+  // step over the active rows only. The same tokens from the same streams; on a GPU the
+  // launch count per token no longer depends on the batch, on a CPU it only costs more.
+  bool fixed_slots = false;
+  // fixed_slots, and the step captured once per generate() in a CUDA graph and replayed:
+  // one launch and one host read (the stop check) per token. CUDA with the plugin
+  // librpg_cuda.so only (model::cuda_graphs_available()); the constructor refuses it
+  // elsewhere. verl's actor_rollout_ref.rollout.enforce_eager=false.
+  bool cuda_graph = false;
 };
 
 struct GenerateStats {

@@ -44,6 +44,13 @@ at::Tensor sampling_probs(const at::Tensor& logits, const SamplingParams& params
 
 SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params, const std::vector<double>& uniforms) {
   TORCH_CHECK(logits.dim() == 2, "sample_tokens: logits must be [N, V]");
+  if (params.temperature == 0.0) return sample_tokens_on_device(logits, params, at::Tensor());
+  TORCH_CHECK(static_cast<int64_t>(uniforms.size()) == logits.size(0), "sample_tokens: one uniform per row");
+  return sample_tokens_on_device(logits, params, at::tensor(uniforms, at::kDouble).to(logits.device()));
+}
+
+SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingParams& params, const at::Tensor& uniforms) {
+  TORCH_CHECK(logits.dim() == 2, "sample_tokens: logits must be [N, V]");
   const int64_t rows = logits.size(0);
   at::Tensor logits32 = logits.to(at::kFloat);
   SampledTokens out;
@@ -52,10 +59,12 @@ SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& para
     out.log_probs = at::log_softmax(logits32, 1).gather(1, out.ids.unsqueeze(1)).squeeze(1);
     return out;
   }
-  TORCH_CHECK(static_cast<int64_t>(uniforms.size()) == rows, "sample_tokens: one uniform per row");
+  TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == rows && uniforms.scalar_type() == at::kDouble &&
+                  uniforms.device() == logits.device(),
+              "sample_tokens: uniforms must be float64 [N] on the logits' device");
   at::Tensor probs = sampling_probs(logits, params);
   at::Tensor cdf = probs.cumsum(1);
-  at::Tensor u = at::tensor(uniforms, at::kDouble).unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
+  at::Tensor u = uniforms.unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
   // First token whose CDF exceeds u: zero-probability tokens (flat CDF) are never chosen.
   out.ids = at::searchsorted(cdf, u, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cdf.size(1) - 1);
   out.log_probs =

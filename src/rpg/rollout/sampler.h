@@ -42,5 +42,8 @@ struct SampledTokens {
 // logits [N, V]; uniforms: N numbers in [0, 1). Greedy when temperature == 0 (uniforms
 // unused; log-probs at T = 1).
 SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params, const std::vector<double>& uniforms);
+// The same with the uniforms as a float64 [N] tensor on the logits' device: fixed shapes, no
+// host read (what a step captured in a CUDA graph needs).
+SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingParams& params, const at::Tensor& uniforms);
 
 }  // namespace rpg::rollout

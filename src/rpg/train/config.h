@@ -126,6 +126,9 @@ struct RolloutConfig {
   // Weights and KV cache the engine samples with: a copy of the live fp32 weights in this
   // dtype, refreshed in place after every optimizer step (auto: the faster on the device).
   std::string dtype = "auto";
+  // false: decode steps replayed from a CUDA graph on CUDA (rollout::EngineOptions::cuda_graph;
+  // the paper's scripts set false). verl's default; eager on the CPU either way.
+  bool enforce_eager = true;
   SamplingKwargs val_kwargs;
 
   template <class V>
@@ -137,10 +140,11 @@ struct RolloutConfig {
     v("ignore_eos", ignore_eos, "keep generating past EOS");
     v("max_num_seqs", max_num_seqs, "concurrent sequences in the generation engine");
     v("dtype", dtype, "auto | float32 | bfloat16 | float16: rollout weights and KV cache (auto: the faster on the device)");
+    v("enforce_eager", enforce_eager, "false: decode steps replayed from a CUDA graph on CUDA (eager on the CPU)");
     v.section("val_kwargs", val_kwargs, "sampling for validation");
     for (const char* key : {"name", "mode", "tensor_model_parallel_size", "data_parallel_size",
                             "expert_parallel_size", "pipeline_model_parallel_size", "gpu_memory_utilization",
-                            "enforce_eager", "free_cache_engine", "max_num_batched_tokens", "max_model_len",
+                            "free_cache_engine", "max_num_batched_tokens", "max_model_len",
                             "enable_chunked_prefill", "enable_prefix_caching", "load_format",
                             "disable_log_stats", "engine_kwargs", "calculate_log_probs", "layered_summon",
                             "multi_turn", "agent", "cudagraph_capture_sizes", "prompt_length", "response_length",

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <numeric>
 
 #include "rpg/algo/advantage.h"
@@ -14,6 +15,7 @@
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/process_group.h"
 #include "rpg/dist/world.h"
+#include "rpg/model/cuda_graph.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/train/data_parallel.h"
 #include "rpg/train/perf_metrics.h"
@@ -55,6 +57,21 @@ void Trainer::Impl::build_rollout_copy() {
 model::CausalLM& Trainer::Impl::rollout_model() {
   if (!rollout_uses_copy) return policy.model;
   return rollout_copy ? *rollout_copy : *compute;
+}
+
+rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& model) const {
+  const auto& r = cfg.actor_rollout_ref.rollout;
+  rollout::EngineOptions o{r.max_num_seqs, 0};
+  o.cuda_graph = !r.enforce_eager && model.device().is_cuda();
+  if (o.cuda_graph && !model::cuda_graphs_available()) {
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      log_warn("actor_rollout_ref.rollout.enforce_eager=false: the CUDA plugin librpg_cuda.so is not loaded, so "
+               "decode steps run eagerly (build the rpg_cuda target next to the binary)");
+    });
+    o.cuda_graph = false;
+  }
+  return o;
 }
 
 void Trainer::Impl::refresh_rollout_weights() {
@@ -132,7 +149,7 @@ Generation Trainer::Impl::generate_groups() {
   Generation gen;
   optimizer->use_train_weights();
   refresh_rollout_weights();  // also after a resume or a validation's weight switch
-  rollout::RolloutEngine engine(rollout_model(), {cfg.actor_rollout_ref.rollout.max_num_seqs, 0});
+  rollout::RolloutEngine engine(rollout_model(), engine_options(rollout_model()));
   while (static_cast<int64_t>(gen.kept.size()) < cfg.data.train_batch_size) {
     if (gen.rounds > 0 && fg.max_num_gen_batches > 0 && gen.rounds >= fg.max_num_gen_batches)
       throw ValueError(str("dynamic sampling: ", gen.rounds, " generation batches gave only ", gen.kept.size(),

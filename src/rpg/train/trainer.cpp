@@ -674,7 +674,7 @@ Metrics Trainer::validate() {
   if (s.val_rows.empty()) return m;
   const auto t_testing = Clock::now();
   s.use_export_weights();
-  auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), {s.cfg.actor_rollout_ref.rollout.max_num_seqs, 0},
+  auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), s.engine_options(s.policy.model),
                                s.scorers, /*progress=*/false, /*chat_template=*/true,
                                s.cfg.data.apply_chat_template_kwargs);
   s.optimizer->use_train_weights();

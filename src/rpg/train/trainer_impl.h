@@ -163,6 +163,8 @@ struct Trainer::Impl {
   // The model the rollout engine samples with: the master (fp32 rollouts), the bf16 compute
   // copy, or rollout_copy.
   model::CausalLM& rollout_model();
+  // The engine's options for `model` (slots; CUDA graphs where enforce_eager=false allows).
+  rollout::EngineOptions engine_options(const model::CausalLM& model) const;
   bool rollout_uses_copy = false;  // rollout_model() is not the master
   // Builds rollout_copy when actor_rollout_ref.rollout.dtype asks for another dtype than the
   // master's and the compute copy's (build_models calls it).
