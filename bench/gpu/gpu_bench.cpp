@@ -66,6 +66,30 @@ void sync(const at::Device& d) {
 
 double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+std::vector<std::vector<int64_t>> random_prompts(int64_t vocab, int64_t batch, int64_t prompt_len) {
+  std::vector<std::vector<int64_t>> prompts;
+  at::Tensor r = at::randint(0, vocab, {batch, prompt_len}, at::kLong).contiguous();
+  for (int64_t i = 0; i < batch; ++i) prompts.emplace_back(r[i].data_ptr<int64_t>(), r[i].data_ptr<int64_t>() + prompt_len);
+  return prompts;
+}
+
+// The engine's responses to `prompts` and the seconds they took, after a 4-token warm-up on
+// up to 4 of them (allocator, kernels; a CUDA graph is captured per generate() call anyway).
+std::pair<std::vector<rpg::rollout::Response>, double> timed_generate(const rpg::model::CausalLM& model,
+                                                                      const rpg::rollout::EngineOptions& options,
+                                                                      const std::vector<std::vector<int64_t>>& prompts,
+                                                                      const rpg::rollout::SamplingParams& params) {
+  rpg::rollout::RolloutEngine engine(model, options);
+  rpg::rollout::SamplingParams w = params;
+  w.max_new_tokens = 4;
+  engine.generate({prompts.begin(), prompts.begin() + std::min<size_t>(prompts.size(), 4)}, w);
+  sync(model.device());
+  const double t0 = now();
+  auto out = engine.generate(prompts, params);
+  sync(model.device());
+  return {std::move(out), now() - t0};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -113,23 +137,11 @@ int main(int argc, char** argv) {
       j.update({{"batch", batch}, {"seq", seq}, {"steps", steps}, {"seconds_per_step", s},
                 {"tokens_per_second", static_cast<double>(batch * seq) / s}});
     } else if (what == "decode") {
-      rpg::rollout::RolloutEngine engine(model, {batch, 0});
-      std::vector<std::vector<int64_t>> prompts;
-      at::Tensor r = at::randint(0, cfg.vocab_size, {batch, prompt_len}, at::kLong).contiguous();
-      for (int64_t i = 0; i < batch; ++i)
-        prompts.emplace_back(r[i].data_ptr<int64_t>(), r[i].data_ptr<int64_t>() + prompt_len);
       rpg::rollout::SamplingParams p;
       p.temperature = 1.0;
       p.max_new_tokens = new_tokens;
       p.seed = static_cast<uint64_t>(seed);
-      rpg::rollout::SamplingParams w = p;
-      w.max_new_tokens = 4;
-      engine.generate({prompts.begin(), prompts.begin() + std::min<int64_t>(batch, 4)}, w);  // warm-up
-      sync(dev);
-      const double t0 = now();
-      auto out = engine.generate(prompts, p);
-      sync(dev);
-      const double s = now() - t0;
+      const auto [out, s] = timed_generate(model, {batch, 0}, random_prompts(cfg.vocab_size, batch, prompt_len), p);
       int64_t generated = 0;
       for (const auto& o : out) generated += static_cast<int64_t>(o.token_ids.size());
       j.update({{"batch", batch}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens}, {"seconds", s},
@@ -185,29 +197,15 @@ int main(int argc, char** argv) {
         j["graph"] = "unavailable (no CUDA plugin loaded: CPU run)";
       }
     } else if (what == "engine") {
-      std::vector<std::vector<int64_t>> prompts;
-      at::Tensor r = at::randint(0, cfg.vocab_size, {batch, prompt_len}, at::kLong).contiguous();
-      for (int64_t i = 0; i < batch; ++i)
-        prompts.emplace_back(r[i].data_ptr<int64_t>(), r[i].data_ptr<int64_t>() + prompt_len);
+      const auto prompts = random_prompts(cfg.vocab_size, batch, prompt_len);
       rpg::rollout::SamplingParams p;
       p.temperature = 0;
       p.max_new_tokens = new_tokens;
-      auto run = [&](const rpg::rollout::EngineOptions& o) {
-        rpg::rollout::RolloutEngine engine(model, o);
-        rpg::rollout::SamplingParams w = p;
-        w.max_new_tokens = 4;
-        engine.generate({prompts.begin(), prompts.begin() + std::min<int64_t>(batch, 4)}, w);  // warm-up
-        sync(dev);
-        const double t0 = now();
-        auto out = engine.generate(prompts, p);
-        sync(dev);
-        return std::make_pair(out, now() - t0);
-      };
       rpg::rollout::EngineOptions eager{batch, 0}, fixed{batch, 0};
       fixed.fixed_slots = true;
       fixed.cuda_graph = dev.is_cuda() && rpg::model::cuda_graphs_available();
-      const auto [want, t_eager] = run(eager);
-      const auto [got, t_fixed] = run(fixed);
+      const auto [want, t_eager] = timed_generate(model, eager, prompts, p);
+      const auto [got, t_fixed] = timed_generate(model, fixed, prompts, p);
       int64_t generated = 0, identical = 0;
       for (size_t i = 0; i < want.size(); ++i) {
         generated += static_cast<int64_t>(want[i].token_ids.size());
