@@ -185,7 +185,7 @@ for t in model_tests rollout_tests dist_tests; do
 done
 
 # 2. `rpg train` end to end on the device (the front binary, rpg-torch, the CUDA plugin, the
-# Parquet reader), fp32 and bf16 (rollout and compute), 4 steps with validation and a
+# Parquet reader), fp32 and bf16 (rollout and compute; CUDA-graph decode), 4 steps with validation and a
 # checkpoint: every step's loss finite and gradient non-zero, and the trainer's own perf
 # metrics there (on CUDA: MFU from the device's name, the allocator's peaks).
 train_run() {  # train_run <label> <overrides...>
@@ -229,7 +229,9 @@ PY
   fi
 }
 train_run fp32
-train_run bf16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.compute_dtype=bfloat16
+# bf16 also with the paper scripts' enforce_eager=false: decode steps replayed from a CUDA graph.
+train_run bf16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.compute_dtype=bfloat16 \
+  actor_rollout_ref.rollout.enforce_eager=false
 
 # 3. The benchmarks, each side in its own process, interleaved per shape.
 bench() {  # bench <label> <command...>
