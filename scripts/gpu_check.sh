@@ -201,9 +201,9 @@ train_run() {  # train_run <label> <overrides...>
        actor_rollout_ref.actor.use_kl_loss=true actor_rollout_ref.actor.kl_loss_coef=0.1 \
        trainer.total_training_steps=4 trainer.save_freq=2 trainer.test_freq=2 "trainer.device=$device" \
        "trainer.default_local_dir=$run" "$@" > "$work/train_$label.log" 2>&1 &&
-     "$py" - "$run/metrics.jsonl" "$label" "$device" >> "$raw" 2>> "$log" <<'PY'
+     "$py" - "$run/metrics.jsonl" "$label" "$device" "$work/train_$label.log" >> "$raw" 2>> "$log" <<'PY'
 import json, math, sys
-path, label, device = sys.argv[1:4]
+path, label, device, output = sys.argv[1:5]
 records = [json.loads(l) for l in open(path)]
 steps = [r for r in records if "timing_s/step" in r]
 bad = [r["step"] for r in steps if not math.isfinite(r.get("actor/pg_loss") or math.nan)
@@ -212,9 +212,12 @@ need = ["perf/mfu/actor", "perf/max_memory_allocated_gb", "perf/max_memory_reser
 missing = sorted({k for r in steps for k in need if not (r.get(k) or 0) > 0})
 saves = [r["step"] for r in records if "timing_s/save_checkpoint" in r]
 last = steps[-1] if steps else {}
+# The bf16 run sets enforce_eager=false: on CUDA the trainer must say it decodes from a graph.
+graph = "decode steps replayed from a CUDA graph" in open(output).read()
+if device == "cuda" and label == "bf16" and not graph: missing.append("CUDA-graph decode (no log line)")
 ok = len(steps) == 4 and not bad and not missing and saves == [2, 4]
 print(json.dumps({"train": label, "result": "pass" if ok else "FAIL", "steps": len(steps), "bad_steps": bad,
-                  "missing": missing, "saves": saves,
+                  "missing": missing, "saves": saves, "cuda_graph_decode": graph,
                   "seconds_per_step": sum(r["timing_s/step"] for r in steps[1:]) / max(1, len(steps) - 1),
                   **{k: last.get(k) for k in ("critic/score/mean", "actor/pg_loss", "perf/mfu/actor",
                                               "perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",

@@ -70,6 +70,9 @@ rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& mode
                "decode steps run eagerly (build the rpg_cuda target next to the binary)");
     });
     o.cuda_graph = false;
+  } else if (o.cuda_graph) {
+    static std::once_flag told;
+    std::call_once(told, [] { log_info("rollout: decode steps replayed from a CUDA graph (enforce_eager=false)"); });
   }
   return o;
 }
