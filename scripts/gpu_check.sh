@@ -13,9 +13,13 @@
 #        here: the front binary, the Parquet reader, validation, a checkpoint, perf metrics),
 #     4. measure a training step (forward + backward of the token log-probs; MFU from
 #        verl's FLOP formula) and decode tokens/s of a random Qwen2 of the Qwen2.5-0.5B and
-#        1.5B shapes in bf16, rpg (bench/gpu/gpu_bench.cpp) next to transformers in the same
-#        venv (bench/gpu/hf_bench.py),
-#     5. write one results file, $OUT/gpu_check.md (tables + the raw JSON lines).
+#        1.5B shapes in bf16 (decode also in fp32 for the first shape), rpg
+#        (bench/gpu/gpu_bench.cpp) next to transformers in the same venv
+#        (bench/gpu/hf_bench.py); padded vs packed training on a mixed-length batch; decode
+#        steps and the whole engine eager vs replayed from a CUDA graph,
+#     5. run a full RL step of `rpg train` next to TRL's GRPOTrainer (bench/trl_step/; TRL,
+#        datasets, dill and multiprocess carried as wheels, installed under the temp dir),
+#     6. write one results file, $OUT/gpu_check.md (tables + the raw JSON lines).
 #   scripts/gpu_check.sh --cpu-dry-run [--build DIR]   here, as a CTest: the same steps on
 #                                                 the CPU (pack, unpack into a temp dir, the
 #                                                 library check, the tests on cpu, the tiny
@@ -40,7 +44,7 @@ while [[ $# -gt 0 ]]; do
     --build) build="$(cd "$2" && pwd)"; shift ;;
     --out) out="$2"; shift ;;
     --bundle) bundle="$2"; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "gpu_check: error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -93,6 +97,21 @@ for l in open(sys.argv[1]):
   "$build/rpg" tokenizer train --corpus "$fx/corpus.txt" --vocab-size 512 --output "$fx/tokenizer"
   "$build/rpg" model init --tokenizer "$fx/tokenizer" --output "$fx/model" --hidden 64 --layers 2 --heads 4 \
     --kv-heads 2 --intermediate 128
+  # TRL and what it needs beyond the GPU image (datasets, dill, multiprocess), at this venv's
+  # versions, as Python 3.12 wheels for the TRL side by side there (not for the dry run:
+  # this venv has them; a failed download only drops that part).
+  if [[ $mode == pack ]]; then
+    local pins
+    pins="$("$(pick_python)" -c 'import importlib.metadata as m
+print(" ".join(f"{p}=={m.version(p)}" for p in ("trl", "datasets", "dill", "multiprocess")))')"
+    # shellcheck disable=SC2086  # one argument per pin
+    if ! "$(pick_python)" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+         -d "$stage/rpg-gpu/wheels" $pins; then
+      say "pip download of $pins failed: the GPU run will skip the TRL side by side"
+      rm -rf "$stage/rpg-gpu/wheels"
+    fi
+  fi
   "$(pick_python)" -c 'import torch; print(torch.__version__)' > "$stage/rpg-gpu/torch_version"
   git -C "$here" rev-parse HEAD > "$stage/rpg-gpu/commit" 2>/dev/null || echo unknown > "$stage/rpg-gpu/commit"
   mkdir -p "$(dirname "$dest")"
@@ -118,6 +137,7 @@ if [[ $mode == dry ]]; then
   device=cpu; shapes=(tiny); test_devices=cpu
   train_args=(--batch 2 --seq 64 --steps 2 --warmup 1 --chunk 64)
   decode_args=(--batch 4 --prompt-len 8 --new-tokens 8)
+  trl_args=(--steps 2 --rounds 1 --prompts 2 --n 2 --max-new-tokens 8)
   test_filter='*MatchesCpu.*:*OnDevice.*:*EngineTest.GreedyEqualsTransformersGenerate/*:DeviceSelection.*'
 else
   [[ -f "$bundle" ]] || die "no bundle at $bundle: run 'scripts/gpu_check.sh --pack' here first and carry .gpu"
@@ -125,6 +145,7 @@ else
   device=cuda; shapes=(0.5b 1.5b); test_devices=cuda
   train_args=(--batch 8 --seq 1024 --steps 5 --warmup 2 --chunk 1024)
   decode_args=(--batch 64 --prompt-len 128 --new-tokens 256)
+  trl_args=(--steps 3 --rounds 1)  # the CPU side by side's shapes: 16 prompts x 8 x 64 tokens, fp32
   # Every CUDA instance of the device-generic tests, and the device-selection tests.
   test_filter='*cuda*:DeviceSelection.*'
 fi
@@ -157,7 +178,7 @@ status=0
 # One budget for everything (the lease gives 8 minutes to the whole check): each step's
 # timeout is the smaller of its own cap and what is left; a step with < 15 s left is
 # skipped and counts as a failure.
-default_budget=420
+default_budget=480
 if [[ $mode == dry ]]; then default_budget=800; fi  # 2 shared cores here, not 16
 deadline=$((SECONDS + ${RPG_GPU_CHECK_BUDGET:-$default_budget}))
 budget() {  # budget <cap seconds> -> seconds to give the next step (0: skip it)
@@ -236,7 +257,7 @@ train_run fp32
 train_run bf16 actor_rollout_ref.rollout.dtype=bfloat16 actor_rollout_ref.actor.compute_dtype=bfloat16 \
   actor_rollout_ref.rollout.enforce_eager=false
 
-# 3. The benchmarks, each side in its own process, interleaved per shape.
+# 3.-4. The benchmarks, each side in its own process, interleaved per shape.
 bench() {  # bench <label> <command...>
   local label="$1"; shift
   say "bench: $label"
@@ -251,13 +272,38 @@ for shape in "${shapes[@]}"; do
   common=(--shape "$shape" --device "$device" --dtype bf16)
   bench "rpg train $shape" "$root/bin/gpu_bench" "${common[@]}" --what train "${train_args[@]}"
   bench "transformers train $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what train "${train_args[@]}"
+  bench "rpg packed $shape" "$root/bin/gpu_bench" "${common[@]}" --what packed "${train_args[@]}"
   bench "rpg decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what decode "${decode_args[@]}"
   bench "transformers decode $shape" "$py" "$here/bench/gpu/hf_bench.py" "${common[@]}" --what decode "${decode_args[@]}"
   bench "rpg graph decode $shape" "$root/bin/gpu_bench" "${common[@]}" --what graph "${decode_args[@]}"
   bench "rpg engine $shape" "$root/bin/gpu_bench" "${common[@]}" --what engine "${decode_args[@]}"
+  if [[ $shape == "${shapes[0]}" ]]; then  # the same dtype on both sides in fp32 too (issue 17, 6b)
+    fp32=(--shape "$shape" --device "$device" --dtype fp32)
+    bench "rpg decode fp32 $shape" "$root/bin/gpu_bench" "${fp32[@]}" --what decode "${decode_args[@]}"
+    bench "transformers decode fp32 $shape" "$py" "$here/bench/gpu/hf_bench.py" "${fp32[@]}" --what decode "${decode_args[@]}"
+  fi
 done
 
-# 4. One results file.
+# 5. A full RL step, rpg train next to TRL's GRPOTrainer on the device (bench/trl_step/, the
+# CPU benchmark's model and shapes, fp32), TRL from the carried wheels.
+say "bench: rpg train vs TRL GRPOTrainer"
+site=""
+if [[ -d "$root/wheels" ]] && "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+     --target "$work/site" "$root"/wheels/*.whl >> "$log" 2>&1; then
+  site="$work/site"
+fi
+limit=$(budget 150)
+if ((limit > 0)) && PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" timeout "$limit" "$py" \
+     "$here/bench/trl_step/trl_step_bench.py" --rpg "$root/bin/rpg" --device "$device" --json "${trl_args[@]}" \
+     > "$work/trl.log" 2>&1 && grep -q '^{"bench": "trl_step"' "$work/trl.log"; then
+  grep '^{"bench": "trl_step"' "$work/trl.log" >> "$raw"
+else
+  status=1
+  echo "{\"bench\": \"trl_step\", \"result\": \"FAIL\", \"timeout_s\": $limit}" >> "$raw"
+  { echo "--- trl_step_bench (timeout ${limit}s)"; tail -30 "$work/trl.log" 2>/dev/null; } >> "$log"
+fi
+
+# 6. One results file.
 gpu_name="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)"
 "$py" - "$raw" "$results" "$log" "${gpu_name:-none}" "$(cat "$root/commit")" "$mode" <<'PY'
 import json, sys, datetime
@@ -282,19 +328,21 @@ for r in rows:
 out += ["", "## rpg train on the device (4 steps, tiny model; the last step's metrics)", ""]
 for r in rows:
     if "train" in r: out.append(f"- {r['train']}: **{r['result']}** " + json.dumps({k: v for k, v in r.items() if k not in ("train", "result")}))
-def find(impl, what, shape):
+def find(impl, what, shape, dtype="bf16"):
     for r in rows:
-        if r.get("impl") == impl and r.get("what") == what and r.get("shape") == shape: return r
+        if r.get("impl") == impl and r.get("what") == what and r.get("shape") == shape and r.get("dtype") == dtype:
+            return r
 shapes_run = [s for s in SHAPES if any(r.get("shape") == s for r in rows)]
 # One table of rpg next to transformers: cells(r) gives the middle columns of a row.
-def side_by_side(title, columns, what, cells):
+def side_by_side(title, columns, what, cells, dtype="bf16"):
     out.extend(["", title, "", "| shape | impl | " + " | ".join(columns) + " | rpg / transformers |",
                 "|---|---|" + "---|" * (len(columns) + 1)])
     for shape in shapes_run:
+        if dtype != "bf16" and not any(r.get("shape") == shape and r.get("dtype") == dtype for r in rows): continue
         for impl in ("rpg", "transformers"):
-            r = find(impl, what, shape)
+            r = find(impl, what, shape, dtype)
             if not r: out.append(f"| {shape} | {impl} | FAILED |" + " |" * len(columns)); continue
-            o = find("transformers", what, shape)
+            o = find("transformers", what, shape, dtype)
             ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
             out.append(f"| {shape} | {impl} | {cells(r)} | {ratio} |")
 side_by_side("## Training step (forward + backward of token log-probs, bf16)",
@@ -305,6 +353,15 @@ side_by_side("## Training step (forward + backward of token log-probs, bf16)",
                        + (f"{r['max_memory_allocated_gb']:.2f}" if "max_memory_allocated_gb" in r else "-"))
 side_by_side("## Decode (sampling, no stop token, bf16)", ["prompts x new tokens", "s", "tokens/s"], "decode",
              lambda r: f"{r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.0f}")
+side_by_side("## Decode in fp32 (first shape only)", ["prompts x new tokens", "s", "tokens/s"], "decode",
+             lambda r: f"{r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.0f}", "fp32")
+out += ["", "## Training step on a mixed-length batch (lengths vary 4x), padded vs packed (use_remove_padding), bf16", "",
+        "| shape | rows x width | real tokens | padded tokens/s | packed tokens/s | packed / padded |", "|---|---|---|---|---|---|"]
+for shape in shapes_run:
+    r = find("rpg", "packed", shape)
+    if not r: out.append(f"| {shape} | FAILED | | | | |"); continue
+    out.append(f"| {shape} | {r['batch']} x {r['width']} | {r['real_tokens']} | {r['padded_tokens_per_second']:.0f} | "
+               f"{r['packed_tokens_per_second']:.0f} | {r['speedup']:.2f}x |")
 out += ["", "## Decode steps with fixed shapes (decode_all_slots, greedy): eager vs CUDA graph replay", "",
         "| shape | slots x steps | eager tokens/s | graph tokens/s | speedup | same tokens |", "|---|---|---|---|---|---|"]
 for shape in shapes_run:
@@ -323,10 +380,19 @@ for shape in shapes_run:
     out.append(f"| {shape} | {r['batch']} x {r['new_tokens']} | {r['eager_tokens_per_second']:.0f} | "
                f"{r['fixed_tokens_per_second']:.0f} | {r['cuda_graph']} | {r['speedup']:.2f}x | "
                f"{r['identical_responses']}/{r['responses']} |")
+out += ["", "## Full RL step: rpg train vs TRL's GRPOTrainer (GRPO, fp32; bench/trl_step)", ""]
+for r in rows:
+    if r.get("bench") == "trl_step" and "ratio" in r:
+        out.append(f"- {r['variant']}: {r['prompts']} prompts x n={r['n']} x {r['max_new_tokens']} tokens on {r['device']}: "
+                   f"rpg {r['rpg_seconds_per_step']:.3f} s/step, TRL {r['trl_version']} {r['trl_seconds_per_step']:.3f} "
+                   f"s/step: **{r['ratio']:.2f}x**; rpg's phases " +
+                   ", ".join(f"{k} {v:.3f}" for k, v in r["rpg_phases"].items()))
+    elif r.get("bench") == "trl_step":
+        out.append("- FAILED (see the log)")
 out += ["", "## Attention kernels rpg ran (scaled_dot_product_attention; math = unfused fallback)", ""]
 for r in rows:
     if r.get("impl") == "rpg":
-        out.append(f"- {r['what']} {r['shape']}: " + ", ".join(f"{k} -> {v}" for k, v in sorted(r.get("sdpa", {}).items())))
+        out.append(f"- {r['what']} {r['shape']} {r.get('dtype', '')}: " + ", ".join(f"{k} -> {v}" for k, v in sorted(r.get("sdpa", {}).items())))
 out += ["", "## Raw", "", "```"] + [json.dumps(r) for r in rows] + ["```"]
 err = open(log).read().strip()
 if err: out += ["", "## Log (stderr, failed test output)", "", "```", err[-12000:], "```"]

@@ -13,6 +13,10 @@
 //                  token), eager and replayed from one CUDA graph (cuda_graph.h); tokens/s
 //                  of each and whether both produced the same tokens. Eager only without
 //                  the CUDA plugin (the CPU).
+//   --what packed: the training step (log-probs + entropy of the response tokens, a masked
+//                  loss, backward) on one mixed-length micro-batch of --batch rows whose
+//                  lengths vary 4x (--seq / 4 .. --seq; bench/common/mixed_batch.h), padded vs
+//                  packed (LogProbOptions::remove_padding); real tokens/s of each.
 //   --what engine: the rollout engine end to end (prefill, continuous batching, greedy),
 //                  eager steps over the active rows vs fixed-slot steps replayed from a
 //                  CUDA graph (EngineOptions::cuda_graph, what enforce_eager=false selects;
@@ -33,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "../common/mixed_batch.h"
 #include "rpg/core/args.h"
 #include "rpg/core/device.h"
 #include "rpg/core/error.h"
@@ -99,7 +104,7 @@ int main(int argc, char** argv) {
   parser.option("--shape", &shape, "0.5b | 1.5b | tiny")
       .option("--device", &device_name, "cuda | cpu | auto")
       .option("--dtype", &dtype_name, "bf16 | fp32")
-      .option("--what", &what, "train | decode | graph | engine")
+      .option("--what", &what, "train | packed | decode | graph | engine")
       .option("--batch", &batch, "rows (train) or prompts (decode)")
       .option("--seq", &seq, "tokens per row (train)")
       .option("--steps", &steps, "timed steps (train)")
@@ -136,6 +141,33 @@ int main(int argc, char** argv) {
       const double s = (now() - t0) / static_cast<double>(steps);
       j.update({{"batch", batch}, {"seq", seq}, {"steps", steps}, {"seconds_per_step", s},
                 {"tokens_per_second", static_cast<double>(batch * seq) / s}});
+    } else if (what == "packed") {
+      const rpg::bench::MixedBatch b = rpg::bench::mixed_batch(batch, std::max<int64_t>(2, seq / 4), seq, cfg.vocab_size);
+      const at::Tensor ids = b.ids.to(dev), mask = b.attention_mask.to(dev), targets = b.targets.to(dev),
+                       rmask = b.response_mask.to(dev);
+      auto step = [&](bool packed) {
+        for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
+        rpg::model::LogProbOptions o;
+        o.with_entropy = true;
+        o.remove_padding = packed;
+        o.chunk_tokens = chunk;
+        auto t = model.log_probs(ids, mask, {}, targets, o);
+        (((t.log_probs + 0.01 * t.entropy) * rmask).sum() / rmask.sum()).backward();
+      };
+      auto seconds = [&](bool packed) {
+        for (int64_t i = 0; i < warmup; ++i) step(packed);
+        sync(dev);
+        const double t0 = now();
+        for (int64_t i = 0; i < steps; ++i) step(packed);
+        sync(dev);
+        return (now() - t0) / static_cast<double>(steps);
+      };
+      const double padded = seconds(false), packed = seconds(true);
+      const auto real = static_cast<double>(b.real_tokens);
+      j.update({{"batch", batch}, {"width", b.width}, {"real_tokens", b.real_tokens}, {"steps", steps},
+                {"padded_seconds_per_step", padded}, {"packed_seconds_per_step", packed},
+                {"padded_tokens_per_second", real / padded}, {"packed_tokens_per_second", real / packed},
+                {"speedup", padded / packed}});
     } else if (what == "decode") {
       rpg::rollout::SamplingParams p;
       p.temperature = 1.0;
@@ -217,7 +249,7 @@ int main(int argc, char** argv) {
                 {"cuda_graph", fixed.cuda_graph}, {"speedup", t_eager / t_fixed},
                 {"identical_responses", identical}, {"responses", static_cast<int64_t>(want.size())}});
     } else {
-      throw rpg::UsageError("--what: got '" + what + "', expected train, decode, graph or engine");
+      throw rpg::UsageError("--what: got '" + what + "', expected train, packed, decode, graph or engine");
     }
     j["sdpa"] = rpg::model::sdpa_backends();  // which fused attention kernels ran
     // As hf_bench.py's torch.cuda.max_memory_allocated(): the allocator's peak of this process.

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/mixed_batch.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/config.h"
 
@@ -55,27 +56,9 @@ int main(int argc, char** argv) {
   at::manual_seed(0);
   CausalLM model(config, at::kFloat);
 
-  // Mixed-length batch in verl's layout.
-  std::vector<int64_t> prompt(rows), response(rows);
-  int64_t P = 0, R = 0, real = 0, response_tokens = 0;
-  at::Tensor u = at::randint(min_len, max_len + 1, {rows}, at::kLong);
-  for (int64_t i = 0; i < rows; ++i) {
-    int64_t len = u[i].item<int64_t>();
-    prompt[i] = std::max<int64_t>(1, len / 4);
-    response[i] = len - prompt[i];
-    P = std::max(P, prompt[i]);
-    R = std::max(R, response[i]);
-    real += len;
-    response_tokens += response[i];
-  }
-  const int64_t T = P + R;
-  at::Tensor mask = at::zeros({rows, T}, at::kLong), rmask = at::zeros({rows, R}, at::kFloat);
-  for (int64_t i = 0; i < rows; ++i) {
-    mask[i].narrow(0, P - prompt[i], prompt[i] + response[i]).fill_(1);
-    rmask[i].narrow(0, 0, response[i]).fill_(1);
-  }
-  at::Tensor ids = at::randint(1, config.vocab_size, {rows, T}, at::kLong).mul_(mask);
-  at::Tensor targets = ids.narrow(1, P, R);
+  const rpg::bench::MixedBatch b = rpg::bench::mixed_batch(rows, min_len, max_len, config.vocab_size);
+  const at::Tensor &ids = b.ids, &mask = b.attention_mask, &targets = b.targets, &rmask = b.response_mask;
+  const int64_t T = b.width, real = b.real_tokens, response_tokens = b.response_tokens;
 
   auto step = [&](bool packed) {
     LogProbOptions o;

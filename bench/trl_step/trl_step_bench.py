@@ -6,7 +6,11 @@ loaded machine: wall time there mostly measures the other processes.
 
   .venv/bin/python bench/trl_step/trl_step_bench.py [--rpg build/rpg] [--steps 4] [--rounds 2]
       [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64] [--packed]
-      [--omp-wait-policy default|passive|active] [--work DIR [--only-inputs]]
+      [--omp-wait-policy default|passive|active] [--work DIR [--only-inputs]] [--device cpu|cuda]
+      [--json]
+
+--device cuda (scripts/gpu_check.sh): both sides on the GPU (rpg trainer.device=cuda, TRL
+without use_cpu), still fp32; --json adds one JSON line with the medians for a results file.
 
 GRPO on both sides: group-normalised advantages, PPO-clip token loss, k3 KL to the fixed
 initial policy with beta 1e-3, one optimizer step per batch (one mini-batch, one epoch:
@@ -43,6 +47,8 @@ ap.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], d
                      "machine burns CPU while a descheduled thread is waited for)")
 ap.add_argument("--work", help="keep the inputs and runs in this folder (made if missing; reused if it has them)")
 ap.add_argument("--only-inputs", action="store_true", help="with --work: make the inputs and stop")
+ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+ap.add_argument("--json", action="store_true", help="end with one JSON line of the medians")
 ap.add_argument("--trl-worker", nargs=2, metavar=("WORKDIR", "OUT"), help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -80,7 +86,7 @@ def trl_worker(work, out):
     cfg = GRPOConfig(output_dir=os.path.join(work, "trl_out"), per_device_train_batch_size=args.prompts * args.n,
                      gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.max_new_tokens,
                      beta=1e-3, learning_rate=1e-6, max_steps=args.steps, logging_steps=1, report_to="none",
-                     use_cpu=True, bf16=False, save_strategy="no", temperature=1.0, num_iterations=1, seed=1,
+                     use_cpu=args.device == "cpu", bf16=False, save_strategy="no", temperature=1.0, num_iterations=1, seed=1,
                      loss_type="grpo", gradient_checkpointing=False, dataloader_num_workers=0)
     times = StepTimes()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok,
@@ -94,12 +100,19 @@ if args.trl_worker:
     sys.exit(0)
 
 
+def run_checked(argv, env=None):
+    """Runs a child; on failure exits with its command and the end of its stderr."""
+    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    if r.returncode:
+        sys.exit(f"trl_step_bench: {' '.join(map(str, argv[:3]))} ... exited {r.returncode}:\n{r.stderr[-3000:]}")
+    return r
+
+
 def make_inputs(work):
     if os.path.exists(os.path.join(work, "p.parquet")):
         return
     sys.path.insert(0, os.path.join(REPO, "tests", "oracles"))
-    subprocess.run([sys.executable, os.path.join(REPO, "tests", "oracles", "tiny_chat_model.py"), work], check=True,
-                   capture_output=True)
+    run_checked([sys.executable, os.path.join(REPO, "tests", "oracles", "tiny_chat_model.py"), work])
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen2Config
 
@@ -113,8 +126,8 @@ def make_inputs(work):
     with open(os.path.join(work, "p.jsonl"), "w") as f:
         for i in range(args.prompts):
             f.write(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")
-    subprocess.run([args.rpg, "data", "prepare", os.path.join(work, "p.jsonl"), os.path.join(work, "p.parquet"),
-                    "--data-source", "math_dapo"], check=True, capture_output=True)
+    run_checked([args.rpg, "data", "prepare", os.path.join(work, "p.jsonl"), os.path.join(work, "p.parquet"),
+                 "--data-source", "math_dapo"])
 
 
 def child_env():
@@ -139,9 +152,9 @@ def rpg_run(work, name, extra):
             "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "actor_rollout_ref.actor.optim.lr=1e-6",
             "actor_rollout_ref.model.enable_gradient_checkpointing=false",
             f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
-            "trainer.val_before_train=false", "trainer.device=cpu", "trainer.seed=1",
+            "trainer.val_before_train=false", f"trainer.device={args.device}", "trainer.seed=1",
             f"trainer.default_local_dir={run}"] + extra
-    subprocess.run(argv, check=True, capture_output=True, env=child_env())
+    run_checked(argv, env=child_env())
     return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if "timing_s/step" in line]
 
 
@@ -168,10 +181,9 @@ with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as t
         for name, extra in variants.items():
             rpg_rows[name] += rpg_run(work, f"{name.replace(' ', '_')}_{r}", extra)[1:]
         out = os.path.join(work, f"trl_{r}.json")
-        subprocess.run([sys.executable, __file__, "--threads", str(args.threads), "--steps", str(args.steps),
-                        "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens",
-                        str(args.max_new_tokens), "--trl-worker", work, out], check=True, capture_output=True,
-                       env=child_env())
+        run_checked([sys.executable, __file__, "--threads", str(args.threads), "--steps", str(args.steps),
+                     "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens),
+                     "--device", args.device, "--trl-worker", work, out], env=child_env())
         trl_run = json.load(open(out))
         trl_steps += trl_run["step_s"][1:]
         trl_cpu += trl_run["step_cpu_s"][1:]
@@ -192,3 +204,11 @@ for name, rows in rpg_rows.items():
     print(f"{name:30s} wall {step:7.2f} s ({phases})  ratio TRL/rpg {trl / step:.2f}x")
     print(f"{'':30s} cpu  {cpu_total:7.2f} s (" + " ".join(f"{k} {v:.2f}" for k, v in cpu.items()) +
           f")  ratio TRL/rpg {trl_c / cpu_total:.2f}x")
+    if args.json:
+        import trl as trl_module
+        print(json.dumps({"bench": "trl_step", "device": args.device, "variant": name, "prompts": args.prompts,
+                          "n": args.n, "max_new_tokens": args.max_new_tokens, "trl_version": trl_module.__version__,
+                          "trl_seconds_per_step": trl, "rpg_seconds_per_step": step, "ratio": trl / step,
+                          "rpg_phases": {k.split('/')[1]: med([x.get(k, 0.0) for x in rows])
+                                         for k in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref",
+                                                   "timing_s/update_actor")}}), flush=True)
