@@ -33,15 +33,16 @@ struct GroupStats {
 // As verl and the authors' fork compute them (compute_grpo_outcome_advantage & co.): per group,
 // torch.stack(the scores of its rows, in row order).mean() and .std() -- torch's own reductions
 // (std in double, Welford), so that the advantages agree bit for bit; a singleton gets 0 and 1.
+// The groups are found on the host (the prompt ids may be there, as verl's numpy index is,
+// while the scores are on the device); what is gathered back to rows goes to the scores' device.
 GroupStats group_stats(const at::Tensor& scores, const at::Tensor& group_index) {
-  auto [uniq, inverse, counts] = at::_unique2(group_index.to(at::kLong), /*sorted=*/true,
-                                              /*return_inverse=*/true, /*return_counts=*/true);
+  auto [uniq, inv, cnt] = at::_unique2(group_index.to(at::kCPU, at::kLong), /*sorted=*/true,
+                                       /*return_inverse=*/true, /*return_counts=*/true);
   (void)uniq;
-  const int64_t n_groups = counts.size(0);
-  auto n = counts.to(scores.scalar_type());
+  const int64_t n_groups = cnt.size(0);
+  const at::Tensor inverse = inv.to(scores.device());
+  auto n = cnt.to(scores.device(), scores.scalar_type());
   auto mean = at::zeros({n_groups}, scores.options()), std = at::ones({n_groups}, scores.options());
-  const at::Tensor inv = inverse.to(at::kCPU);
-  const at::Tensor cnt = counts.to(at::kCPU);
   for (int64_t g = 0; g < n_groups; ++g) {
     if (cnt[g].item<int64_t>() <= 1) continue;
     const at::Tensor members = scores.index_select(0, at::nonzero(inv == g).flatten().to(scores.device()));

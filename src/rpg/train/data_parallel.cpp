@@ -204,6 +204,7 @@ class ShardedOptimizer final : public Optimizer {
       offsets_.push_back(total);
       total += p.numel();
       dtype_ = first ? p.scalar_type() : at::promote_types(dtype_, p.scalar_type());
+      if (first) device_ = p.device();
       first = false;
       if (!layouts_.count(p.scalar_type())) layouts_[p.scalar_type()] = probe_slots(o, p.scalar_type());
     }
@@ -222,7 +223,7 @@ class ShardedOptimizer final : public Optimizer {
     inner_ = train::make_optimizer(o, std::move(mine));
     gather_bytes_ = bucket_bytes;
     if (shard_grads_) {
-      grad_shard_ = at::zeros({bounds_[r + 1] - bounds_[r]}, at::TensorOptions().dtype(grad_dtype_));
+      grad_shard_ = at::zeros({bounds_[r + 1] - bounds_[r]}, at::TensorOptions().dtype(grad_dtype_).device(device_));
       dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(grad_shard_.nbytes()));
       make_buckets(bucket_bytes);
       std::vector<at::Tensor> sources;
@@ -445,7 +446,7 @@ class ShardedOptimizer final : public Optimizer {
   double clip_sharded_grads(double max_norm) {
     c10::NoGradGuard no_grad;
     const int me = pg_.rank();
-    const auto opts = at::TensorOptions().dtype(grad_dtype_);
+    const auto opts = at::TensorOptions().dtype(grad_dtype_).device(device_);  // the shard's
     at::Tensor norms = at::zeros({static_cast<int64_t>(params_.size())}, opts);  // each set by one rank
     std::vector<std::pair<int64_t, at::Tensor>> split;                              // the same on every rank
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -557,7 +558,7 @@ class ShardedOptimizer final : public Optimizer {
 
   void alloc_buffer(Bucket& b) {
     if (b.buffer.defined()) return;
-    b.buffer = at::zeros({b.size}, at::TensorOptions().dtype(grad_dtype_));
+    b.buffer = at::zeros({b.size}, at::TensorOptions().dtype(grad_dtype_).device(device_));  // the gradients'/shard's
     dist::memory::add(dist::memory::Kind::Gradients, static_cast<int64_t>(b.buffer.nbytes()));
   }
 
@@ -691,6 +692,7 @@ class ShardedOptimizer final : public Optimizer {
   std::vector<at::Tensor> sources_;  // tensors carrying the hooks
   std::vector<int64_t> offsets_, bounds_;
   at::ScalarType dtype_ = at::kFloat;       // the parameters' (their all-gather's bytes)
+  at::Device device_ = at::kCPU;            // the parameters' (the gradient buckets and shard live there)
   at::ScalarType grad_dtype_ = at::kFloat;  // the gradients' buckets and shard
   std::map<at::ScalarType, SlotLayout> layouts_;
   std::vector<Piece> pieces_;
@@ -745,7 +747,7 @@ class Fp32GradOptimizer final : public Optimizer {
     for (size_t i = 0; i < acc_.size(); ++i) {
       at::Tensor& g = params_[i].second.mutable_grad();
       if (acc_[i].defined()) g = acc_[i];
-      else if (together) g = at::zeros(params_[i].second.sizes(), at::TensorOptions().dtype(at::kFloat));
+      else if (together) g = at::zeros(params_[i].second.sizes(), at::TensorOptions().dtype(at::kFloat).device(params_[i].second.device()));
     }
     release();
   }

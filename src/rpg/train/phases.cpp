@@ -110,11 +110,12 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
                                 mb.get("responses"), lo)
                         .log_probs);
   }
-  // Micro-batches may reorder rows (token packing); put them back.
+  // Micro-batches may reorder rows (token packing); put them back. The batch stays where it
+  // is (the host): the model's log-probs (on its device) come back to it.
   at::Tensor out = at::zeros_like(b.get("responses"), at::TensorOptions().dtype(at::kFloat));
   size_t k = 0;
   for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
-    out.index_copy_(0, at::tensor(micro[mb_index], at::kLong), parts[k++]);
+    out.index_copy_(0, at::tensor(micro[mb_index], at::kLong), parts[k++].to(out.device()));
   }
   dp::sum_rows(out);  // data-parallel: every rank's rows (the others' are zeros here)
   return out;
@@ -419,6 +420,11 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
   const auto micro = fork ? fork_micro_batches(mini) : micro_batches(mini);
   const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
   const auto metrics_before = dp::metric_sizes(stats.loss_metrics);
+  // What comes back to the host (the loss metrics' .item(), the on-policy old log-probs) is
+  // read after the last micro-batch, not in between: on CUDA each read waits for the device,
+  // which would leave it idle while the next micro-batch is prepared.
+  std::vector<std::pair<std::string, at::Tensor>> loss_metrics;
+  std::vector<std::pair<std::vector<int64_t>, at::Tensor>> on_policy_rows;
   for (size_t mb = first_micro; mb < end_micro; ++mb) {
     const auto& rows = micro[mb];
     at::Tensor on_policy;
@@ -426,13 +432,18 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
     if (old_from_update) {  // the batch's old log-probs, at the rows of this micro-batch
       std::vector<int64_t> batch_rows;
       for (const int64_t r : rows) batch_rows.push_back(mini_rows[static_cast<size_t>(r)]);
-      batch.get("old_log_probs").index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(at::kFloat));
+      on_policy_rows.emplace_back(std::move(batch_rows), on_policy);
     }
     out.loss.backward();
     dp::end_micro_batch(*optimizer);  // ZeRO-2: the buckets not yet reduced
     move_compute_grads();
     if (recording) record.loss += out.loss.item<double>();
-    for (const auto& [k, v] : out.metrics) stats.loss_metrics[k].push_back(v.item<double>());
+    for (auto& [k, v] : out.metrics) loss_metrics.emplace_back(k, std::move(v));
+  }
+  for (const auto& [k, v] : loss_metrics) stats.loss_metrics[k].push_back(v.item<double>());
+  for (const auto& [batch_rows, on_policy] : on_policy_rows) {  // one mini-batch, one epoch: nothing read them yet
+    const at::Tensor& old = batch.get("old_log_probs");        // on the batch's device (the host)
+    old.index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(old.device(), at::kFloat));
   }
   dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before,
                     micro.size());  // data-parallel: sum over ranks
@@ -475,12 +486,19 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
   lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
   lo.split_prompt = !fork;  // fork semantics: every row's full forward, as the fork's dp_actor rounds it
   lo.autograd_backward = fork;
+  // The batch is on the host, the log-probs on the model's device: the loss's inputs go there,
+  // copied before the forward is queued (a blocking host-to-device copy waits for the stream).
+  const at::Device dev = compute_model().device();
+  auto get = [&](const char* key) { return mb.get(key).to(dev); };
+  algo::PolicyLossInputs in;
+  in.old_log_probs = get("old_log_probs");
+  if (mb.has("ref_log_probs")) in.ref_log_probs = get("ref_log_probs");
+  in.rollout_log_probs = get("rollout_log_probs");
+  in.advantages = get("advantages");
+  in.response_mask = get("response_mask");
   auto lp = compute_model().log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                       mb.get("responses"), lo);
-  algo::PolicyLossInputs in;
   in.log_probs = lp.log_probs;
-  in.old_log_probs = mb.get("old_log_probs");
-  if (mb.has("ref_log_probs")) in.ref_log_probs = mb.get("ref_log_probs");
   if (on_policy_log_probs) {
     // verl's on_policy (one mini-batch, one epoch): old = current, detached. A reference
     // refreshed every step is pi_old itself.
@@ -488,9 +506,6 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
     in.old_log_probs = *on_policy_log_probs;
     if (!reference && needs_reference) in.ref_log_probs = *on_policy_log_probs;
   }
-  in.rollout_log_probs = mb.get("rollout_log_probs");
-  in.advantages = mb.get("advantages");
-  in.response_mask = mb.get("response_mask");
   in.entropy = actor.entropy_coeff != 0.0 ? lp.entropy : lp.entropy.detach();
   in.normaliser = normaliser;
   if (fork) {

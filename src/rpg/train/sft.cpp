@@ -90,7 +90,9 @@ SftBatchResult sft_backward(const model::CausalLM& model, const std::vector<cons
   for (const auto* e : batch) result.tokens += static_cast<int64_t>(e->response_ids.size());
   if (result.tokens == 0) return result;
   const auto device = model.device();
-  double loss_sum = 0.0;
+  // Summed in double on the device and read once after the last micro-batch (a .item() per
+  // micro-batch would wait for each backward on CUDA); the same additions as a host double.
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device));
   for (const auto& rows : rollout::split_by_rows(static_cast<int64_t>(batch.size()), micro_batch_size)) {
     std::vector<std::vector<int64_t>> prompts;
     std::vector<rollout::Response> responses;
@@ -110,9 +112,9 @@ SftBatchResult sft_backward(const model::CausalLM& model, const std::vector<cons
     at::Tensor nll = -(lp.log_probs * mask).sum();
     // The whole batch's token count: micro-batches only accumulate.
     (nll / static_cast<double>(result.tokens)).backward();
-    loss_sum += nll.item<double>();
+    loss_sum += nll.detach().to(at::kDouble);
   }
-  result.loss = loss_sum / static_cast<double>(result.tokens);
+  result.loss = loss_sum.item<double>() / static_cast<double>(result.tokens);
   return result;
 }
 
