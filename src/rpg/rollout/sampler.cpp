@@ -43,7 +43,6 @@ at::Tensor sampling_probs(const at::Tensor& logits, const SamplingParams& params
 }
 
 SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& params, const std::vector<double>& uniforms) {
-  TORCH_CHECK(logits.dim() == 2, "sample_tokens: logits must be [N, V]");
   if (params.temperature == 0.0) return sample_tokens_on_device(logits, params, at::Tensor());
   TORCH_CHECK(static_cast<int64_t>(uniforms.size()) == logits.size(0), "sample_tokens: one uniform per row");
   return sample_tokens_on_device(logits, params, at::tensor(uniforms, at::kDouble).to(logits.device()));

@@ -62,18 +62,15 @@ model::CausalLM& Trainer::Impl::rollout_model() {
 rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& model) const {
   const auto& r = cfg.actor_rollout_ref.rollout;
   rollout::EngineOptions o{r.max_num_seqs, 0};
-  o.cuda_graph = !r.enforce_eager && model.device().is_cuda();
-  if (o.cuda_graph && !model::cuda_graphs_available()) {
-    static std::once_flag warned;
-    std::call_once(warned, [] {
-      log_warn("actor_rollout_ref.rollout.enforce_eager=false: the CUDA plugin librpg_cuda.so is not loaded, so "
-               "decode steps run eagerly (build the rpg_cuda target next to the binary)");
-    });
-    o.cuda_graph = false;
-  } else if (o.cuda_graph) {
-    static std::once_flag told;
-    std::call_once(told, [] { log_info("rollout: decode steps replayed from a CUDA graph (enforce_eager=false)"); });
-  }
+  if (r.enforce_eager || !model.device().is_cuda()) return o;
+  const bool graphs = model::cuda_graphs_available();
+  static std::once_flag told;  // one line per process, not per generation
+  std::call_once(told, [graphs] {
+    if (graphs) log_info("rollout: decode steps replayed from a CUDA graph (enforce_eager=false)");
+    else log_warn("actor_rollout_ref.rollout.enforce_eager=false: the CUDA plugin librpg_cuda.so is not loaded, so "
+                  "decode steps run eagerly (build the rpg_cuda target next to the binary)");
+  });
+  o.cuda_graph = graphs;
   return o;
 }
 
