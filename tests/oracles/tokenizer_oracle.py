@@ -18,6 +18,8 @@ import sys
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers, processors, trainers
 
+import tokenizer_hf_variants as variants
+
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
             r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -196,10 +198,20 @@ def build_tokenizers():
     # A normalized added token: matched after NFC, written decomposed on purpose.
     qwen_added.append(AddingNormalized("cafe\u0301!"))
     llama_added = [AddedToken("<|mask|>", special=True, normalized=False, lstrip=True, rstrip=True)]
+    gpt2 = finish(train("gpt2", None, ["<|endoftext|>"], [], False, False, vocab=2000), "gpt2")
+    byte_char = bytes_to_unicode()
+    text = corpus()
     return {
         "qwen2": finish(train("qwen2", QWEN2_RE, QWEN_SPECIAL, qwen_added, True, False), "qwen2"),
         "llama3": finish(train("llama3", LLAMA3_RE, LLAMA_SPECIAL, llama_added, False, True), "llama3"),
-        "gpt2": finish(train("gpt2", None, ["<|endoftext|>"], [], False, False, vocab=2000), "gpt2"),
+        "gpt2": gpt2,
+        # Beyond plain byte-level BPE (tokenizer_hf_variants.py).
+        "sp_bpe": variants.sp_bpe(text),
+        "sp_meta_first": variants.sp_meta_first(text),
+        "sp_meta_split": variants.sp_meta_split(text),
+        "bytes_unk": variants.bytes_unk(gpt2, byte_char),
+        "bytes_drop": variants.bytes_drop(gpt2, byte_char),
+        "bytes_fallback": variants.bytes_fallback(gpt2, byte_char),
     }
 
 
@@ -228,7 +240,7 @@ def test_strings():
         "\U0001F1E6\U0001F1E8 \U000E0067", "١٢٣٤٥٦٧ ۱۲۳ ⑴⑵ ⅷ 𝟙𝟚𝟛", "x\x85y\u2029z\x1d\x1e\x1f", "\t \t\n\t \n", " \r\n \r \n",
         "<|im_end|><|im_end|>\n<|im_start|>", "<tool_call>\n{\"name\": \"f\"}\n</tool_call>",
     ]
-    out = [s.encode("utf-8") for s in fixed]
+    out = [s.encode("utf-8") for s in fixed] + variants.every_byte_strings()
     specials = QWEN_SPECIAL + LLAMA_SPECIAL + QWEN_ADDED + ["<|mask|>", "cafe\u0301!", "café!"]
     for i in range(5200):
         s = rand_text(r, r.randint(1, 30))

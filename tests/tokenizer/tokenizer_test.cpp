@@ -98,6 +98,34 @@ class HfTokenizers : public ::testing::Test {
     EXPECT_GE(round_checked * 100, cases_->size() * min_round_trip_percent);
   }
 
+  // Streaming decode never emits broken UTF-8 and adds up to decode(); returns how many
+  // tokens end inside a character (the held-back path).
+  static size_t check_stream(const std::string& name) {
+    Tokenizer stok = Tokenizer::from_dir(dir(name));
+    size_t split_chars = 0;
+    for (const Case& c : *cases_) {
+      const Expect& e = c.by_tok.at(name);
+      for (bool skip : {false, true}) {
+        auto stream = stok.stream_decoder(skip);
+        std::string all;
+        for (TokenId id : e.ids) {
+          std::string piece = stream.push(id);
+          std::string fixed;
+          EXPECT_TRUE(rpg::tok::sanitize_utf8(piece, fixed)) << "broken UTF-8 chunk " << show(piece);
+          all += piece;
+        }
+        all += stream.finish();
+        EXPECT_EQ(all, skip ? e.decoded_skip : e.decoded) << name << " " << show(c.bytes);
+        if (all != (skip ? e.decoded_skip : e.decoded)) return split_chars;
+      }
+      for (TokenId id : e.ids) {
+        std::string b = stok.decode(std::vector<TokenId>{id});
+        if (b.find("\xEF\xBF\xBD") != std::string::npos) ++split_chars;
+      }
+    }
+    return split_chars;
+  }
+
   static rpg::test::TempDir* dir_;
   static std::vector<Case>* cases_;
 };
@@ -116,6 +144,22 @@ TEST_F(HfTokenizers, EncodeAndDecodeMatch) {
   check_decode("gpt2", 0);       // add_prefix_space changes every string, in HF too
 }
 
+// Beyond plain byte-level BPE (tokenizer_hf_variants.py): SentencePiece-style BPE over
+// characters (Prepend/Replace normalizers, Metaspace in both spellings, byte_fallback,
+// fuse_unk, the Replace/ByteFallback/Fuse/Strip and Metaspace decoders) and byte-level
+// vocabularies that lack byte characters (unknown token, dropped bytes, byte fallback with
+// SmolLM2's decoder chain). The strings include every byte value alone and in runs.
+TEST_F(HfTokenizers, SentencePieceStyleAndMissingBytesMatch) {
+  for (const char* name : {"sp_bpe", "sp_meta_first", "sp_meta_split", "bytes_unk", "bytes_drop", "bytes_fallback"}) {
+    SCOPED_TRACE(name);
+    check_encode(name);
+    check_decode(name, 0);
+    check_stream(name);
+  }
+  // The byte fallback and stream hold-back paths are exercised by these strings.
+  EXPECT_GT(check_stream("sp_bpe"), 100u);
+}
+
 TEST_F(HfTokenizers, BatchStreamingAndQueries) {
   Tokenizer tok = Tokenizer::from_dir(dir("qwen2"));
   std::vector<std::string> texts;
@@ -126,32 +170,8 @@ TEST_F(HfTokenizers, BatchStreamingAndQueries) {
     for (size_t i = 0; i < texts.size(); ++i) ASSERT_EQ(batch[i], cases_->at(i).by_tok.at("qwen2").ids) << i;
   }
 
-  // Streaming decode never emits broken UTF-8 and adds up to decode().
-  for (const char* name : {"qwen2", "llama3"}) {
-    Tokenizer stok = Tokenizer::from_dir(dir(name));
-    size_t split_chars = 0;
-    for (const Case& c : *cases_) {
-      const Expect& e = c.by_tok.at(name);
-      for (bool skip : {false, true}) {
-        auto stream = stok.stream_decoder(skip);
-        std::string all;
-        for (TokenId id : e.ids) {
-          std::string piece = stream.push(id);
-          std::string fixed;
-          ASSERT_TRUE(rpg::tok::sanitize_utf8(piece, fixed)) << "broken UTF-8 chunk " << show(piece);
-          all += piece;
-        }
-        all += stream.finish();
-        ASSERT_EQ(all, skip ? e.decoded_skip : e.decoded) << name << " " << show(c.bytes);
-      }
-      // Count tokens that end inside a character: the held-back path is exercised.
-      for (TokenId id : e.ids) {
-        std::string b = stok.decode(std::vector<TokenId>{id});
-        if (b.find("\xEF\xBF\xBD") != std::string::npos) ++split_chars;
-      }
-    }
-    EXPECT_GT(split_chars, 100u) << name << ": too few tokens split a character to test streaming";
-  }
+  for (const char* name : {"qwen2", "llama3"})
+    EXPECT_GT(check_stream(name), 100u) << name << ": too few tokens split a character to test streaming";
 
   auto im_start = tok.token_to_id("<|im_start|>");
   ASSERT_TRUE(im_start.has_value());

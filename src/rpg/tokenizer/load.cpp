@@ -50,37 +50,81 @@ std::string get_string(const json& v, const std::string& origin, const std::stri
   return v.get<std::string>();
 }
 
+// {"String": s} patterns only (Regex patterns are refused by name).
+std::string string_pattern(const Tokenizer::Impl& t, const json& obj, const std::string& where) {
+  const json& pat = field(obj, "pattern", t.origin, where);
+  if (!pat.is_object() || !pat.contains("String")) bad(t.origin, where + ".pattern: only {\"String\": ...} patterns are supported");
+  std::string s = get_string(pat["String"], t.origin, where + ".pattern.String");
+  if (s.empty()) bad(t.origin, where + ".pattern.String: empty");
+  return s;
+}
+
+// One character, as UTF-8.
+std::string one_char(const Tokenizer::Impl& t, const json& obj, const char* key, const std::string& where) {
+  std::string s = get_string(field(obj, key, t.origin, where), t.origin, str(where, ".", key));
+  size_t n = 0;
+  for_each_codepoint(s, [&](const CodePoint&) { ++n; });
+  if (n != 1) bad(t.origin, str(where, ".", key, ": expected one character, got ", json(s).dump()));
+  return s;
+}
+
+// Metaspace's prepend scheme: `prepend_scheme` ("always" / "first" / "never"), or in older
+// files `add_prefix_space` (true = always, false = never); default always.
+PrependScheme prepend_scheme(const Tokenizer::Impl& t, const json& obj, const std::string& where) {
+  auto it = obj.find("prepend_scheme");
+  if (it != obj.end() && !it->is_null()) {
+    std::string v = get_string(*it, t.origin, where + ".prepend_scheme");
+    if (v == "always") return PrependScheme::kAlways;
+    if (v == "first") return PrependScheme::kFirst;
+    if (v == "never") return PrependScheme::kNever;
+    bad(t.origin, str(where, ".prepend_scheme: got ", json(v).dump(), ", expected \"always\", \"first\" or \"never\""));
+  }
+  return opt_bool(obj, "add_prefix_space", true, t.origin, where) ? PrependScheme::kAlways : PrependScheme::kNever;
+}
+
 void load_normalizer(Tokenizer::Impl& t, const json& n, const std::string& where) {
   if (n.is_null()) return;
   std::string type = get_string(field(n, "type", t.origin, where), t.origin, where + ".type");
+  using K = NormalizerStep::Kind;
   if (type == "Sequence") {
     const json& list = field(n, "normalizers", t.origin, where);
     if (!list.is_array()) bad(t.origin, where + ".normalizers: expected an array");
     for (size_t i = 0; i < list.size(); ++i) load_normalizer(t, list[i], str(where, ".normalizers[", i, "]"));
   } else if (type == "NFC") {
-    t.normalizers.push_back(NormalForm::kNFC);
+    t.normalizers.push_back({K::kForm, NormalForm::kNFC, {}, {}});
   } else if (type == "NFD") {
-    t.normalizers.push_back(NormalForm::kNFD);
+    t.normalizers.push_back({K::kForm, NormalForm::kNFD, {}, {}});
   } else if (type == "NFKC") {
-    t.normalizers.push_back(NormalForm::kNFKC);
+    t.normalizers.push_back({K::kForm, NormalForm::kNFKC, {}, {}});
   } else if (type == "NFKD") {
-    t.normalizers.push_back(NormalForm::kNFKD);
+    t.normalizers.push_back({K::kForm, NormalForm::kNFKD, {}, {}});
+  } else if (type == "Prepend") {
+    std::string p = get_string(field(n, "prepend", t.origin, where), t.origin, where + ".prepend");
+    t.normalizers.push_back({K::kPrepend, NormalForm::kNFC, {}, std::move(p)});
+  } else if (type == "Replace") {
+    std::string pat = string_pattern(t, n, where);
+    std::string content = get_string(field(n, "content", t.origin, where), t.origin, where + ".content");
+    t.normalizers.push_back({K::kReplace, NormalForm::kNFC, std::move(pat), std::move(content)});
   } else {
     bad(t.origin, str(where, ": unsupported normalizer type \"", type, "\""));
   }
 }
 
-void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& where, bool& have_split,
-                        bool& have_byte_level) {
-  if (p.is_null()) bad(t.origin, where + ": a byte-level pre-tokenizer is required");
+struct PreTokenizerSeen {
+  bool split = false, byte_level = false, metaspace = false;
+};
+
+void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& where, PreTokenizerSeen& seen) {
+  if (p.is_null()) return;  // the whole normalized text is one piece
   std::string type = get_string(field(p, "type", t.origin, where), t.origin, where + ".type");
   if (type == "Sequence") {
     const json& list = field(p, "pretokenizers", t.origin, where);
     if (!list.is_array()) bad(t.origin, where + ".pretokenizers: expected an array");
     for (size_t i = 0; i < list.size(); ++i)
-      load_pre_tokenizer(t, list[i], str(where, ".pretokenizers[", i, "]"), have_split, have_byte_level);
+      load_pre_tokenizer(t, list[i], str(where, ".pretokenizers[", i, "]"), seen);
   } else if (type == "Split") {
-    if (have_split || have_byte_level) bad(t.origin, where + ": unsupported pre-tokenizer order (one Split, then ByteLevel)");
+    if (seen.split || seen.byte_level || seen.metaspace)
+      bad(t.origin, where + ": unsupported pre-tokenizer order (one Split, then ByteLevel)");
     const json& pat = field(p, "pattern", t.origin, where);
     if (!pat.is_object() || !pat.contains("Regex"))
       bad(t.origin, where + ".pattern: only {\"Regex\": ...} patterns are supported");
@@ -91,19 +135,28 @@ void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wh
     if (behavior != "Isolated") bad(t.origin, str(where, ".behavior: unsupported \"", behavior, "\""));
     if (opt_bool(p, "invert", false, t.origin, where)) bad(t.origin, where + ".invert: unsupported true");
     t.split = *kind;
-    have_split = true;
+    seen.split = true;
   } else if (type == "ByteLevel") {
-    if (have_byte_level) bad(t.origin, where + ": ByteLevel given twice");
+    if (seen.byte_level) bad(t.origin, where + ": ByteLevel given twice");
+    if (seen.metaspace) bad(t.origin, where + ": ByteLevel together with Metaspace is unsupported");
     bool use_regex = opt_bool(p, "use_regex", true, t.origin, where);
     t.prefix_space = opt_bool(p, "add_prefix_space", false, t.origin, where);
     if (use_regex) {
-      if (have_split) bad(t.origin, where + ": ByteLevel with use_regex after a Split is unsupported");
+      if (seen.split) bad(t.origin, where + ": ByteLevel with use_regex after a Split is unsupported");
       t.split = SplitPattern::kGpt2;
-      have_split = true;
+      seen.split = true;
     } else if (t.prefix_space) {
       bad(t.origin, where + ": add_prefix_space with use_regex=false is unsupported");
     }
-    have_byte_level = true;
+    seen.byte_level = true;
+  } else if (type == "Metaspace") {
+    if (seen.metaspace || seen.byte_level || seen.split)
+      bad(t.origin, where + ": Metaspace is supported only as the sole pre-tokenizer");
+    t.metaspace.on = true;
+    t.metaspace.replacement = one_char(t, p, "replacement", where);
+    t.metaspace.scheme = prepend_scheme(t, p, where);
+    t.metaspace.split = opt_bool(p, "split", true, t.origin, where);
+    seen.metaspace = true;
   } else {
     bad(t.origin, str(where, ": unsupported pre-tokenizer type \"", type, "\""));
   }
@@ -157,15 +210,43 @@ void load_post_processor(Tokenizer::Impl& t, const json& p, const std::string& w
 }
 
 void load_decoder(Tokenizer::Impl& t, const json& d, const std::string& where) {
-  if (d.is_null()) bad(t.origin, where + ": a ByteLevel decoder is required");
+  if (d.is_null()) bad(t.origin, where + ": a decoder is required (none: tokens joined by spaces is unsupported)");
   std::string type = get_string(field(d, "type", t.origin, where), t.origin, where + ".type");
+  using K = DecoderStep::Kind;
+  DecoderStep step;
   if (type == "Sequence") {
     const json& list = field(d, "decoders", t.origin, where);
-    if (!list.is_array() || list.size() != 1) bad(t.origin, where + ".decoders: only a single ByteLevel decoder is supported");
-    load_decoder(t, list[0], where + ".decoders[0]");
-  } else if (type != "ByteLevel") {
+    if (!list.is_array()) bad(t.origin, where + ".decoders: expected an array");
+    for (size_t i = 0; i < list.size(); ++i) load_decoder(t, list[i], str(where, ".decoders[", i, "]"));
+    return;
+  } else if (type == "ByteLevel") {
+    step.kind = K::kByteLevel;
+  } else if (type == "ByteFallback") {
+    step.kind = K::kByteFallback;
+  } else if (type == "Fuse") {
+    step.kind = K::kFuse;
+  } else if (type == "Replace") {
+    step.kind = K::kReplace;
+    step.pattern = string_pattern(t, d, where);
+    step.content = get_string(field(d, "content", t.origin, where), t.origin, where + ".content");
+  } else if (type == "Strip") {
+    step.kind = K::kStrip;
+    std::string c = one_char(t, d, "content", where);
+    size_t bad_len = 0;
+    tok::decode_utf8(c, 0, step.strip_char, bad_len);
+    for (const char* k : {"start", "stop"}) {
+      const json& v = field(d, k, t.origin, where);
+      if (!v.is_number_unsigned() || v.get<uint64_t>() > (1u << 20)) bad(t.origin, str(where, ".", k, ": expected a count"));
+      (std::string(k) == "start" ? step.start : step.stop) = v.get<size_t>();
+    }
+  } else if (type == "Metaspace") {
+    step.kind = K::kMetaspace;
+    step.content = one_char(t, d, "replacement", where);
+    step.scheme = prepend_scheme(t, d, where);
+  } else {
     bad(t.origin, str(where, ": unsupported decoder type \"", type, "\""));
   }
+  t.decoder.push_back(std::move(step));
 }
 
 void set_token(Tokenizer::Impl& t, TokenId id, std::string_view token, std::string_view bytes, IdKind kind) {
@@ -591,7 +672,12 @@ void load_model(Tokenizer::Impl& t, const json& m, const StreamedModel& streamed
   if (!m.is_object()) bad(t.origin, "model: expected an object");
   std::string type = m.contains("type") ? get_string(m["type"], t.origin, "model.type") : "BPE";
   if (type != "BPE") bad(t.origin, str("model.type: unsupported \"", type, "\" (byte-level BPE only)"));
-  if (opt_bool(m, "byte_fallback", false, t.origin, w)) bad(t.origin, "model.byte_fallback: unsupported true");
+  t.byte_fallback = opt_bool(m, "byte_fallback", false, t.origin, w);
+  t.fuse_unk = opt_bool(m, "fuse_unk", false, t.origin, w);
+  if (m.contains("unk_token") && !m["unk_token"].is_null()) {
+    t.unk_token = get_string(m["unk_token"], t.origin, "model.unk_token");
+    if (t.unk_token.empty()) bad(t.origin, "model.unk_token: empty");
+  }
   if (m.contains("dropout") && !m["dropout"].is_null()) bad(t.origin, "model.dropout: unsupported");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(k) && !m[k].is_null() && !(m[k].is_string() && m[k].get<std::string>().empty()))
@@ -603,7 +689,12 @@ void load_model(Tokenizer::Impl& t, const json& m, const StreamedModel& streamed
     append_token_bytes(bytes, token);
     set_token(t, static_cast<TokenId>(id), token, bytes, IdKind::kModel);
     if (!in_token_ids) t.token_ids.insert_or_assign(token, static_cast<TokenId>(id));
-    if (t.ignore_merges) t.bytes_ids.try_emplace(bytes, static_cast<TokenId>(id));
+    // ignore_merges looks the piece up whole: by its bytes when BPE runs on bytes (only a
+    // token whose every character is a byte's can match), else by its text.
+    if (t.ignore_merges) {
+      if (!t.byte_level) t.bytes_ids.try_emplace(token, static_cast<TokenId>(id));
+      else if (is_byte_level_token(token)) t.bytes_ids.try_emplace(bytes, static_cast<TokenId>(id));
+    }
   };
   if (streamed.have_vocab) {
     const auto& vocab = streamed.vocab;
@@ -645,11 +736,29 @@ void load_model(Tokenizer::Impl& t, const json& m, const StreamedModel& streamed
     }
   }
   const auto& bm = byte_map();
+  t.all_bytes = t.byte_level;
   for (int b = 0; b < 256; ++b) {
     std::string s;
     tok::append_utf8(s, bm.to_char[b]);
     const TokenId* id = t.token_ids.find(s);
     t.byte_id[b] = id ? *id : -1;
+    t.all_bytes = t.all_bytes && id;
+    static const char kHex[] = "0123456789ABCDEF";
+    const char name[] = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
+    const TokenId* fb = t.token_ids.find(std::string_view(name, sizeof(name)));
+    t.fallback_id[b] = fb ? *fb : -1;
+  }
+  if (!t.unk_token.empty())
+    if (const TokenId* id = t.token_ids.find(t.unk_token)) t.unk_id = *id;
+  if (!t.byte_level) {
+    // The initial symbols of character-level BPE: the single-character tokens.
+    for (size_t id = 0; id < t.id_kind.size(); ++id) {
+      if (t.id_kind[id] != IdKind::kModel) continue;
+      std::string_view tk = t.id_token[id];
+      size_t n = 0;
+      for_each_codepoint(tk, [&](const CodePoint&) { ++n; });
+      if (n == 1 && *t.token_ids.find(tk) == static_cast<TokenId>(id)) t.char_ids.try_emplace(tk, static_cast<TokenId>(id));
+    }
   }
   std::string joined;
   auto add_merge = [&t, &joined](size_t r, std::string_view a, std::string_view b, const auto& shown) {
@@ -724,7 +833,11 @@ void load_added(Tokenizer::Impl& t, const json& list) {
     if (opt_bool(a, "single_word", false, t.origin, w)) bad(t.origin, w + ".single_word: unsupported true");
     std::string valid;
     if (!tok::sanitize_utf8(tk.content, valid)) bad(t.origin, w + ".content: invalid UTF-8");
-    set_token(t, tk.id, tk.content, tk.content, tk.special ? IdKind::kSpecial : IdKind::kAdded);
+    // Decoding runs added tokens through the decoder too: a ByteLevel decoder maps their
+    // characters as it maps a model token's.
+    std::string bytes;
+    append_token_bytes(bytes, tk.content);
+    set_token(t, tk.id, tk.content, bytes, tk.special ? IdKind::kSpecial : IdKind::kAdded);
     t.token_ids.insert_or_assign(tk.content, tk.id);
     t.added.push_back(std::move(tk));
   }
@@ -732,11 +845,9 @@ void load_added(Tokenizer::Impl& t, const json& list) {
     const AddedTok& tk = t.added[i];
     if (tk.normalized && !t.normalizers.empty()) {
       // Hugging Face matches these against normalized text, so normalize the pattern too.
-      std::string n;
-      std::string_view s = tk.content;
-      for (NormalForm f : t.normalizers)
-        if (tok::normalize(f, s, n)) s = n;
-      t.normalized_trie.add(std::string(s), static_cast<int>(i));
+      std::string buf[2];
+      std::string_view s = t.normalize(tk.content, buf);
+      if (!s.empty()) t.normalized_trie.add(std::string(s), static_cast<int>(i));
     } else if (tk.normalized) {
       t.normalized_trie.add(tk.content, static_cast<int>(i));
     } else {
@@ -798,19 +909,21 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
     }
   }
   if (!root.is_object()) bad(origin, "expected a JSON object");
-  load_model(*t, field(root, "model", origin, "root"), streamed);
+  const json& model = field(root, "model", origin, "root");
   if (root.contains("truncation") && !root["truncation"].is_null()) bad(origin, "truncation: unsupported");
   if (root.contains("padding") && !root["padding"].is_null()) bad(origin, "padding: unsupported");
   load_normalizer(*t, root.value("normalizer", json()), "normalizer");
-  bool have_split = false, have_byte_level = false;
-  load_pre_tokenizer(*t, root.value("pre_tokenizer", json()), "pre_tokenizer", have_split, have_byte_level);
-  if (!have_byte_level) bad(origin, "pre_tokenizer: no ByteLevel step (only byte-level BPE is supported)");
-  if (!have_split) bad(origin, "pre_tokenizer: no split regex");
+  // The pre-tokenizer decides what BPE starts from (bytes or characters): read it first.
+  PreTokenizerSeen seen;
+  load_pre_tokenizer(*t, root.value("pre_tokenizer", json()), "pre_tokenizer", seen);
+  t->byte_level = seen.byte_level;
+  if (seen.byte_level && !seen.split) bad(origin, "pre_tokenizer: no split regex");
+  if (seen.split && !seen.byte_level) bad(origin, "pre_tokenizer: a Split without ByteLevel is unsupported");
+  load_model(*t, model, streamed);
   load_added(*t, root.value("added_tokens", json()));
   load_post_processor(*t, root.value("post_processor", json()), "post_processor");
   load_decoder(*t, root.value("decoder", json()), "decoder");
-  for (int b = 0; b < 256; ++b)
-    if (t->byte_id[b] < 0) bad(origin, str("model.vocab: no token for byte ", b, " (not a byte-level vocabulary)"));
+  t->plain_byte_level_decoder = t->decoder.size() == 1 && t->decoder[0].kind == DecoderStep::Kind::kByteLevel;
 
   if (!tokenizer_config_json.empty()) {
     json cfg = parse_json(tokenizer_config_json, config_origin);

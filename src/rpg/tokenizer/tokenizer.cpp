@@ -2,6 +2,7 @@
 #include "rpg/tokenizer/tokenizer_impl.h"
 
 #include <algorithm>
+#include <cctype>
 #include <array>
 #include <atomic>
 #include <queue>
@@ -23,6 +24,52 @@ using tok::NormalForm;
 using tok::SplitPattern;
 
 
+// The symbols BPE starts from, as Hugging Face's BPE::merge_word makes them: each
+// character of the piece (a byte's character for byte-level tokenizers) that is in the
+// vocabulary is its token; one that is not becomes its UTF-8 bytes as <0xNN> tokens when
+// byte_fallback is on and all of them exist, else the unknown token (a run of them fused
+// into one with fuse_unk), else nothing. A pending unknown token is written out when the
+// next known character comes, not before byte-fallback tokens (Hugging Face's order).
+void Tokenizer::Impl::initial_symbols(std::string_view piece, std::vector<TokenId>& out) const {
+  bool unk_pending = false;
+  auto known = [&](TokenId id) {
+    if (unk_pending) out.push_back(unk_id), unk_pending = false;
+    out.push_back(id);
+  };
+  auto unknown = [&](std::string_view ch) {
+    if (byte_fallback &&
+        std::all_of(ch.begin(), ch.end(), [&](char b) { return fallback_id[static_cast<unsigned char>(b)] >= 0; })) {
+      for (char b : ch) out.push_back(fallback_id[static_cast<unsigned char>(b)]);
+      return;
+    }
+    if (unk_token.empty()) return;
+    if (unk_id < 0)
+      throw FormatError(str(origin, ": model.unk_token ", nlohmann::json(unk_token).dump(),
+                            " is not in model.vocab (needed for a character the vocabulary lacks)"));
+    if (unk_pending && !fuse_unk) out.push_back(unk_id);
+    unk_pending = true;
+  };
+  if (byte_level) {
+    const auto& bm = byte_map();
+    for (unsigned char b : piece) {
+      if (byte_id[b] >= 0) {
+        known(byte_id[b]);
+      } else {
+        std::string ch;
+        tok::append_utf8(ch, bm.to_char[b]);
+        unknown(ch);
+      }
+    }
+  } else {
+    for_each_codepoint(piece, [&](const CodePoint& c) {
+      std::string_view ch = piece.substr(c.pos, c.len);
+      if (const TokenId* id = char_ids.find(ch)) known(*id);
+      else unknown(ch);
+    });
+  }
+  if (unk_pending) out.push_back(unk_id);
+}
+
 void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) const {
   if (ignore_merges) {
     if (const TokenId* id = bytes_ids.find(piece)) {
@@ -30,16 +77,16 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
       return;
     }
   }
-  if (piece.size() == 1) {
+  if (all_bytes && piece.size() == 1) {
     out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
     return;
   }
   bool cacheable = piece.size() <= PieceCache::kMaxPieceBytes;
   if (cacheable && cache.get(piece, out)) return;
 
-  // Symbols form a linked list over the piece's bytes; a min-heap of candidate merges is
-  // ordered by (rank, position) so the lowest-ranked, leftmost pair merges first, which
-  // is Hugging Face's order. Stale heap entries are recognised and skipped on pop.
+  // Symbols form a linked list over the piece's initial symbols; a min-heap of candidate
+  // merges is ordered by (rank, position) so the lowest-ranked, leftmost pair merges first,
+  // which is Hugging Face's order. Stale heap entries are recognised and skipped on pop.
   struct Sym {
     TokenId id;
     int32_t prev, next;
@@ -51,11 +98,24 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
   };
   thread_local std::vector<Sym> syms;
   thread_local std::vector<Cand> heap;
+  thread_local std::vector<TokenId> init;
   syms.clear();
   heap.clear();
-  int32_t n = static_cast<int32_t>(piece.size());
-  for (int32_t i = 0; i < n; ++i)
-    syms.push_back({byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1});
+  if (all_bytes) {
+    int32_t n = static_cast<int32_t>(piece.size());
+    for (int32_t i = 0; i < n; ++i)
+      syms.push_back({byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1});
+  } else {
+    init.clear();
+    initial_symbols(piece, init);
+    int32_t n = static_cast<int32_t>(init.size());
+    for (int32_t i = 0; i < n; ++i) syms.push_back({init[i], i - 1, i + 1 < n ? i + 1 : -1});
+  }
+  if (syms.empty()) {
+    if (cacheable) cache.put(piece, nullptr, 0);
+    return;
+  }
+  const int32_t n = static_cast<int32_t>(syms.size());
   auto cmp = std::greater<Cand>{};
   auto consider = [&](int32_t pos) {
     int32_t nx = syms[pos].next;
@@ -85,7 +145,68 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) con
   if (cacheable) cache.put(piece, out.data() + before, out.size() - before);
 }
 
-void Tokenizer::Impl::encode_normalized(std::string_view text, std::vector<TokenId>& out) const {
+namespace {
+
+// Every occurrence of `pattern` (non-empty) in `s` replaced by `content`, left to right.
+std::string replace_all(std::string_view s, std::string_view pattern, std::string_view content) {
+  std::string out;
+  size_t from = 0;
+  for (size_t at; (at = s.find(pattern, from)) != std::string_view::npos; from = at + pattern.size())
+    out.append(s.substr(from, at - from)).append(content);
+  out.append(s.substr(from));
+  return out;
+}
+
+}  // namespace
+
+std::string_view Tokenizer::Impl::normalize(std::string_view s, std::string (&buf)[2]) const {
+  int k = 0;
+  for (const NormalizerStep& n : normalizers) {
+    switch (n.kind) {
+      case NormalizerStep::Kind::kForm:
+        if (!tok::normalize(n.form, s, buf[k])) continue;
+        break;
+      case NormalizerStep::Kind::kPrepend:
+        if (s.empty()) continue;
+        buf[k].assign(n.content).append(s);
+        break;
+      case NormalizerStep::Kind::kReplace:
+        if (s.find(n.pattern) == std::string_view::npos) continue;
+        buf[k] = replace_all(s, n.pattern, n.content);
+        break;
+    }
+    s = buf[k];
+    k ^= 1;
+  }
+  return s;
+}
+
+void Tokenizer::Impl::encode_normalized(std::string_view text, bool at_origin, std::vector<TokenId>& out) const {
+  if (!byte_level) {
+    if (!metaspace.on) {
+      if (!text.empty()) bpe(text, out);
+      return;
+    }
+    // Metaspace: spaces become the replacement, which is prepended per the scheme, and each
+    // replacement character starts a piece (the delimiter merged with what follows it).
+    const std::string& rep = metaspace.replacement;
+    std::string t = replace_all(text, " ", rep);
+    bool prepend = metaspace.scheme == PrependScheme::kAlways ||
+                   (metaspace.scheme == PrependScheme::kFirst && at_origin);
+    if (prepend && t.compare(0, rep.size(), rep) != 0) t.insert(0, rep);
+    if (t.empty()) return;
+    if (!metaspace.split) {
+      bpe(t, out);
+      return;
+    }
+    size_t begin = 0;
+    for (size_t at = t.find(rep, 1); at != std::string::npos; at = t.find(rep, at + rep.size())) {
+      if (at > begin) bpe(std::string_view(t).substr(begin, at - begin), out);
+      begin = at;
+    }
+    bpe(std::string_view(t).substr(begin), out);
+    return;
+  }
   thread_local std::vector<std::pair<uint32_t, uint32_t>> pieces;
   std::string prefixed;
   if (prefix_space && !text.empty() && text[0] != ' ') {
@@ -131,15 +252,11 @@ static void split_added(const Tokenizer::Impl& t, const TokenTrie& trie, std::st
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<TokenId>& out) const {
   split_added(*this, raw_trie, text, out, [&](std::string_view seg) {
     std::string norm_buf[2];
-    std::string_view s = seg;
-    int k = 0;
-    for (NormalForm f : normalizers) {
-      if (tok::normalize(f, s, norm_buf[k])) {
-        s = norm_buf[k];
-        k ^= 1;
-      }
-    }
-    split_added(*this, normalized_trie, s, out, [&](std::string_view rest) { encode_normalized(rest, out); });
+    const bool seg_at_origin = seg.data() == text.data();
+    std::string_view s = normalize(seg, norm_buf);
+    split_added(*this, normalized_trie, s, out, [&](std::string_view rest) {
+      encode_normalized(rest, seg_at_origin && rest.data() == s.data(), out);
+    });
   });
 }
 
@@ -185,50 +302,181 @@ std::vector<std::vector<TokenId>> Tokenizer::batch_encode(const std::vector<std:
   return out;
 }
 
-// Hugging Face decodes the bytes of consecutive model tokens together (lossy UTF-8) and
-// inserts added tokens' content verbatim between such runs. `pending` holds the bytes of
-// the current run.
-void Tokenizer::Impl::append_decoded(std::string& out, std::string& pending, TokenId id, bool skip_special) const {
-  if (id < 0 || static_cast<size_t>(id) >= id_kind.size() || id_kind[id] == IdKind::kNone)
-    throw ValueError(str("decode: token id ", id, " is not in the vocabulary of ", origin));
-  IdKind k = id_kind[id];
-  if (k == IdKind::kModel) {
-    pending.append(id_bytes[id]);
-    return;
-  }
-  if (k == IdKind::kSpecial && skip_special) return;
+namespace {
+
+std::string lossy_utf8(std::string bytes) {
   std::string clean;
-  out.append(tok::sanitize_utf8(pending, clean) ? pending : clean);
-  pending.clear();
-  out.append(id_bytes[id]);
+  return tok::sanitize_utf8(bytes, clean) ? bytes : clean;
 }
 
-std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
-  std::string out, pending;
-  for (TokenId id : ids) impl_->append_decoded(out, pending, id, skip_special_tokens);
-  std::string clean;
-  out.append(tok::sanitize_utf8(pending, clean) ? pending : clean);
+// Hugging Face's decoders, step by step over the list of token strings.
+void apply_decoder_step(const DecoderStep& d, std::vector<std::string>& toks) {
+  using K = DecoderStep::Kind;
+  switch (d.kind) {
+    case K::kByteLevel: {
+      std::string bytes;
+      for (const auto& t : toks) append_token_bytes(bytes, t);
+      toks.assign(1, lossy_utf8(std::move(bytes)));
+      return;
+    }
+    case K::kByteFallback: {
+      // Runs of <0xNN> tokens become their bytes' text when that is valid UTF-8, else one
+      // U+FFFD per byte.
+      std::vector<std::string> out;
+      std::string run;
+      size_t run_len = 0;
+      auto flush = [&] {
+        if (run_len == 0) return;
+        std::string clean;
+        if (tok::sanitize_utf8(run, clean)) out.push_back(run);
+        else
+          for (size_t i = 0; i < run_len; ++i) out.emplace_back("\xEF\xBF\xBD");
+        run.clear();
+        run_len = 0;
+      };
+      for (auto& t : toks) {
+        int byte = -1;
+        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+            std::isxdigit(static_cast<unsigned char>(t[4])))
+          byte = std::stoi(t.substr(3, 2), nullptr, 16);
+        if (byte >= 0) {
+          run.push_back(static_cast<char>(byte));
+          ++run_len;
+        } else {
+          flush();
+          out.push_back(std::move(t));
+        }
+      }
+      flush();
+      toks = std::move(out);
+      return;
+    }
+    case K::kFuse: {
+      std::string all;
+      for (const auto& t : toks) all += t;
+      toks.assign(1, std::move(all));
+      return;
+    }
+    case K::kReplace:
+      for (auto& t : toks)
+        if (t.find(d.pattern) != std::string::npos) t = replace_all(t, d.pattern, d.content);
+      return;
+    case K::kStrip:
+      for (auto& t : toks) {
+        std::vector<std::pair<size_t, size_t>> cps;  // (offset, length) of each character
+        std::vector<char32_t> cs;
+        for_each_codepoint(t, [&](const CodePoint& c) {
+          cps.emplace_back(c.pos, c.len);
+          cs.push_back(c.cp);
+        });
+        size_t b = 0, e = cs.size();
+        while (b < std::min(d.start, cs.size()) && cs[b] == d.strip_char) ++b;
+        for (size_t i = 0; i < std::min(d.stop, cs.size() - b) && cs[e - 1] == d.strip_char; ++i) --e;
+        size_t from = b < cps.size() ? cps[b].first : t.size();
+        size_t to = e > 0 && e <= cps.size() ? cps[e - 1].first + cps[e - 1].second : from;
+        t = to > from ? t.substr(from, to - from) : std::string();
+      }
+      return;
+    case K::kMetaspace:
+      // The replacement becomes a space, except in the first token, where it is dropped
+      // (every occurrence, as Hugging Face does) unless the scheme never prepends.
+      for (size_t i = 0; i < toks.size(); ++i) {
+        const bool drop = i == 0 && d.scheme != PrependScheme::kNever;
+        toks[i] = replace_all(toks[i], d.content, drop ? "" : " ");
+      }
+      return;
+  }
+}
+
+}  // namespace
+
+std::string Tokenizer::Impl::decode_run(std::span<const TokenId> run) const {
+  if (run.empty()) return {};
+  if (plain_byte_level_decoder) {
+    std::string bytes;
+    for (TokenId id : run) bytes.append(id_bytes[id]);
+    return lossy_utf8(std::move(bytes));
+  }
+  std::vector<std::string> toks;
+  toks.reserve(run.size());
+  for (TokenId id : run) toks.emplace_back(id_token[id]);
+  for (const DecoderStep& d : decoder) apply_decoder_step(d, toks);
+  std::string out;
+  for (const auto& t : toks) out += t;
   return out;
 }
 
+// Hugging Face passes the whole list of tokens, added tokens' content included (skipped
+// special tokens left out), through the decoder chain at once.
+std::string Tokenizer::decode(std::span<const TokenId> ids, bool skip_special_tokens) const {
+  std::vector<TokenId> kept;
+  kept.reserve(ids.size());
+  for (TokenId id : ids) {
+    IdKind k = impl_->kind_of(id);
+    if (k == IdKind::kSpecial && skip_special_tokens) continue;
+    kept.push_back(id);
+  }
+  return impl_->decode_run(kept);
+}
+
+// Emits what can no longer change. With the plain byte-level decoder that is every byte
+// up to a possibly incomplete last character. With another decoder chain the tokens so far
+// are decoded again on each push and the new text is emitted, holding back a trailing
+// U+FFFD (incomplete bytes or byte-fallback tokens) and trailing characters a Strip step
+// may cut.
 std::string Tokenizer::StreamDecoder::push(TokenId id) {
+  const Impl& t = *tok_->impl_;
+  IdKind k = t.kind_of(id);
   std::string out;
-  tok_->impl_->append_decoded(out, pending_, id, skip_special_);
-  // Emit what can no longer change: everything up to a possibly incomplete last character.
-  size_t stable = tok::utf8_stable_prefix(pending_);
-  if (stable > 0) {
-    std::string clean;
-    std::string_view head(pending_.data(), stable);
-    out.append(tok::sanitize_utf8(head, clean) ? std::string(head) : clean);
-    pending_.erase(0, stable);
+  if (k == IdKind::kSpecial && skip_special_) return out;
+  if (t.plain_byte_level_decoder) {
+    pending_.append(t.id_bytes[id]);
+    size_t stable = tok::utf8_stable_prefix(pending_);
+    if (stable > 0) {
+      out = lossy_utf8(pending_.substr(0, stable));
+      pending_.erase(0, stable);
+    }
+    return out;
+  }
+  run_.push_back(id);
+  std::string text = t.decode_run(run_);
+  size_t stable = text.size();
+  for (;;) {
+    if (stable >= 3 && text.compare(stable - 3, 3, "\xEF\xBF\xBD") == 0) {
+      stable -= 3;
+      continue;
+    }
+    bool cut = false;
+    for (const DecoderStep& d : t.decoder)
+      if (d.kind == DecoderStep::Kind::kStrip && d.stop > 0 && stable > 0) {
+        std::string c;
+        tok::append_utf8(c, d.strip_char);
+        if (stable >= c.size() && text.compare(stable - c.size(), c.size(), c) == 0) stable -= c.size(), cut = true;
+      }
+    if (!cut) break;
+  }
+  if (stable > emitted_ && text.compare(0, emitted_, emitted_text_) == 0) {
+    out = text.substr(emitted_, stable - emitted_);
+    emitted_text_.append(out);
+    emitted_ = stable;
   }
   return out;
 }
 
 std::string Tokenizer::StreamDecoder::finish() {
-  std::string clean;
-  std::string out = tok::sanitize_utf8(pending_, clean) ? pending_ : clean;
+  const Impl& t = *tok_->impl_;
+  std::string out;
+  if (t.plain_byte_level_decoder) {
+    out = lossy_utf8(std::move(pending_));
+  } else {
+    std::string text = t.decode_run(run_);
+    // The emitted text is always a prefix of the run's text (decoders only change the tail).
+    out = text.size() > emitted_ ? text.substr(emitted_) : std::string();
+  }
   pending_.clear();
+  run_.clear();
+  emitted_text_.clear();
+  emitted_ = 0;
   return out;
 }
 

@@ -72,7 +72,10 @@ class Tokenizer {
     StreamDecoder(const Tokenizer* tok, bool skip_special) : tok_(tok), skip_special_(skip_special) {}
     const Tokenizer* tok_;
     bool skip_special_;
-    std::string pending_;
+    std::string pending_;        // plain byte-level decoder: bytes not yet emitted
+    std::vector<TokenId> run_;   // other decoder chains: the current run of model tokens,
+    std::string emitted_text_;   // the part of its text already emitted
+    size_t emitted_ = 0;
   };
   StreamDecoder stream_decoder(bool skip_special_tokens = false) const {
     return StreamDecoder(this, skip_special_tokens);

@@ -8,11 +8,13 @@
 #include <atomic>
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
+#include "rpg/core/error.h"
 #include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/pretokenize.h"
 #include "rpg/tokenizer/tokenizer.h"
@@ -50,15 +52,26 @@ inline const ByteMap& byte_map() {
   return m;
 }
 
-// A byte-level token string back to the bytes it stands for, appended to `out`. Characters
-// outside the map are kept as their own UTF-8, as the Hugging Face ByteLevel decoder does.
+// A byte-level token string back to the bytes it stands for, appended to `out`. A token
+// with any character outside the map is kept whole as its own UTF-8, as the Hugging Face
+// ByteLevel decoder does (all of a token's characters map, or none is mapped).
 inline void append_token_bytes(std::string& out, std::string_view token) {
   const auto& m = byte_map();
+  const size_t start = out.size();
+  bool all = true;
   for_each_codepoint(token, [&](const CodePoint& c) {
     int b = c.valid ? m.byte_of(c.cp) : -1;
     if (b >= 0) out.push_back(static_cast<char>(b));
-    else out.append(token.substr(c.pos, c.len));  // ill-formed bytes pass through
+    else all = false;
   });
+  if (!all) out.resize(start), out.append(token);
+}
+// Every character of `token` stands for a byte (it can come out of the byte-level pre-tokenizer).
+inline bool is_byte_level_token(std::string_view token) {
+  const auto& m = byte_map();
+  bool all = true;
+  for_each_codepoint(token, [&](const CodePoint& c) { all = all && c.valid && m.byte_of(c.cp) >= 0; });
+  return all;
 }
 inline std::string token_to_bytes(std::string_view token) {
   std::string out;
@@ -347,6 +360,35 @@ inline uint64_t next_tokenizer_id() {
 
 enum class IdKind : uint8_t { kNone, kModel, kAdded, kSpecial };
 
+// One step of tokenizer.json's normalizer (a Sequence is flattened into these).
+struct NormalizerStep {
+  enum class Kind { kForm, kPrepend, kReplace } kind = Kind::kForm;
+  NormalForm form = NormalForm::kNFC;
+  std::string pattern, content;  // kPrepend: content; kReplace: pattern -> content
+};
+
+enum class PrependScheme { kAlways, kFirst, kNever };
+
+// The Metaspace pre-tokenizer of SentencePiece-style BPE (Llama 2, Mistral, TinyLlama):
+// spaces become `replacement`, one is prepended per `scheme`, and with `split` each
+// replacement character starts a new piece.
+struct MetaspaceRule {
+  bool on = false;
+  std::string replacement;  // one character, as UTF-8
+  PrependScheme scheme = PrependScheme::kAlways;
+  bool split = true;
+};
+
+// One step of tokenizer.json's decoder chain (a Sequence is flattened into these). Each
+// step maps the list of token strings to a new list, as Hugging Face's decode_chain does.
+struct DecoderStep {
+  enum class Kind { kByteLevel, kByteFallback, kFuse, kReplace, kStrip, kMetaspace } kind = Kind::kByteLevel;
+  std::string pattern, content;  // kReplace: pattern -> content; kMetaspace: content = replacement
+  char32_t strip_char = 0;       // kStrip
+  size_t start = 0, stop = 0;    // kStrip
+  PrependScheme scheme = PrependScheme::kAlways;  // kMetaspace
+};
+
 // Test switch: true makes the loader skip its fast tokenizer.json scanner and read every
 // file with the full JSON parser, so tests can compare the two (load.cpp).
 inline bool& full_json_parse_only() {
@@ -366,18 +408,31 @@ using namespace tokenizer_detail;  // NOLINT: the module's own private names
 struct Tokenizer::Impl {
   std::string origin;
   // Model.
-  StringTable id_bytes;  // raw bytes (model tokens) or content (added tokens)
+  StringTable id_bytes;  // what the ByteLevel decoder makes of each token's string
   StringTable id_token;  // the token string of tokenizer.json
   std::vector<IdKind> id_kind;
   StringIdMap token_ids;  // vocab + added
   StringIdMap bytes_ids;  // model vocab by bytes (built only with ignore_merges, its only user)
-  std::array<TokenId, 256> byte_id{};
+  std::array<TokenId, 256> byte_id{};  // byte-level: the vocab id of each byte's character, -1 if none
   MergeMap merges;
   bool ignore_merges = false;
+  // Characters that are not in the vocabulary: their UTF-8 bytes as <0xNN> tokens when all
+  // exist (byte_fallback), else the unknown token (consecutive ones fused into one with
+  // fuse_unk), else nothing.
+  bool byte_fallback = false, fuse_unk = false;
+  std::string unk_token;  // model.unk_token; may be absent from the vocab (an error once needed)
+  TokenId unk_id = -1;
+  std::array<TokenId, 256> fallback_id{};  // <0xNN> ids, -1 if absent
+  StringIdMap char_ids;  // single-character model tokens (the initial symbols without ByteLevel)
   // Text processing.
-  std::vector<NormalForm> normalizers;
+  std::vector<NormalizerStep> normalizers;
+  bool byte_level = true;   // a ByteLevel pre-tokenizer: BPE starts from bytes, else from characters
+  bool all_bytes = true;    // byte_level and every byte has its character in the vocab
   SplitPattern split = SplitPattern::kQwen2;
   bool prefix_space = false;
+  MetaspaceRule metaspace;
+  std::vector<DecoderStep> decoder;
+  bool plain_byte_level_decoder = true;  // decoder is ByteLevel alone: decode by id_bytes
   std::vector<AddedTok> added;
   TokenTrie raw_trie, normalized_trie;
   std::vector<TokenId> post_prefix, post_suffix;
@@ -387,9 +442,20 @@ struct Tokenizer::Impl {
   PieceCache cache{next_tokenizer_id()};
 
   void bpe(std::string_view piece, std::vector<TokenId>& out) const;
+  void initial_symbols(std::string_view piece, std::vector<TokenId>& out) const;
   void encode_text(std::string_view text, std::vector<TokenId>& out) const;
-  void encode_normalized(std::string_view text, std::vector<TokenId>& out) const;
-  void append_decoded(std::string& out, std::string& pending, TokenId id, bool skip_special) const;
+  // `at_origin`: the segment starts at offset 0 of the caller's text (Metaspace's "first").
+  void encode_normalized(std::string_view text, bool at_origin, std::vector<TokenId>& out) const;
+  // Applies the normalizer steps; returns `s` itself when nothing changed, else a view of a buffer.
+  std::string_view normalize(std::string_view s, std::string (&buf)[2]) const;
+  // The text of a list of tokens through the decoder chain (id_bytes + lossy UTF-8 for the
+  // plain byte-level decoder).
+  std::string decode_run(std::span<const TokenId> run) const;
+  IdKind kind_of(TokenId id) const {
+    if (id < 0 || static_cast<size_t>(id) >= id_kind.size() || id_kind[id] == IdKind::kNone)
+      throw ValueError(str("decode: token id ", id, " is not in the vocabulary of ", origin));
+    return id_kind[id];
+  }
   std::optional<TokenId> id_of(const std::string& token) const {
     if (token.empty()) return std::nullopt;
     const TokenId* id = token_ids.find(token);
