@@ -29,16 +29,23 @@ function(rpg_add_library module)
 endfunction()
 
 function(rpg_add_test name)
-  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  # FIXTURES: CTest fixtures every test of the binary requires (e.g. a model made by a setup test).
+  cmake_parse_arguments(ARG "TORCH" "" "SOURCES;DEPS;LABELS;FIXTURES" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   rpg_setup_target(${name} "${ARG_TORCH}")
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} rpg_test_common GTest::gtest GTest::gtest_main)
   # CTest runs tests in parallel (-j2 on 2 cores): one intra-op thread per test process
   # (ours and the Python oracles') avoids oversubscription, which costs more than it gives.
+  # PROPERTIES is one flat list (a list-valued property cannot be passed): the fixtures come
+  # before ENVIRONMENT, whose second entry would otherwise swallow them.
+  set(fixtures)
+  if(ARG_FIXTURES)
+    set(fixtures FIXTURES_REQUIRED ${ARG_FIXTURES})
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 120
     DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 900 ENVIRONMENT "OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
+    PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 900 ${fixtures} ENVIRONMENT "OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
 endfunction()
 
 # rpg_add_fuzz_target(<name> SOURCES <target.cpp> <library .cpp files it exercises>...
