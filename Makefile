@@ -6,7 +6,7 @@ BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_ARGS ?=
 
-.PHONY: all setup configure build test demo demo-seeds demo-compare clean
+.PHONY: all setup test-oracles configure build test demo demo-seeds demo-compare clean
 
 all: build
 
@@ -19,7 +19,11 @@ configure: setup
 build: configure
 	@cmake --build $(BUILD)
 
-test: build
+# The tests also need the authors' fork (an oracle; from ../shared or GitHub), the demo does not.
+test-oracles:
+	@scripts/setup.sh --test-oracles
+
+test: test-oracles build
 	@cd $(BUILD) && ctest --output-on-failure --no-label-summary -j2
 
 demo: build

@@ -2,11 +2,21 @@
 # One-time (and idempotent) set-up of a machine for building and testing rpg:
 #   1. Debian packages the C++ build and the tests need (apt-get; skipped when all are present);
 #   2. the Python venv with torch (libtorch), pyarrow (Arrow/Parquet C++) and the test
-#      oracles, pinned by requirements.txt.
+#      oracles, pinned by requirements.txt;
+#   3. with --test-oracles (make test), the authors' verl fork, an oracle of the tests; the
+#      demo and the build need only Debian packages and PyPI.
 # The venv lives outside the clone, in $RPG_CACHE_DIR (default ~/.cache/rpg), keyed by a
 # hash of the requirement files and the Python version, so fresh clones (CI) reuse it;
 # `.venv` in the repository is a symlink to it. A venv is used only once it is complete.
 set -euo pipefail
+
+test_oracles=false
+for arg in "$@"; do
+  case "$arg" in
+    --test-oracles) test_oracles=true ;;
+    *) printf 'setup: error: unknown argument %s (usage: scripts/setup.sh [--test-oracles])\n' "$arg" >&2; exit 2 ;;
+  esac
+done
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${RPG_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/rpg}
@@ -82,6 +92,7 @@ if [[ "$(readlink "$repo/.venv" 2>/dev/null)" != "$venv" ]]; then
   ln -sfn "$venv" "$repo/.venv"
 fi
 say "ready (.venv -> $venv)"
+$test_oracles || exit 0
 
 # --- 3. The authors' verl fork (oracle of the fork-exact tests) -----------------------
 # complex-reasoning/RPG at a fixed commit, next to the venv: $cache/rpg-fork-<commit:8>.
