@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Generates recipes/fork/*.yaml (one per run script of the authors' fork, its Hydra overrides
-one-to-one) and docs/fork-vs-paper.md (one row per script: what the fork's code optimises vs
-what the paper describes) from the 60 scripts themselves. The scripts are read, never run
-(tests/oracles/fork_scripts.py); kl_penalty values come from the fork's own core_algos.
+"""Generates recipes/fork/*.yaml (one per run script of the authors' fork) and
+docs/fork-vs-paper.md (one row per script: what the fork's code optimises vs what the paper
+describes) from the 60 scripts themselves. Each script is executed by bash with a stub `ray`
+that records what it submits (tests/oracles/fork_scripts.py), so the overrides are bash's own;
+each one is either a key of the recipe (MAPPED, same name and value) or a NO_EFFECT entry named
+in the recipe's header with its reason. An override in neither is an error: nothing is dropped
+silently. kl_penalty values come from the fork's own core_algos.
 
 usage: scripts/fork_recipes.py [--fork-dir DIR] [--check]
   --fork-dir  the authors' fork (default: rpg-fork-ec8e30bd next to the venv, as
@@ -14,6 +17,7 @@ import argparse
 import os
 import re
 import sys
+import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests", "oracles"))
@@ -26,6 +30,100 @@ COMMIT = "ec8e30bdc6f81ffe2590ab7b3d99789b73e07367"
 def default_fork_dir():
     venv = os.path.realpath(os.path.join(REPO, ".venv"))
     return os.path.join(os.path.dirname(venv), "rpg-fork-" + COMMIT[:8])
+
+
+# ---- where each override goes -------------------------------------------------------------
+# Overrides that rpg reads under the same name: they go into the recipe one-to-one. Paths (data
+# files, model, run directory) stay as the script computes them from the fork's checkout.
+MAPPED = {
+    "data." + k for k in ("train_files", "val_files", "prompt_key", "truncation", "max_prompt_length",
+                          "max_response_length", "gen_batch_size", "train_batch_size")
+} | {
+    "actor_rollout_ref.actor." + k for k in (
+        "use_kl_loss", "kl_loss_coef", "kl_loss_type", "use_iterative_ref_model", "clip_ratio_low",
+        "clip_ratio_high", "clip_ratio_c", "use_dynamic_bsz", "ppo_max_token_len_per_gpu", "ppo_mini_batch_size",
+        "ppo_micro_batch_size", "entropy_coeff", "grad_clip", "loss_agg_mode", "optim.lr", "optim.optim_type",
+        "optim.lr_warmup_steps", "optim.weight_decay")
+} | {
+    "actor_rollout_ref.model." + k for k in ("path", "use_remove_padding", "enable_gradient_checkpointing")
+} | {
+    "actor_rollout_ref.rollout." + k for k in (
+        "n", "temperature", "top_p", "top_k", "enforce_eager", "val_kwargs.temperature", "val_kwargs.top_p",
+        "val_kwargs.top_k", "val_kwargs.do_sample", "val_kwargs.n")
+} | {
+    "algorithm." + k for k in ("adv_estimator", "use_kl_in_reward", "kl_ctrl.kl_coef", "filter_groups.enable",
+                               "filter_groups.metric", "filter_groups.max_num_gen_batches")
+} | {
+    "reward_model." + k for k in ("reward_manager", "overlong_buffer.enable", "overlong_buffer.len",
+                                  "overlong_buffer.penalty_factor")
+} | {
+    # n_gpus_per_node / nnodes: rpg checks them against its launcher when more than one process
+    # runs; a one-process run does not lay the batch out over 8 ranks as the fork does.
+    "trainer." + k for k in ("project_name", "experiment_name", "n_gpus_per_node", "nnodes", "val_before_train",
+                             "test_freq", "save_freq", "total_epochs", "default_local_dir", "resume_mode",
+                             "max_actor_ckpt_to_keep")
+}
+
+# Overrides that change nothing rpg computes, by entry: (name, why, keys). A key ending in `.`
+# covers its subtree. rpg's loader accepts each and has no setting of that name.
+NO_EFFECT = [
+    ("vllm", "vLLM engine settings (memory, tensor parallelism, chunked prefill and its token budget, cache "
+             "release); rpg generates with its own in-process engine",
+     ["actor_rollout_ref.rollout." + k for k in ("gpu_memory_utilization", "tensor_model_parallel_size",
+                                                 "enable_chunked_prefill", "max_num_batched_tokens",
+                                                 "free_cache_engine")]),
+    ("old_log_prob_micro_batching", "micro-batching of the fork's no-grad old log-prob pass; rpg cuts that pass "
+                                    "like the actor's update (actor.use_dynamic_bsz, ppo_max_token_len_per_gpu), "
+                                    "which changes no log-prob beyond float rounding",
+     ["actor_rollout_ref.rollout." + k for k in ("log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
+                                                 "log_prob_max_token_len_per_gpu")]),
+    ("ref_worker", "the fork's reference worker (its micro-batching, FSDP offload, sequence parallelism); rpg's "
+                   "reference pass takes the actor's settings, and micro-batching changes no log-prob beyond "
+                   "float rounding",
+     ["actor_rollout_ref.ref."]),
+    ("fsdp", "FSDP sharding and offload and Ulysses sequence parallelism (1: none): how verl lays the model over "
+             "the GPUs, not what it computes; rpg keeps whole weights in each process",
+     ["actor_rollout_ref.actor.fsdp_config.", "actor_rollout_ref.actor.ulysses_sequence_parallel_size"]),
+    ("hf_override_config", "dropout set to 0 in the HF config; rpg's models have no dropout",
+     ["actor_rollout_ref.model.override_config."]),
+    ("critic", "the fork builds no critic for the grpo, rpg and reinforce_plus_plus[_baseline] advantage "
+               "estimators (verl/trainer/ppo/ray_trainer.py:304-309); rpg trains none",
+     ["critic."]),
+    ("logger", "console and wandb logging; rpg writes metrics.jsonl and TensorBoard events in the run directory",
+     ["trainer.logger"]),
+]
+
+
+def bare(key):
+    return key.lstrip("+~")
+
+
+def no_effect_entry(key):
+    for name, why, keys in NO_EFFECT:
+        if any(bare(key).startswith(k) if k.endswith(".") else bare(key) == k for k in keys):
+            return name, why
+    return None
+
+
+def place(path, argv):
+    """Splits a script's overrides into (the recipe's key -> value, {entry name: (why, [override])})."""
+    mapped, dropped = {}, {}
+    for arg in argv:
+        key, value = fork_scripts.split(arg)
+        entry = no_effect_entry(key)
+        if bare(key) in MAPPED and entry is None:
+            if mapped.get(bare(key), value) != value:
+                raise SystemExit(f"error: {path}: {bare(key)} given twice with different values")
+            mapped[bare(key)] = value
+        elif entry is not None and bare(key) not in MAPPED:
+            dropped.setdefault(entry[0], (entry[1], []))
+            if arg not in dropped[entry[0]][1]:
+                dropped[entry[0]][1].append(arg)
+        else:
+            where = "both a recipe key (MAPPED) and" if entry else "neither a recipe key (MAPPED) nor"
+            raise SystemExit(f"error: {path}: override {arg} is {where} listed without effect (NO_EFFECT) "
+                             "in scripts/fork_recipes.py")
+    return mapped, dropped
 
 
 # ---- values ----------------------------------------------------------------------------
@@ -200,18 +298,29 @@ def generate(fork_dir):
     fork = Fork(fork_dir)
     files = {}
     rows = []
+    used = {}
     for path in fork_scripts.scripts(fork_dir):
         stem = os.path.basename(path)[:-3]
-        ov = fork_scripts.overrides(path)
+        try:
+            argv = fork_scripts.argv(path)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}")
+        ov, dropped = place(f"recipe/rpg/7b/{stem}.sh", argv)
         summary = fork_summary(ov, fork)
         head = [
             "# Generated by scripts/fork_recipes.py -- edit that script, not this file.",
             f"# The authors' run script recipe/rpg/7b/{stem}.sh (complex-reasoning/RPG @ {COMMIT[:8]}),",
-            "# its Hydra overrides one-to-one (shell variables resolved, run from the fork's checkout).",
+            "# executed by bash with a stub `ray` (from the fork's checkout, nothing exported): each Hydra override",
+            "# it submits is a key below with bash's value, or listed under \"no effect in rpg\".",
             f"# fork semantics: {summary}",
             "# rpg.semantics: auto selects fork semantics (reward_manager=rpg, the fork's spellings); the reward is",
             "# the fork's math_dapo (no \\boxed{} fallback): reward_model.reward_kwargs.dapo_variant defaults to math_dapo_fork.",
+            "# no effect in rpg (left out of this file):",
         ]
+        for name, (why, args) in dropped.items():
+            head.extend(textwrap.wrap(f"{name}: {why}", 100, initial_indent="#   ", subsequent_indent="#     "))
+            head.extend(f"#       {a}" for a in args)
+            used[name] = used.get(name, 0) + 1
         files[os.path.join("recipes", "fork", stem + ".yaml")] = "\n".join(head + dump(nested(ov))) + "\n"
         rows.append(f"| `{stem}.sh` | {summary} | {paper_summary(stem)} | {paper_recipe(stem, ov)} | `fork/{stem}.yaml` |")
     doc = [
@@ -234,7 +343,26 @@ def generate(fork_dir):
         "Columns: the fork's code (what the released run optimised); the paper's description of the",
         "method the script name refers to; rpg's paper-mode recipe for that cell (`recipes/`, Algorithms",
         "1-2 and Tables 1, 2, 4 as written: docs/algorithms.md); rpg's fork-mode recipe",
-        "(`recipes/fork/`, the script's keys one-to-one).",
+        "(`recipes/fork/`, the script's executed overrides, below).",
+        "",
+        "## How a script becomes a recipe",
+        "",
+        "Each script is executed by bash in an empty directory with nothing exported but a `PATH` that",
+        "holds only a stub `ray`, which records the argv of `ray job submit ... -- python3 -m",
+        "recipe.rpg.src.main_rpg ...` (`tests/oracles/fork_scripts.py`): arithmetic such as",
+        "`$((max_prompt_length + max_response_length))`, `${VAR:-default}` and quoting are bash's own,",
+        "and the directory is written `.` (the fork's checkout) in the paths. Every override it submits",
+        "is either a key of the recipe with bash's value or listed in the recipe's header under",
+        "\"no effect in rpg\" with the reason; an override in neither stops the generator with an",
+        "error. `fork_recipes.match_scripts` checks each of the 60 against rpg itself: `rpg config",
+        "show` of the script's own overrides equals that of the recipe, every key left out is one rpg",
+        "accepts and has no setting for, and every key kept is one rpg reads.",
+        "",
+        "Without effect in rpg (scripts that set it):",
+        "",
+    ] + [line for name, why, keys in NO_EFFECT for line in textwrap.wrap(
+        f"- `{name}` ({used.get(name, 0)}): {why}: " + ", ".join(f"`{k}{'*' if k.endswith('.') else ''}`" for k in keys),
+        95, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)] + [
         "",
         "## The two modes of `rpg train` (`rpg.semantics`)",
         "",

@@ -1,111 +1,85 @@
-"""Reads the authors' 60 run scripts (recipe/rpg/7b/*.sh of the fork) without running them:
-shell variable assignments (NAME=value, with ${VAR:-default}, $((arithmetic)) and quotes) and
-the Hydra overrides passed to main_rpg (key=value per line). Nothing is guessed: a value that
-cannot be resolved raises.
+"""Runs the authors' 60 run scripts (recipe/rpg/7b/*.sh of the fork) with bash and a stub
+`ray` first on PATH that records the argv the script submits, so every override is what bash
+itself produced (arithmetic, ${VAR:-default}, quoting). Each script runs in a fresh empty
+directory with nothing exported but PATH, as from a clean checkout with no Ray settings; that
+directory is then written `.` (the fork's checkout) in the values. A script that fails, times
+out, submits nothing, submits twice or passes anything but key=value after main_rpg raises.
 
-  overrides(path) -> dict of dotted key -> string value, as the trainer received them
+  argv(path) -> list of the Hydra overrides exactly as bash passed them (in order)
+  overrides(path) -> dict of dotted key -> string value (a key given twice must agree)
   loss_setting(ov) -> the actor-loss fields of one script (defaults from the fork's
                       recipe/rpg/src/config/rpg_trainer.yaml where the script is silent)
 """
 import glob
 import os
 import re
+import shutil
+import subprocess
+import tempfile
 
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-_OVERRIDE = re.compile(r"^\s*(\+?[A-Za-z_][\w.]*)=(\S*)\s*\\?\s*$")
+# What the scripts hand to `ray job submit ... --`: the fork's trainer entry point.
+ENTRY = ["python3", "-m", "recipe.rpg.src.main_rpg"]
+_OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.]*=")
 
-
-def _strip_comment(v):
-    out, quote = [], None
-    for ch in v:
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#":
-            break
-        out.append(ch)
-    return "".join(out).strip()
+# The stub writes each argument NUL-terminated (an argument may hold newlines, never NUL).
+_STUB = """#!{bash}
+[ -e "{out}" ] && {{ : > "{out}.twice"; echo "stub ray: submitted twice" >&2; exit 97; }}
+for a in "$@"; do printf '%s\\0' "$a"; done > "{out}"
+"""
 
 
-def _matching(s, i, open_, close):
-    """Index of the `close` that balances the `open_` at s[i]."""
-    depth = 0
-    for k in range(i, len(s)):
-        if s.startswith(open_, k):
-            depth += 1
-        elif s.startswith(close, k):
-            depth -= 1
-            if depth == 0:
-                return k
-    raise ValueError(f"unbalanced {open_} in {s!r}")
+def argv(path, timeout=60):
+    bash = shutil.which("bash") or "/bin/bash"
+    with tempfile.TemporaryDirectory(prefix="rpg-fork-run-") as tmp:
+        stub_dir, cwd, out = os.path.join(tmp, "bin"), os.path.join(tmp, "fork"), os.path.join(tmp, "argv")
+        os.mkdir(stub_dir)
+        os.mkdir(cwd)
+        with open(os.path.join(stub_dir, "ray"), "w") as f:
+            f.write(_STUB.format(bash=bash, out=out))
+        os.chmod(os.path.join(stub_dir, "ray"), 0o755)
+        # Only the stub on PATH: any other command the script ran would fail under its set -e
+        # instead of reading this machine.
+        try:
+            r = subprocess.run([bash, os.path.abspath(path)], cwd=cwd, env={"PATH": stub_dir},
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ValueError(f"{path}: did not finish within {timeout} s under the stub ray")
+        if r.returncode != 0:
+            tail = r.stderr.strip().splitlines()[-1:] or [""]
+            raise ValueError(f"{path}: exited {r.returncode} under the stub ray: {tail[0]}")
+        if not os.path.exists(out):
+            raise ValueError(f"{path}: never called ray")
+        if os.path.exists(out + ".twice"):
+            raise ValueError(f"{path}: called ray more than once")
+        args = open(out, encoding="utf-8").read().split("\0")[:-1]
+        real = os.path.realpath(cwd)
+    if args[:2] != ["job", "submit"] or "--" not in args:
+        raise ValueError(f"{path}: ray was called as `ray {' '.join(args[:2])}`, not `ray job submit ... -- cmd`")
+    cmd = args[args.index("--") + 1:]
+    if cmd[:len(ENTRY)] != ENTRY:
+        raise ValueError(f"{path}: submits `{' '.join(cmd[:3])}`, not `{' '.join(ENTRY)}`")
+    ov = []
+    for a in cmd[len(ENTRY):]:
+        if not _OVERRIDE.match(a):
+            raise ValueError(f"{path}: `{a}` after main_rpg is not a key=value override")
+        ov.append(a.replace(real, ".").replace(cwd, "."))
+    if not ov:
+        raise ValueError(f"{path}: no main_rpg overrides")
+    return ov
 
 
-def _expand(v, env):
-    """Shell word expansion of the forms the scripts use, with quote removal."""
-    out, i, quoted = [], 0, False
-    while i < len(v):
-        ch = v[i]
-        if ch == "'" and not quoted:
-            end = v.index("'", i + 1)
-            out.append(v[i + 1:end])
-            i = end + 1
-        elif ch == '"':
-            quoted = not quoted
-            i += 1
-        elif v.startswith("$((", i):
-            end = _matching(v, i + 1, "(", ")")
-            expr = _expand(v[i + 3:end - 1], env)
-            expr = re.sub(r"\b([A-Za-z_]\w*)\b", lambda n: str(env[n.group(1)]), expr)
-            if not re.fullmatch(r"[\d\s+\-*/()]+", expr):
-                raise ValueError(f"cannot evaluate $(({expr}))")
-            out.append(str(int(eval(expr.replace("/", "//")))))  # shell integer arithmetic
-            i = end + 1
-        elif v.startswith("${", i):
-            end = _matching(v, i + 1, "{", "}")
-            body = v[i + 2:end]
-            name, sep, default = body.partition(":-")
-            if name in env:
-                out.append(env[name])
-            elif sep:
-                out.append(_expand(default, env))
-            else:
-                raise ValueError(f"unresolved ${{{name}}}")
-            i = end + 1
-        elif ch == "$" and i + 1 < len(v) and (v[i + 1].isalpha() or v[i + 1] == "_"):
-            m = re.match(r"[A-Za-z_]\w*", v[i + 1:])
-            if m.group(0) not in env:
-                raise ValueError(f"unresolved ${m.group(0)}")
-            out.append(env[m.group(0)])
-            i += 1 + len(m.group(0))
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out)
+def split(arg):
+    key, _, value = arg.partition("=")
+    return key, value
 
 
 def overrides(path):
-    # The scripts run from the fork's checkout with nothing exported: $PWD is that directory.
-    env, out, in_cmd = {"PWD": "."}, {}, False
-    for raw in open(path).read().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "main_rpg" in line:
-            in_cmd = True
-            continue
-        if in_cmd:
-            m = _OVERRIDE.match(line)
-            if m:
-                out[m.group(1)] = _expand(m.group(2), env)
-            continue
-        m = _ASSIGN.match(line)
-        if m:
-            val = _strip_comment(m.group(2))
-            env[m.group(1)] = _expand(val, env)
-    if not out:
-        raise ValueError(f"{path}: no main_rpg overrides found")
+    out = {}
+    for a in argv(path):
+        key, value = split(a)
+        if out.get(key, value) != value:
+            raise ValueError(f"{path}: {key} given twice with different values ({out[key]!r}, {value!r})")
+        out[key] = value
     return out
 
 
