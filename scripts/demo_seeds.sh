@@ -11,14 +11,15 @@
 #
 # Usage: scripts/demo_seeds.sh [SEED...]      (default seeds 0 1 2 3 4)
 #   RPG=path/to/rpg  OUT=runs  MIN_POINTS=15  CAPS="default avx2 avx512"  THREADS="1 2"
-#   DEMO_ARGS="..." (extra `rpg demo` options, e.g. --rl-steps 40)
+#   DEMO_ARGS="..." (`rpg demo` options; default --from-scratch, the grid of docs/demo-results.md;
+#   --model DIR for the real-model demo)
 set -euo pipefail
 RPG=${RPG:-build/rpg}
 OUT=${OUT:-runs}
 MIN_POINTS=${MIN_POINTS:-15}
 CAPS=${CAPS:-default avx2 avx512}
 THREADS=${THREADS:-1 2}
-DEMO_ARGS=${DEMO_ARGS:-}
+DEMO_ARGS=${DEMO_ARGS:---from-scratch}
 seeds=("$@")
 [ ${#seeds[@]} -gt 0 ] || seeds=(0 1 2 3 4)
 mkdir -p "$OUT"

@@ -18,7 +18,7 @@ namespace {
 TEST(DemoCli, QuickRunProducesEveryStage) {
   test::TempDir dir;
   const fs::path out = dir / "demo";
-  auto r = test::run_process({test::rpg_binary().string(), "demo", "--quick", "--no-progress", "--out", out.string(),
+  auto r = test::run_process({test::rpg_binary().string(), "demo", "--from-scratch", "--quick", "--no-progress", "--out", out.string(),
                               "--recipes", (test::source_dir() / "recipes").string()},
                              {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

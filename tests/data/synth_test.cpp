@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <set>
@@ -186,6 +187,7 @@ TEST(Synth, PythonOracleRederivesEveryAnswer) {
   TempDir dir;
   auto o = sized(33, 3000, 300, 300);
   o.min_difficulty = 0;
+  o.max_difficulty = data::kSynthMaxDifficulty;
   const auto s = data::synth_splits(o);
   for (auto [name, split] : {std::pair{"train", &s.train}, std::pair{"validation", &s.validation},
                              std::pair{"test", &s.test}}) {
@@ -193,7 +195,7 @@ TEST(Synth, PythonOracleRederivesEveryAnswer) {
     auto r = run_oracle("data_synth_check.py", {(dir / (std::string(name) + ".jsonl")).string()});
     auto j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["checked"], split->size());
-    EXPECT_EQ(j["levels"].size(), 6u);
+    EXPECT_EQ(j["levels"].size(), 7u);
   }
 }
 
@@ -213,11 +215,12 @@ TEST(Synth, PythonOracleRejectsWrongAnswersAndSteps) {
   TempDir dir;
   auto o = sized(34, 200, 10, 10);
   o.min_difficulty = 0;
+  o.max_difficulty = data::kSynthMaxDifficulty;
   const auto problems = data::synth_splits(o).train;
   const std::string good = data::synth_sft_jsonl(problems);
   std::map<int, size_t> first_of_level;
   for (size_t i = 0; i < problems.size(); ++i) first_of_level.emplace(problems[i].difficulty, i);
-  ASSERT_EQ(first_of_level.size(), 6u);
+  ASSERT_EQ(first_of_level.size(), 7u);
   const auto path = dir / "bad.jsonl";
   for (auto [level, line] : first_of_level) {
     write_file_atomic(path, with_line_replaced(good, line, [](nlohmann::json& j) {
@@ -249,9 +252,45 @@ TEST(Synth, PythonOracleRejectsWrongAnswersAndSteps) {
   EXPECT_NO_THROW(run_oracle("data_synth_check.py", {path.string()}));
 }
 
+// The few-shot chat prompt of the real-model demo: a system line, two worked exchanges whose
+// answers are right, then the problem; level 6 never asks the examples themselves.
+TEST(Synth, FewShotPromptsAndLevelSix) {
+  TempDir dir;
+  auto o = sized(5, 300, 50, 100);
+  o.min_difficulty = o.max_difficulty = 6;
+  const auto s = data::synth_splits(o);
+  data::SynthWriteOptions w;
+  w.prompt_style = data::PromptStyle::kFewShot;
+  data::write_synth(dir.path(), s, w);
+  const auto rows = data::read_parquet(dir / "test.parquet");
+  ASSERT_EQ(rows.size(), 100u);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& p = rows[i].prompt;
+    ASSERT_EQ(p.size(), 6u);
+    const std::vector<std::string> roles = {"system", "user", "assistant", "user", "assistant", "user"};
+    for (size_t k = 0; k < 6; ++k) EXPECT_EQ(p[k].role, roles[k]);
+    EXPECT_EQ(p[1].content, "What is 4 + 3?");
+    EXPECT_EQ(p[2].content, "Answer: 7");
+    EXPECT_EQ(p[3].content, "What is 12 + 5?");
+    EXPECT_EQ(p[4].content, "Answer: 17");
+    EXPECT_EQ(p[5].content, s.test[i].problem);
+    EXPECT_NE(p[5].content, p[1].content);
+    EXPECT_NE(p[5].content, p[3].content);
+    int a = 0, b = 0;
+    ASSERT_EQ(std::sscanf(p[5].content.c_str(), "What is %d + %d?", &a, &b), 2) << p[5].content;
+    EXPECT_EQ(rows[i].reward_model.ground_truth, std::to_string(a + b));
+  }
+  EXPECT_EQ(data::parse_prompt_style("dapo"), data::PromptStyle::kDapo);
+  EXPECT_THROW(data::parse_prompt_style("few-shot"), ValueError);
+  // 889 distinct problems: asking for nearly all of them fails with the level named.
+  auto too_many = sized(5, 880, 5, 5);
+  too_many.min_difficulty = too_many.max_difficulty = 6;
+  EXPECT_THROW(data::synth_splits(too_many), ValueError);
+}
+
 TEST(Synth, BadOptionsAreValueErrors) {
   EXPECT_THROW(data::synth_problem(-1, 1), ValueError);
-  EXPECT_THROW(data::synth_problem(6, 1), ValueError);
+  EXPECT_THROW(data::synth_problem(7, 1), ValueError);
   auto o = sized(0, 10, 10, 10);
   o.min_difficulty = 4;
   o.max_difficulty = 3;
@@ -341,7 +380,8 @@ TEST(Synth, CliWritesByteIdenticalFilesThatShowAndPyarrowRead) {
 TEST(Synth, CliRejectsBadArgumentsInOneLine) {
   TempDir dir;
   for (const auto& bad : std::vector<std::vector<std::string>>{{"--min-difficulty", "-1"},
-                                                               {"--max-difficulty", "6"},
+                                                               {"--max-difficulty", "7"},
+                                                               {"--prompt-style", "few-shot"},
                                                                {"--min-difficulty", "4", "--max-difficulty", "2"},
                                                                {"--train", "0"},
                                                                {"--repeat-test", "0"},

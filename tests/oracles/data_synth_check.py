@@ -65,6 +65,14 @@ def check_chain(line, expected, where):
 
 def solve(problem, difficulty, steps):
     """The exact answer of the problem, checking the worked steps along the way."""
+    m = re.match(r"^What is (\d+) \+ (\d)\?$", problem)
+    if m and difficulty == 6:
+        a, b = int(m.group(1)), int(m.group(2))
+        if not (1 <= a <= 99 and 1 <= b <= 9) or (a, b) in ((4, 3), (12, 5)):
+            raise AssertionError("level 6 adds 1..9 to 1..99 (never the few-shot examples 4 + 3, 12 + 5)")
+        if steps != [f"{a} + {b} = {a + b}."]:
+            raise AssertionError(f"level 6 steps {steps}")
+        return Fraction(a + b)
     m = ASK.match(problem)
     if m and difficulty in (0, 1, 2):
         expr = m.group("a") or m.group("b") or m.group("c")

@@ -178,5 +178,28 @@ TEST(RealSmolLM2, ThreeTrainingStepsGiveACheckpointTransformersLoads) {
   expect_greedy_equal(actor, "after 3 steps");
 }
 
+// `rpg demo --quick` on the real model (make demo's run at tiny sizes): every stage runs
+// through the real code path on the pretrained weights and leaves its files.
+TEST(RealSmolLM2, QuickDemoRunsEveryStage) {
+  test::TempDir dir;
+  const fs::path out = dir / "demo";
+  auto r = rpg_cli({"demo", "--quick", "--no-progress", "--model", kModel.string(), "--out", out.string(),
+                    "--recipes", (test::source_dir() / "recipes").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("held-out accuracy (mean@1): pretrained "), std::string::npos) << r.out;
+  for (const char* f : {"data/train.parquet", "data/validation.parquet", "data/test.parquet", "rl/metrics.jsonl",
+                        "rl/report.html", "rl/global_step_2/actor/model.safetensors", "summary.json"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  EXPECT_FALSE(fs::exists(out / "sft")) << "the real-model demo has no SFT stage";
+  auto summary = json::parse(read_file(out / "summary.json"));
+  EXPECT_EQ(summary["model"], kModel.string());
+  EXPECT_TRUE(summary.contains("pretrained_accuracy"));
+  // Without the model the demo names what to do.
+  auto missing = rpg_cli({"demo", "--quick", "--no-progress", "--model", (dir / "nope").string(), "--out",
+                          (dir / "demo2").string()});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("scripts/get_model.sh smollm2-135m-instruct"), std::string::npos) << missing.err;
+}
+
 }  // namespace
 }  // namespace rpg

@@ -1,5 +1,13 @@
 // `rpg demo` (module app: an application on top of train and eval, used by the cli only):
-// a complete, real RL run on a laptop CPU with nothing downloaded.
+// a complete, real RL run on a laptop CPU.
+// The default (`make demo`): RL post-training of a real pretrained LLM, SmolLM2-135M-Instruct
+// (scripts/get_model.sh makes it from PyPI):
+//   synthetic problems "What is 47 + 8?" (level 6) in a few-shot chat prompt (train /
+//   validation / test share no problem)
+//   -> the pretrained model's held-out test accuracy
+//   -> RL with RPG-REINFORCE-UFKL and RPG-Style Clip (0.2, 0.28), iterative reference
+//   -> held-out accuracy again, and an HTML report.
+// With --from-scratch, nothing downloaded:
 //   synthetic math problems (level 0, a + b + c over digits, worked one addition per line;
 //   train / validation / test share no problem)
 //   -> a byte-level BPE tokenizer trained on the training text
@@ -29,6 +37,9 @@ namespace rpg::app {
 struct DemoOptions {
   std::filesystem::path out_dir = "runs/demo";
   uint64_t seed = 0;
+  // The pretrained model of the real-model demo (an HF directory); unused with from_scratch.
+  std::filesystem::path pretrained;
+  bool from_scratch = false;
   // Sizes (defaults: the full demo; `quick` shrinks everything for a smoke test). Level 0
   // (a + b + c over digits) holds 1,000 distinct problems: train + validation + test must
   // stay well below that.
@@ -83,6 +94,8 @@ struct DemoOptions {
   // 10.3 CPU min), and the held-out gain is already made (session 9, validation split only).
   double rl_stop_validation = 0.95;
   int64_t rl_val_n = 4;
+  int64_t rl_val_every = 0;     // validation every N RL steps (0: rl_steps / 6)
+  bool dynamic_sampling = true;  // the recipe's filter_groups (DAPO's dynamic sampling)
   int64_t eval_n = 8;       // mean@eval_n on the test split, temperature 1
   int64_t max_response_tokens = 48;
   bool quick = false;
@@ -115,6 +128,11 @@ struct DemoResult {
 };
 
 DemoResult run_demo(DemoOptions options);
+
+// The real-model demo's sizes, which replace the from-scratch defaults in `o` (a pretrained
+// 135M model takes far smaller steps and needs far shorter answers; chosen on the validation
+// split only, docs/demo-results.md).
+void use_pretrained_defaults(DemoOptions& o);
 
 // The demo's own bar: RL should raise held-out accuracy by at least this many points (what
 // docs/demo-results.md measured over CPU kernels x threads x seeds).

@@ -14,8 +14,20 @@
 
 namespace rpg::cli {
 
+namespace {
+
+data::PromptStyle prompt_style_flag(const std::string& full_name, const std::string& value) {
+  try {
+    return data::parse_prompt_style(value);
+  } catch (const ValueError&) {
+    throw UsageError(str(full_name, ": --prompt-style: got '", value, "', expected dapo or fewshot"));
+  }
+}
+
+}  // namespace
+
 int run_data_prepare(const std::string& full_name, const std::vector<std::string>& args) {
-  std::string input, output, split;
+  std::string input, output, split, prompt_style = "dapo";
   data::RecordColumns columns;
   data::PrepareOptions options;
   ArgParser parser(full_name,
@@ -31,11 +43,15 @@ int run_data_prepare(const std::string& full_name, const std::vector<std::string
       .option("--ability", &options.ability, "ability column (default: MATH)", "TEXT")
       .option("--style", &options.style, "reward_model.style (default: rule-lighteval/MATH_v2)", "TEXT")
       .option("--split", &split, "extra_info.split (default: null)", "TEXT")
+      .option("--prompt-style", &prompt_style,
+              "dapo (the paper's template, default) or fewshot (a system line and two worked\n"
+              "\"Answer: N\" exchanges before the problem, for small instruct models)", "STYLE")
       .epilog("example: rpg data prepare aime25.jsonl aime-2025.parquet --data-source aime2025 --repeat 32");
   if (!parser.parse(args)) return 0;
   if (options.repeat < 1) throw UsageError(str(full_name, ": --repeat: got ", options.repeat, ", expected >= 1"));
   if (options.data_source.empty()) throw UsageError(str(full_name, ": --data-source must not be empty"));
   if (!split.empty()) options.split = split;
+  options.prompt_style = prompt_style_flag(full_name, prompt_style);
   auto records = data::read_records(input, columns);
   auto rows = data::prepare_rows(records, options);
   data::write_parquet(output, rows);
@@ -57,12 +73,14 @@ int run_data_show(const std::string& full_name, const std::vector<std::string>& 
 
 int run_data_synth(const std::string& full_name, const std::vector<std::string>& args) {
   std::string out_dir;
-  int64_t seed = 0, min_difficulty = data::kSynthDefaultMinDifficulty, max_difficulty = data::kSynthMaxDifficulty;
+  int64_t seed = 0, min_difficulty = data::kSynthDefaultMinDifficulty, max_difficulty = data::kSynthDefaultMaxDifficulty;
+  std::string prompt_style = "dapo";
   data::SynthOptions options;
   data::SynthWriteOptions write;
   ArgParser parser(full_name,
                    "Generates seeded synthetic math problems with exact answers and worked solutions (levels: 0 sums of\n"
-                   "three digits (the demo's), 1 one operation, 2 several with parentheses, 3 linear equations, 4 digit sums / products, 5 fractions).\n"
+                   "three digits (the from-scratch demo's), 1 one operation, 2 several with parentheses, 3 linear equations, 4 digit sums /\n"
+                   "products, 5 fractions, 6 a one-digit number added to one below 100 (the real-model demo's)).\n"
                    "Writes train / validation / test .parquet in the paper's schema and <split>_sft.jsonl\n"
                    "(prompt, response) pairs; no problem appears in two splits. Same seed, same bytes.");
   parser.positional("OUT_DIR", &out_dir, "directory for the six files (created when missing)")
@@ -70,8 +88,11 @@ int run_data_synth(const std::string& full_name, const std::vector<std::string>&
       .option("--train", &options.train, "training problems (default 2000)", "N")
       .option("--val", &options.validation, "validation problems (default 200)", "N")
       .option("--test", &options.test, "test problems (default 200)", "N")
-      .option("--min-difficulty", &min_difficulty, "lowest level, 0..5 (default 1)", "A")
-      .option("--max-difficulty", &max_difficulty, "highest level, 0..5 (default 5)", "B")
+      .option("--min-difficulty", &min_difficulty, "lowest level, 0..6 (default 1)", "A")
+      .option("--max-difficulty", &max_difficulty, "highest level, 0..6 (default 5)", "B")
+      .option("--prompt-style", &prompt_style,
+              "dapo (the paper's template, default) or fewshot (a system line and two worked\n"
+              "\"Answer: N\" exchanges before the problem, for small instruct models)", "STYLE")
       .option("--data-source", &write.data_source, "data_source of every row (default math_dapo)", "NAME")
       .option("--repeat-test", &write.repeat_test, "test rows per problem, extra_info.index 0..k-1 (default 1)", "K")
       .epilog("example: rpg data synth runs/demo/data --seed 1 --train 4000 --max-difficulty 4 --repeat-test 4");
@@ -87,6 +108,7 @@ int run_data_synth(const std::string& full_name, const std::vector<std::string>&
   if (min_difficulty > max_difficulty)
     throw UsageError(str(full_name, ": --min-difficulty ", min_difficulty, " exceeds --max-difficulty ", max_difficulty));
   if (write.data_source.empty()) throw UsageError(str(full_name, ": --data-source must not be empty"));
+  write.prompt_style = prompt_style_flag(full_name, prompt_style);
   options.seed = static_cast<uint64_t>(seed);
   options.min_difficulty = static_cast<int>(min_difficulty);
   options.max_difficulty = static_cast<int>(max_difficulty);

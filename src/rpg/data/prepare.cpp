@@ -83,6 +83,23 @@ std::string apply_prompt_template(std::string_view problem) {
   return out;
 }
 
+PromptStyle parse_prompt_style(std::string_view name) {
+  if (name == "dapo") return PromptStyle::kDapo;
+  if (name == "fewshot") return PromptStyle::kFewShot;
+  throw ValueError(str("prompt style: got '", name, "', expected dapo or fewshot"));
+}
+
+std::vector<Message> prompt_messages(std::string_view problem, PromptStyle style) {
+  if (style == PromptStyle::kDapo) return {{apply_prompt_template(problem), "user"}};
+  std::vector<Message> out = {{"Answer with the result only.", "system"}};
+  for (const FewShotExample& e : kFewShotExamples) {
+    out.push_back({str("What is ", e.a, " + ", e.b, "?"), "user"});
+    out.push_back({str("Answer: ", e.a + e.b), "assistant"});
+  }
+  out.push_back({std::string(problem), "user"});
+  return out;
+}
+
 std::vector<ProblemRecord> parse_jsonl_records(std::string_view text, const std::string& source,
                                                const RecordColumns& columns) {
   std::vector<ProblemRecord> out;
@@ -143,7 +160,7 @@ std::vector<Row> prepare_rows(const std::vector<ProblemRecord>& records, const P
   for (const auto& rec : records) {
     Row base;
     base.data_source = options.data_source;
-    base.prompt = {{apply_prompt_template(rec.problem), "user"}};
+    base.prompt = prompt_messages(rec.problem, options.prompt_style);
     base.ability = options.ability;
     base.reward_model = {rec.answer, options.style};
     base.extra_info.raw_problem = rec.problem;

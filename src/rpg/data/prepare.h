@@ -17,6 +17,24 @@ namespace rpg::data {
 // the reminder to end with "Answer:".
 std::string apply_prompt_template(std::string_view problem);
 
+// How a problem becomes the prompt's chat messages.
+//   kDapo     one user message in the paper's (DAPO's) template (the default)
+//   kFewShot  a system line, two worked exchanges ("What is 4 + 3?" -> "Answer: 7",
+//             "What is 12 + 5?" -> "Answer: 17") and the problem as the last user message:
+//             a small instruct model (SmolLM2-135M-Instruct) then answers in the "Answer:"
+//             form the DAPO rule reads (with the DAPO template it almost never does)
+enum class PromptStyle { kDapo, kFewShot };
+// "dapo" / "fewshot"; ValueError naming the choices otherwise.
+PromptStyle parse_prompt_style(std::string_view name);
+
+struct FewShotExample {
+  int64_t a, b;
+};
+inline constexpr FewShotExample kFewShotExamples[2] = {{4, 3}, {12, 5}};
+
+// The prompt's messages (content, role) for `problem` in `style`.
+std::vector<Message> prompt_messages(std::string_view problem, PromptStyle style);
+
 struct ProblemRecord {
   std::string problem;
   std::string answer;
@@ -45,6 +63,7 @@ struct PrepareOptions {
   std::string style = "rule-lighteval/MATH_v2";
   std::optional<std::string> split;  // extra_info.split (null by default, as in the paper's files)
   int64_t repeat = 1;                // k: each problem repeated with extra_info.index 0..k-1
+  PromptStyle prompt_style = PromptStyle::kDapo;
 };
 
 // Problem-major order: the k repeats of problem 0, then of problem 1, ...

@@ -86,6 +86,18 @@ Generated one_operation(RandomStream& rs) {
   return {{ask_value(rs, expr), answer, expr + " = " + answer + ".\nAnswer: " + answer, 1}, "1:" + expr};
 }
 
+// Level 6: a one-digit number added to one below 100, always asked "What is a + b?" (the
+// phrasing of the few-shot prompt's worked examples, which are never drawn themselves).
+Generated add_one_digit(RandomStream& rs) {
+  int64_t a, b;
+  do {
+    a = draw(rs, 1, 99), b = draw(rs, 1, 9);
+  } while ((a == kFewShotExamples[0].a && b == kFewShotExamples[0].b) ||
+           (a == kFewShotExamples[1].a && b == kFewShotExamples[1].b));
+  const std::string expr = to_string(a) + " + " + to_string(b), answer = to_string(a + b);
+  return {{"What is " + expr + "?", answer, expr + " = " + answer + ".\nAnswer: " + answer, 6}, "6:" + expr};
+}
+
 // Level 2: a random expression tree over + - * whose text needs parentheses. The worked
 // solution reduces one operation per line, innermost-left first, so every line is an
 // equal expression that a checker can evaluate.
@@ -266,6 +278,7 @@ Generated generate(int difficulty, uint64_t key) {
     case 3: return linear_equation(rs);
     case 4: return digit_problem(rs);
     case 5: return fraction_problem(rs);
+    case 6: return add_one_digit(rs);
     default:
       throw ValueError(str("data synth: difficulty ", difficulty, " is outside ", kSynthMinDifficulty, "..",
                            kSynthMaxDifficulty));
@@ -356,6 +369,7 @@ void write_synth(const fs::path& out_dir, const SynthSplits& splits, const Synth
     prepare.data_source = options.data_source;
     prepare.split = name;
     prepare.repeat = repeat;
+    prepare.prompt_style = options.prompt_style;
     write_parquet(out_dir / synth_parquet_name(name), prepare_rows(records, prepare));
     write_file_atomic(out_dir / synth_sft_name(name), synth_sft_jsonl(*problems));
   }
