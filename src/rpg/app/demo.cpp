@@ -98,9 +98,8 @@ struct WarmStart {
   double sft_validation = -1.0;
 };
 
-WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::function<void(const std::string&)>& stage) {
-  stage("1/7 synthetic problems");
-  const fs::path data_dir = out / "data", tok_dir = out / "tokenizer", init_dir = out / "model_init";
+// The demo's problem sets: its sizes and levels, its seed.
+data::SynthOptions synth_options(const DemoOptions& o) {
   data::SynthOptions so;
   so.seed = o.seed;
   so.train = o.train_problems;
@@ -108,7 +107,13 @@ WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::funct
   so.test = o.test_problems;
   so.min_difficulty = o.min_difficulty;
   so.max_difficulty = o.max_difficulty;
-  const auto splits = data::synth_splits(so);
+  return so;
+}
+
+WarmStart warm_start(const DemoOptions& o, const fs::path& out, const std::function<void(const std::string&)>& stage) {
+  stage("1/7 synthetic problems");
+  const fs::path data_dir = out / "data", tok_dir = out / "tokenizer", init_dir = out / "model_init";
+  const auto splits = data::synth_splits(synth_options(o));
   data::write_synth(data_dir, splits, {});
 
   stage("2/7 tokenizer (byte-level BPE on the training text)");
@@ -343,16 +348,9 @@ DemoResult run_pretrained_demo(const DemoOptions& o, const std::function<void(co
                       " not found: pass --model DIR (scripts/get_model.sh smollm2-135m-instruct prints one) "
                       "or run --from-scratch"));
   stage("1/4 synthetic problems (\"What is 47 + 8?\") in a few-shot chat prompt");
-  data::SynthOptions so;
-  so.seed = o.seed;
-  so.train = o.train_problems;
-  so.validation = o.validation_problems;
-  so.test = o.test_problems;
-  so.min_difficulty = o.min_difficulty;
-  so.max_difficulty = o.max_difficulty;
   data::SynthWriteOptions wo;
   wo.prompt_style = data::PromptStyle::kFewShot;
-  data::write_synth(data_dir, data::synth_splits(so), wo);
+  data::write_synth(data_dir, data::synth_splits(synth_options(o)), wo);
 
   stage(str("2/4 evaluation of the pretrained model ", o.pretrained.filename().string(), " on the held-out test split"));
   WarmStart w{data_dir, o.pretrained, 0.0, 0, -1.0};
