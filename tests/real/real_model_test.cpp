@@ -199,6 +199,7 @@ TEST(RealSmolLM2, QuickDemoRunsEveryStage) {
                           (dir / "demo2").string()});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.err.find("scripts/get_model.sh smollm2-135m-instruct"), std::string::npos) << missing.err;
+  EXPECT_FALSE(fs::exists(dir / "demo2")) << "a refused demo leaves nothing behind";
 }
 
 }  // namespace

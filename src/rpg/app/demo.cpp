@@ -343,10 +343,6 @@ namespace {
 DemoResult run_pretrained_demo(const DemoOptions& o, const std::function<void(const std::string&)>& stage,
                                const std::chrono::steady_clock::time_point& t0) {
   const fs::path out = o.out_dir, rl_dir = out / "rl", data_dir = out / "data";
-  if (!fs::exists(o.pretrained / "config.json"))
-    throw IoError(str("demo: ", (o.pretrained / "config.json").string(),
-                      " not found: pass --model DIR (scripts/get_model.sh smollm2-135m-instruct prints one) "
-                      "or run --from-scratch"));
   stage("1/4 synthetic problems (\"What is 47 + 8?\") in a few-shot chat prompt");
   data::SynthWriteOptions wo;
   wo.prompt_style = data::PromptStyle::kFewShot;
@@ -375,6 +371,11 @@ DemoResult run_pretrained_demo(const DemoOptions& o, const std::function<void(co
 
 DemoResult run_demo(DemoOptions o) {
   shrink_for_quick(o);
+  // Before anything is written: a missing model leaves no run directory behind.
+  if (!o.from_scratch && !fs::exists(o.pretrained / "config.json"))
+    throw IoError(str("demo: ", (o.pretrained / "config.json").string(),
+                      " not found: pass --model DIR (scripts/get_model.sh smollm2-135m-instruct prints one) "
+                      "or run --from-scratch"));
   const auto t0 = Clock::now();
   const fs::path out = o.out_dir, rl_dir = out / "rl";
   fs::create_directories(out);
