@@ -128,10 +128,68 @@ std::vector<Case> cases() {
   v.push_back({"yaml_deep_nesting", [](auto& d, auto&) { write(d, "deep.yaml", "a: " + std::string(200, '[') +
                                                                           std::string(200, ']') + "\n"); },
                {"config", "show", "deep.yaml"}, 1, "deep.yaml:1:", 60, 1024});
+  // --- counts: generate / model init ---
+  for (const char* n : {"0", "-1", "300000000", "2147483648", "9223372036854775807"})
+    v.push_back({std::string("generate_n_") + (n[0] == '-' ? "minus1" : n), {},
+                 {"generate", "--model", "{model}", "--prompt", "hi", "--n", n}, 2, std::string("--n must be in"), 60,
+                 2048});
+  v.push_back({"generate_n_times_tokens_beyond_memory", {},
+               {"generate", "--model", "{model}", "--prompt", "hi", "--n", "1048576", "--max-new-tokens", "16777216"}, 1,
+               "of memory available", 60, 2048});
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-num-seqs", "0"}, {"--max-new-tokens", "0"}, {"--top-k", "0"}, {"--top-k", "-2"},
+           {"--max-kv-tokens", "-1"}, {"--top-p", "0"}, {"--temperature", "-1"}, {"--max-num-seqs", "9223372036854775807"}})
+    v.push_back({"generate_" + flag.substr(2) + "_" + (value[0] == '-' ? "minus" + value.substr(1) : value), {},
+                 {"generate", "--model", "{model}", "--prompt", "hi", flag, value}, 2, "rpg generate: " + flag, 60, 2048});
+  v.push_back({"model_init_beyond_memory", {},
+               {"model", "init", "--tokenizer", "{model}", "--output", "m", "--hidden", "65536", "--intermediate",
+                "1048576"}, 1, "of memory available", 60, 2048});
+  v.push_back({"data_prepare_repeat_huge", [](auto& d, auto&) { write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n"); },
+               {"data", "prepare", "p.jsonl", "o.parquet", "--repeat", "2147483648"}, 2, "--repeat", 60, 1024});
+  v.push_back({"data_synth_train_huge", {}, {"data", "synth", "out", "--train", "9223372036854775807"}, 2, "--train",
+               60, 1024});
+  // --- an output over its own input ---
+  auto with_model = [](const fs::path& d, const fs::path& m) {
+    fs::copy(m, d / "model", fs::copy_options::recursive);
+    write(d, "sft.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\n");
+    write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n");
+    write(d, "corpus.txt", "hello world\n");
+    write(d, "run/metrics.jsonl", "{\"step\": 1}\n");
+  };
+  v.push_back({"sft_output_contains_model", with_model, {"sft", "--model", "model", "--data", "sft.jsonl", "--output", "."},
+               1, "--output . contains --model model"});
+  v.push_back({"sft_output_is_model", with_model,
+               {"sft", "--model", "model", "--data", "sft.jsonl", "--output", "model/../model"}, 1, "is the same path as"});
+  v.push_back({"sft_output_contains_data", with_model,
+               {"sft", "--model", "{model}", "--data", "sft.jsonl", "--output", "{dir}"}, 1, "contains --data sft.jsonl"});
+  v.push_back({"train_run_dir_contains_model", with_model,
+               {"train", "-", "actor_rollout_ref.model.path=model", "trainer.default_local_dir=."}, 1,
+               "trainer.default_local_dir . contains actor_rollout_ref.model.path model"});
+  v.push_back({"train_run_dir_inside_model", with_model,
+               {"train", "-", "actor_rollout_ref.model.path=model", "trainer.default_local_dir=model/run"}, 1,
+               "lies inside actor_rollout_ref.model.path"});
+  v.push_back({"data_prepare_output_is_input", with_model, {"data", "prepare", "p.jsonl", "./p.jsonl"}, 1,
+               "OUTPUT ./p.jsonl is the same path as INPUT p.jsonl"});
+  v.push_back({"model_init_output_is_tokenizer", with_model, {"model", "init", "--tokenizer", "model", "--output", "model"},
+               1, "--output model is the same path as --tokenizer model"});
+  v.push_back({"tokenizer_train_output_contains_corpus", with_model,
+               {"tokenizer", "train", "--corpus", "corpus.txt", "--output", "."}, 1, "contains --corpus corpus.txt"});
+  v.push_back({"generate_output_over_model", with_model,
+               {"generate", "--model", "model", "--prompt", "hi", "--output", "model/x.jsonl"}, 1,
+               "lies inside --model model"});
+  v.push_back({"eval_output_over_responses", with_model,
+               {"eval", "--responses", "p.jsonl", "--output", "p.jsonl"}, 1, "is the same path as --responses"});
+  v.push_back({"report_out_over_metrics", with_model, {"report", "run", "--out", "run/metrics.jsonl"}, 1,
+               "is the same path as the input run/metrics.jsonl"});
   return v;
 }
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = info.param.name;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return name;
+}
 
 INSTANTIATE_TEST_SUITE_P(Issue34, HostileInput, ::testing::ValuesIn(cases()), case_name);
 
