@@ -101,10 +101,15 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
     fs::create_directories(d / "empty_model");
     test::write_text(d / "model_badjson" / "config.json", "{\n");
     test::write_text(d / "model_noweights" / "config.json", read_file(m / "config.json"));
-    for (const char* copy : {"model_badtok", "model_badst", "model_badtpl"})
+    for (const char* copy : {"model_badtok", "model_badst", "model_badtpl", "model_dupid"})
       fs::copy(m, d / copy, fs::copy_options::recursive);
     test::write_text(d / "model_badtok" / "tokenizer.json", "not json\n");
     test::write_text(d / "model_badst" / "model.safetensors", read_file(m / "model.safetensors").substr(0, 100));
+    {
+      auto tj = nlohmann::json::parse(read_file(m / "tokenizer.json"));
+      tj["model"]["vocab"]["zz_dup"] = tj["model"]["vocab"]["a"];
+      test::write_text(d / "model_dupid" / "tokenizer.json", tj.dump());
+    }
     auto cfg = nlohmann::json::parse(read_file(m / "tokenizer_config.json"));
     cfg["chat_template"] = "{% for m in messages %}{{ m.content }";
     test::write_text(d / "model_badtpl" / "tokenizer_config.json", cfg.dump());

@@ -181,6 +181,24 @@ std::vector<Case> cases() {
                {"eval", "--responses", "p.jsonl", "--output", "p.jsonl"}, 1, "is the same path as --responses"});
   v.push_back({"report_out_over_metrics", with_model, {"report", "run", "--out", "run/metrics.jsonl"}, 1,
                "is the same path as the input run/metrics.jsonl"});
+  // --- tokenizer.json: one id for two tokens ---
+  auto tokenizer_edit = [](const char* what) {
+    return [what](const fs::path& d, const fs::path& m) {
+      fs::copy(m, d / "model", fs::copy_options::recursive);
+      auto j = nlohmann::json::parse(read_file(d / "model" / "tokenizer.json"));
+      auto& vocab = j["model"]["vocab"];
+      const int64_t a = vocab["a"].get<int64_t>();
+      if (std::string(what) == "vocab") vocab["zz_dup"] = a;
+      else j["added_tokens"].push_back({{"id", a}, {"content", "<|evil|>"}, {"special", true}, {"normalized", false}});
+      write(d, "model/tokenizer.json", j.dump());
+    };
+  };
+  v.push_back({"tokenizer_two_vocab_tokens_one_id", tokenizer_edit("vocab"), {"tokenize", "--model", "model", "hi"}, 1,
+               "model.vocab[\"zz_dup\"]: id"});
+  v.push_back({"tokenizer_added_token_over_vocab_id", tokenizer_edit("added"), {"tokenize", "--model", "model", "hi"}, 1,
+               "is already the token \"a\""});
+  v.push_back({"generate_with_added_token_over_vocab_id", tokenizer_edit("added"),
+               {"generate", "--model", "model", "--prompt", "hi", "--max-new-tokens", "2"}, 1, "is already the token"});
   return v;
 }
 
