@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include "run_fixture.h"
 
@@ -100,10 +101,15 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
     fs::create_directories(d / "empty_model");
     test::write_text(d / "model_badjson" / "config.json", "{\n");
     test::write_text(d / "model_noweights" / "config.json", read_file(m / "config.json"));
-    for (const char* copy : {"model_badtok", "model_badst", "model_badtpl"})
+    for (const char* copy : {"model_badtok", "model_badst", "model_badtpl", "model_dupid"})
       fs::copy(m, d / copy, fs::copy_options::recursive);
     test::write_text(d / "model_badtok" / "tokenizer.json", "not json\n");
     test::write_text(d / "model_badst" / "model.safetensors", read_file(m / "model.safetensors").substr(0, 100));
+    {
+      auto tj = nlohmann::json::parse(read_file(m / "tokenizer.json"));
+      tj["model"]["vocab"]["zz_dup"] = tj["model"]["vocab"]["a"];
+      test::write_text(d / "model_dupid" / "tokenizer.json", tj.dump());
+    }
     auto cfg = nlohmann::json::parse(read_file(m / "tokenizer_config.json"));
     cfg["chat_template"] = "{% for m in messages %}{{ m.content }";
     test::write_text(d / "model_badtpl" / "tokenizer_config.json", cfg.dump());
@@ -121,6 +127,14 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
     test::write_text(d / "damaged" / "global_step_1" / "train_state.json", "{\n");
     test::write_text(d / "damaged" / "latest_checkpointed_iteration.txt", "1\n");
     test::write_text(d / "locked" / "rpg.lock", "pid 1 host another-node-0042\n");
+    std::string bomb = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+    for (char c = 'b'; c <= 'i'; ++c) {
+      bomb += std::string(1, c) + ": &" + c + " [";
+      for (int k = 0; k < 9; ++k) bomb += std::string(k ? ", *" : "*") + static_cast<char>(c - 1);
+      bomb += "]\n";
+    }
+    test::write_text(d / "bomb.yaml", bomb);
+    test::write_text(d / "deep.yaml", "a: " + std::string(100, '[') + std::string(100, ']') + "\n");
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -138,7 +152,10 @@ TEST_P(ErrorCatalogue, RowPrintsItsMessageAndExitCode) {
       "data.train_files=p.parquet data.train_batch_size=1 data.max_response_length=4 actor_rollout_ref.rollout.n=1 "
       "actor_rollout_ref.actor.ppo_mini_batch_size=1 trainer.device=cpu actor_rollout_ref.model.path={model}";
   const std::string command = replace_all(replace_all(row.command, "{train}", train), "{model}", model_->string());
-  const std::string message = replace_all(row.message, "{model}", model_->string());
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string message =
+      replace_all(replace_all(replace_all(row.message, "{model}", model_->string()), "{ranks}", std::to_string(cores * 8)),
+                  "{cores}", std::to_string(cores));
   // In the scratch directory, so the relative paths of the doc are the fixtures.
   std::string script = "cd '" + dir_->path().string() + "' && exec env";
   for (const auto& kv : split_words(row.env)) script += " '" + kv + "'";

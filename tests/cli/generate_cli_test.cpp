@@ -116,9 +116,9 @@ TEST_F(GenerateCli, BadRequestsAreOneLineErrors) {
   };
   check(rpg({"generate", "--prompt", "x"}), 2, "--model DIR is required");
   check(rpg({"generate", "--model", (dir_->path() / "nope").string(), "--prompt", "x"}), 1, "nope");
-  check(rpg({"generate", "--model", model(), "--prompt", "x", "--top-p", "1.5"}), 1, "top_p: must be in (0, 1]");
-  check(rpg({"generate", "--model", model(), "--prompt", "x", "--max-new-tokens", "0"}), 1, "max_new_tokens");
-  check(rpg({"generate", "--model", model(), "--prompt", "x", "--n", "0"}), 1, "n: must be >= 1");
+  check(rpg({"generate", "--model", model(), "--prompt", "x", "--top-p", "1.5"}), 2, "--top-p must be in (0, 1]");
+  check(rpg({"generate", "--model", model(), "--prompt", "x", "--max-new-tokens", "0"}), 2, "--max-new-tokens must be in");
+  check(rpg({"generate", "--model", model(), "--prompt", "x", "--n", "0"}), 2, "--n must be in");
   check(rpg({"generate", "--model", model(), "--prompt", std::string(3000, 'a'), "--max-new-tokens", "8"}), 1,
         "exceeds the model context of 512 tokens");
 }

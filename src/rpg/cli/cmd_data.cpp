@@ -6,6 +6,7 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/data/dataset.h"
 #include "rpg/data/prepare.h"
@@ -50,6 +51,10 @@ int run_data_prepare(const std::string& full_name, const std::vector<std::string
   if (!parser.parse(args)) return 0;
   if (options.repeat < 1) throw UsageError(str(full_name, ": --repeat: got ", options.repeat, ", expected >= 1"));
   if (options.data_source.empty()) throw UsageError(str(full_name, ": --data-source must not be empty"));
+  // Each row is held in memory: a repeat count past this is a typo.
+  if (options.repeat > (int64_t{1} << 16))
+    throw UsageError(str(full_name, ": --repeat: got ", options.repeat, ", expected at most ", int64_t{1} << 16));
+  check_output_apart({"OUTPUT", output}, {{"INPUT", input}});
   if (!split.empty()) options.split = split;
   options.prompt_style = prompt_style_flag(full_name, prompt_style);
   auto records = data::read_records(input, columns);
@@ -100,7 +105,8 @@ int run_data_synth(const std::string& full_name, const std::vector<std::string>&
   if (seed < 0) throw UsageError(str(full_name, ": --seed: got ", seed, ", expected >= 0"));
   for (auto [flag, n] : {std::pair{"--train", options.train}, std::pair{"--val", options.validation},
                          std::pair{"--test", options.test}, std::pair{"--repeat-test", write.repeat_test}})
-    if (n < 1) throw UsageError(str(full_name, ": ", flag, ": got ", n, ", expected >= 1"));
+    if (n < 1 || n > (int64_t{1} << 24))
+      throw UsageError(str(full_name, ": ", flag, ": got ", n, ", expected 1..", int64_t{1} << 24));
   for (auto [flag, d] : {std::pair{"--min-difficulty", min_difficulty}, std::pair{"--max-difficulty", max_difficulty}})
     if (d < data::kSynthMinDifficulty || d > data::kSynthMaxDifficulty)
       throw UsageError(str(full_name, ": ", flag, ": got ", d, ", expected ", data::kSynthMinDifficulty, "..",

@@ -1,7 +1,11 @@
 // `rpg generate`: argument parsing only; the work is in rpg/eval/generate.
+#include <cmath>
+#include <cstdint>
+
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/eval/generate.h"
 #include "rpg/tokenizer/tokenizer.h"
@@ -42,6 +46,24 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
   if (!parser.parse(args)) return 0;
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (!data.empty() && !o.prompts.empty()) throw UsageError(str(full_name, ": give --data or --prompt, not both"));
+  // Each count is checked here, named as the user typed it, before anything is loaded or
+  // allocated: a count past these caps is a typo, not a workload.
+  auto count = [&](const char* flag, int64_t v, int64_t lo, int64_t hi) {
+    if (v < lo || v > hi) throw UsageError(str(full_name, ": ", flag, " must be in [", lo, ", ", hi, "], got ", v));
+  };
+  count("--n", o.sampling.n, 1, int64_t{1} << 20);
+  count("--max-new-tokens", o.sampling.max_new_tokens, 1, int64_t{1} << 24);
+  count("--max-num-seqs", o.engine.max_num_seqs, 1, int64_t{1} << 20);
+  count("--max-kv-tokens", o.engine.max_kv_tokens, 0, int64_t{1} << 40);
+  count("--limit", o.limit, -1, INT64_MAX);
+  if (o.sampling.top_k == 0 || o.sampling.top_k < -1)
+    throw UsageError(str(full_name, ": --top-k must be -1 (all) or >= 1, got ", o.sampling.top_k));
+  if (!(o.sampling.temperature >= 0.0) || !std::isfinite(o.sampling.temperature))
+    throw UsageError(str(full_name, ": --temperature must be a finite number >= 0, got ", o.sampling.temperature));
+  if (!(o.sampling.top_p > 0.0 && o.sampling.top_p <= 1.0))
+    throw UsageError(str(full_name, ": --top-p must be in (0, 1], got ", o.sampling.top_p));
+  if (!data.empty()) check_output_apart({"--output", output}, {{"--data", data}, {"--model", model}});
+  else check_output_apart({"--output", output}, {{"--model", model}});
   o.model_dir = model;
   o.data = data;
   o.output = output;

@@ -4,6 +4,7 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/model/config.h"
 #include "rpg/model/init.h"
 #include "rpg/tokenizer/tokenizer.h"
@@ -34,6 +35,7 @@ int run_model_init(const std::string& full_name, const std::vector<std::string>&
   if (tokenizer_dir.empty()) throw UsageError(str(full_name, ": --tokenizer DIR is required"));
   if (output.empty()) throw UsageError(str(full_name, ": --output DIR is required"));
   if (seed < 0) throw UsageError(str(full_name, ": --seed: got ", seed, ", expected >= 0"));
+  check_output_apart({"--output", output}, {{"--tokenizer", tokenizer_dir}});
   o.seed = static_cast<uint64_t>(seed);
   o.tie_word_embeddings = !untied;
   tok::Tokenizer tok = tok::Tokenizer::from_dir(tokenizer_dir);

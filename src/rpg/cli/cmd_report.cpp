@@ -4,6 +4,7 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/eval/report.h"
 
@@ -29,6 +30,11 @@ int run_report(const std::string& full_name, const std::vector<std::string>& arg
   const auto runs = eval::name_runs(paths);
   const std::filesystem::path file =
       !out.empty() ? std::filesystem::path(out) : runs.size() == 1 ? paths[0] / "report.html" : "compare.html";
+  // The report is written beside the run's files (RUN_DIR/report.html), never over them.
+  std::vector<NamedPath> inputs;
+  for (const auto& d : paths)
+    for (const char* f : {"metrics.jsonl", "config.yaml"}) inputs.push_back({"the input", d / f});
+  check_output_apart({"--out", file}, inputs);
   log_info(str("wrote ", eval::write_report(runs, file).string()));
   if (markdown) std::cout << eval::table3_markdown(runs);
   return 0;

@@ -4,6 +4,7 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/signals.h"
 #include "rpg/train/sft.h"
 
@@ -42,6 +43,7 @@ int run_sft(const std::string& full_name, const std::vector<std::string>& args) 
   if (model.empty()) throw UsageError(str(full_name, ": --model DIR is required"));
   if (data.empty()) throw UsageError(str(full_name, ": --data FILE is required"));
   if (output.empty()) throw UsageError(str(full_name, ": --output OUT_DIR is required"));
+  check_output_apart({"--output", output}, {{"--model", model}, {"--data", data}});
   if (steps != 0) o.steps = steps;
   o.lr_scheduler = scheduler;
   o.progress = !no_progress;

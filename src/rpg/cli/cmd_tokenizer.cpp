@@ -5,6 +5,7 @@
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/tokenizer/bpe_trainer.h"
 
 namespace rpg::cli {
@@ -26,6 +27,9 @@ int run_tokenizer_train(const std::string& full_name, const std::vector<std::str
   if (!parser.parse(args)) return 0;
   if (corpus.empty()) throw UsageError(str(full_name, ": --corpus FILE is required"));
   if (output.empty()) throw UsageError(str(full_name, ": --output DIR is required"));
+  std::vector<NamedPath> inputs;
+  for (const auto& c : corpus) inputs.push_back({"--corpus", c});
+  check_output_apart({"--output", output}, inputs);
   std::vector<std::filesystem::path> files(corpus.begin(), corpus.end());
   auto bpe = tok::train_bpe_files(files, output, options);
   std::cout << "tokenizer: " << bpe.tokens.size() << " tokens (" << bpe.merges.size() << " merges) -> " << output << "\n";

@@ -39,6 +39,13 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
   // The resolved configuration, beside the run's metrics and checkpoints.
   const std::string resolved = config_to_yaml(config);
   const std::filesystem::path run_dir = config.trainer.default_local_dir;
+  {
+    // Checkpoint rotation deletes old step directories: an input in there would go with them.
+    std::vector<NamedPath> inputs{{"actor_rollout_ref.model.path", config.actor_rollout_ref.model.path}};
+    for (const auto& f : config.data.train_files) inputs.push_back({"data.train_files", f});
+    for (const auto& f : config.data.val_files) inputs.push_back({"data.val_files", f});
+    check_output_apart({"trainer.default_local_dir", run_dir}, inputs);
+  }
   // One writer per run directory (the main rank writes it), taken before anything is touched.
   std::optional<train::RunDirLock> lock;
   if (dist::is_main()) lock.emplace(run_dir);
@@ -85,6 +92,12 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       .option("--device", &device, "auto | cpu | cuda", "DEV")
       .flag("--no-progress", &no_progress, "no progress bar");
   if (!parser.parse(args)) return 0;
+  {
+    std::vector<NamedPath> inputs{{"--model", model}, {"--responses", responses}};
+    for (const auto& f : files) inputs.push_back({"--data", f});
+    check_output_apart({"--output", output}, inputs);
+    check_output_apart({"--scored-output", scored_output}, inputs);
+  }
   reward::ScorerOptions so;
   so.strict_box_verify = strict_box;
   auto write_output = [&](const eval::MetricTable& metrics) {

@@ -29,7 +29,23 @@ std::string where_of(std::string_view source, const YAML::Mark& mark) {
   return str(source, ":", mark.line + 1, ":", mark.column + 1);
 }
 
-ConfigNode convert(const YAML::Node& y, std::string_view source) {
+// yaml-cpp shares an anchored node between its aliases, but the ConfigNode tree copies it
+// at each one: nine lists of nine aliases of the previous ("billion laughs") are a few
+// hundred bytes of YAML and 9^9 nodes here. A real configuration has a few hundred nodes
+// and a few levels; these bounds are far above that and far below exhausting memory.
+constexpr size_t kMaxConfigNodes = 200000;
+constexpr int kMaxConfigDepth = 64;
+
+struct Budget {
+  size_t nodes = 0;
+};
+
+ConfigNode convert(const YAML::Node& y, std::string_view source, Budget& budget, int depth = 0) {
+  if (++budget.nodes > kMaxConfigNodes)
+    throw ConfigError(str(source, ": expands to more than ", kMaxConfigNodes,
+                          " nodes (each YAML alias copies its anchor; is it an alias bomb?)"));
+  if (depth > kMaxConfigDepth)
+    throw ConfigError(str(where_of(source, y.Mark()), ": nested more than ", kMaxConfigDepth, " levels deep"));
   ConfigNode n;
   n.where = where_of(source, y.Mark());
   switch (y.Type()) {
@@ -45,7 +61,7 @@ ConfigNode convert(const YAML::Node& y, std::string_view source) {
       break;
     case YAML::NodeType::Sequence:
       n.kind = ConfigNode::Kind::List;
-      for (const auto& item : y) n.list.push_back(convert(item, source));
+      for (const auto& item : y) n.list.push_back(convert(item, source, budget, depth + 1));
       break;
     case YAML::NodeType::Map:
       n.kind = ConfigNode::Kind::Map;
@@ -55,7 +71,7 @@ ConfigNode convert(const YAML::Node& y, std::string_view source) {
         std::string key = kv.first.Scalar();
         if (n.find(key))
           throw ConfigError(str(where_of(source, kv.first.Mark()), ": duplicate key '", key, "'"));
-        n.map.push_back({key, convert(kv.second, source)});
+        n.map.push_back({key, convert(kv.second, source, budget, depth + 1)});
       }
       break;
   }
@@ -112,7 +128,8 @@ std::vector<std::string> split_key(std::string_view key, std::string_view contex
 }  // namespace
 
 ConfigNode parse_yaml(std::string_view text, std::string_view source) {
-  ConfigNode root = convert(load_yaml(text, source), source);
+  Budget budget;
+  ConfigNode root = convert(load_yaml(text, source), source, budget);
   if (root.is_null()) root.kind = ConfigNode::Kind::Map;  // empty document
   if (root.kind != ConfigNode::Kind::Map)
     throw ConfigError(str(source, ": the top level must be a mapping of keys to values"));
@@ -152,7 +169,8 @@ void apply_override(ConfigNode& root, std::string_view assignment) {
   auto parts = split_key(a.substr(0, eq), context);
   std::string_view value_text = a.substr(eq + 1);
 
-  ConfigNode value = convert(load_yaml(value_text, context), context);
+  Budget budget;
+  ConfigNode value = convert(load_yaml(value_text, context), context, budget);
   value.where = context;
   // An empty right-hand side (`key=`) is YAML null, as in Hydra.
   ConfigNode* node = &root;

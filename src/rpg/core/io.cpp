@@ -206,4 +206,54 @@ void AtomicDir::commit() {
   if (!old.empty()) fs::remove_all(old, ec);
 }
 
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;  // the kernel reports kB
+  }
+  return -1;
+}
+
+std::string format_bytes(double bytes) {
+  std::ostringstream out;
+  out.precision(bytes >= 10.0 * (1 << 30) ? 0 : 1);
+  out << std::fixed;
+  if (bytes >= double(1 << 30)) out << bytes / double(1 << 30) << " GiB";
+  else out << bytes / double(1 << 20) << " MiB";
+  return out.str();
+}
+
+namespace {
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end(); ++o, ++i) {
+    if (o->empty()) continue;  // a trailing separator
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void check_output_apart(const NamedPath& output, const std::vector<NamedPath>& inputs) {
+  if (output.path.empty()) return;
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(output.path), ec);
+  if (ec) return;  // unresolvable: the write itself reports it
+  for (const auto& in : inputs) {
+    if (in.path.empty()) continue;
+    const fs::path src = fs::weakly_canonical(fs::absolute(in.path), ec);
+    if (ec) continue;
+    const char* how = out == src                ? "is the same path as"
+                      : is_within(out, src)     ? "lies inside"
+                      : is_within(src, out)     ? "contains"
+                                                : nullptr;
+    if (how)
+      throw ValueError(str(output.name, " ", output.path.string(), " ", how, " ", in.name, " ", in.path.string(),
+                           ": writing it would destroy the input; choose another output"));
+  }
+}
+
 }  // namespace rpg

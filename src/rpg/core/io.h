@@ -3,10 +3,12 @@
 // the target, is fsynced, then renamed over it.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace rpg {
 
@@ -58,6 +60,27 @@ class OutputFile {
   int fd_ = -1;
   std::string pending_;
 };
+
+// MemAvailable of /proc/meminfo in bytes (what can be allocated without swapping), or -1
+// where it cannot be read.
+int64_t available_memory_bytes();
+
+// "3.2 GiB": a byte count for messages.
+std::string format_bytes(double bytes);
+
+// One input of a command, for check_output_apart: what the user called it (a flag or a
+// key) and its path.
+struct NamedPath {
+  std::string name;
+  std::filesystem::path path;
+};
+
+// A command writing `output` (named `output_name`) must not destroy what it reads: refuses
+// (ValueError naming both) an output that is, contains or lies inside one of `inputs`.
+// Paths are compared after resolving symbolic links and `..` (std::filesystem::weakly_
+// canonical), so `dir/../dir/model` and a link to it count as the same place. Inputs that
+// are empty paths are skipped.
+void check_output_apart(const NamedPath& output, const std::vector<NamedPath>& inputs);
 
 // fsyncs a file or directory. Throws IoError.
 void fsync_path(const std::filesystem::path& path);

@@ -5,14 +5,19 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include "rpg/core/error.h"
 #include "rpg/core/signals.h"
@@ -75,7 +80,64 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    default: return "a signal";
+  }
+}
+
+// Ends the ranks started so far and waits for them, so that no child outlives a launch
+// that failed while starting (a zombie per rank, or a live rank of an incomplete world
+// waiting forever at the rendezvous).
+void stop_started(std::vector<Rank>& ranks) {
+  for (auto& r : ranks)
+    if (r.pid > 0) kill(r.pid, SIGKILL);
+  for (auto& r : ranks) {
+    if (r.pid > 0)
+      while (waitpid(r.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    for (Stream* s : {&r.out, &r.err})
+      if (s->fd >= 0) close(s->fd), s->fd = -1;
+  }
+}
+
 }  // namespace
+
+int64_t max_local_ranks(std::string* why) {
+  const int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  int64_t limit = cores * 8;
+  std::string reason = str("8 per core, ", cores, " cores");
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NPROC, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+      static_cast<int64_t>(rl.rlim_cur) < limit) {
+    limit = static_cast<int64_t>(rl.rlim_cur);
+    reason = str("ulimit -u ", rl.rlim_cur);
+  }
+  if (why) *why = reason;
+  return limit;
+}
+
+std::string find_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return program;
+  const char* path = std::getenv("PATH");
+  // POSIX's default search path when PATH is unset (confstr(_CS_PATH)).
+  const std::string dirs = path ? path : "/bin:/usr/bin";
+  size_t start = 0;
+  for (;;) {
+    const size_t colon = dirs.find(':', start);
+    std::string dir = dirs.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    if (dir.empty()) dir = ".";  // an empty PATH entry is the current directory
+    const std::string candidate = dir + "/" + program;
+    struct stat st{};
+    if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(candidate.c_str(), X_OK) == 0)
+      return candidate;
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  throw Error(str("launch: cannot run '", program, "': no executable of that name in PATH"));
+}
 
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -103,6 +165,9 @@ void launch(const LaunchOptions& o) {
   if (o.argv.empty()) throw UsageError("launch: no command to run (give it after --)");
   if (o.nnodes > 1 && o.master_port == 0)
     throw UsageError("launch: --master-port is required with --nnodes > 1 (every node must use the same)");
+  if (static_cast<int64_t>(o.nnodes) * o.nproc > INT32_MAX)
+    throw UsageError(str("launch: --nnodes ", o.nnodes, " x --nproc ", o.nproc, " ranks exceed ", INT32_MAX));
+  const std::string program = find_program(o.argv[0]);
   const int port = o.master_port == 0 ? free_port() : o.master_port;
   const int world = o.nnodes * o.nproc;
 
@@ -129,9 +194,19 @@ void launch(const LaunchOptions& o) {
   sigaction(SIGTERM, &sa, &old_term);
   g_signal = 0;
 
-  std::vector<Rank> ranks(static_cast<size_t>(o.nproc));
+  // Grown as ranks start, so that memory follows the ranks that exist.
+  std::vector<Rank> ranks;
+  ranks.reserve(static_cast<size_t>(std::min(o.nproc, 1024)));
+  auto abort_start = [&](const std::string& why) {
+    stop_started(ranks);
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    throw Error(str("launch: ", why, " while starting rank ", ranks.size(), " of ", o.nproc, "; the ",
+                    ranks.size(), " started rank(s) were killed"));
+  };
   for (int k = 0; k < o.nproc; ++k) {
-    Rank& r = ranks[static_cast<size_t>(k)];
+    if (g_signal) abort_start(str("interrupted by ", signal_name(g_signal)));
+    Rank& r = ranks.emplace_back();
     r.index = o.node_rank * o.nproc + k;
     std::vector<std::string> env = base;
     for (auto [name, value] : std::initializer_list<std::pair<const char*, std::string>>{
@@ -147,15 +222,26 @@ void launch(const LaunchOptions& o) {
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
     std::vector<std::string> argv = o.argv;
+    argv[0] = program;
     for (auto& a : argv) args.push_back(a.data());
     args.push_back(nullptr);
 
-    int out[2], err[2];
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
-      throw IoError(str("launch: pipe: ", std::strerror(errno)));
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+      const int e = errno;
+      for (int fd : {out[0], out[1], err[0], err[1]})
+        if (fd >= 0) close(fd);
+      ranks.pop_back();
+      abort_start(str("pipe: ", std::strerror(e)));
+    }
     const pid_t parent = getpid();
     pid_t pid = fork();
-    if (pid < 0) throw IoError(str("launch: fork: ", std::strerror(errno)));
+    if (pid < 0) {
+      const int e = errno;
+      for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+      ranks.pop_back();
+      abort_start(str("fork: ", std::strerror(e)));
+    }
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(127);

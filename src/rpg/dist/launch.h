@@ -5,10 +5,13 @@
 // SIGINT / SIGTERM to the launcher are passed on to the ranks (a second one too, then
 // SIGKILL after `grace`). Exit 75 (preempted: the ranks agreed to stop and saved) is not a
 // failure: when every rank exits 75 the launch throws Preempted (rpg exits 75). Each rank
-// gets PR_SET_PDEATHSIG, so a killed launcher takes its ranks with it.
+// gets PR_SET_PDEATHSIG, so a killed launcher takes its ranks with it. A signal that arrives
+// while the ranks are still being started stops the start: the started ranks are killed
+// (an incomplete world has nothing to save) and the launch fails.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,13 +23,22 @@ struct LaunchOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // 0: a free port of this machine (one node only)
-  std::vector<std::string> argv;  // a rank's program (argv[0], a path) and its arguments
+  // A rank's program and its arguments; argv[0] without a '/' is looked up in PATH.
+  std::vector<std::string> argv;
   std::chrono::milliseconds grace{std::chrono::seconds(5)};
 };
 
 // Runs the ranks to completion. Returns normally when every rank exited 0; throws Error
 // "launch: rank K exited with code C (...)" naming the first rank that failed otherwise.
 void launch(const LaunchOptions& options);
+
+// The most ranks one node runs without --force: 8 per core, and no more than the user's
+// process limit (ulimit -u) leaves room for. `why` (if given) describes the bound.
+int64_t max_local_ranks(std::string* why = nullptr);
+
+// `program` as execve needs it: itself when it holds a '/', else the first executable
+// PATH entry of that name. Throws Error when there is none.
+std::string find_program(const std::string& program);
 
 // A TCP port that is free on 127.0.0.1 right now.
 int free_port();

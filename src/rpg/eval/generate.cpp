@@ -31,6 +31,18 @@ GenerateSummary run_generate(const GenerateOptions& o) {
     }
   }
   if (rows.empty()) throw ValueError(str(o.data.string(), ": no rows to generate for"));
+  // Every response is held until the end (they are written in order): refuse a request
+  // whose responses alone cannot fit, before the model is loaded. Per token: its id here
+  // and in the engine, and its share of the JSON line; per response a fixed overhead.
+  {
+    const double responses = double(rows.size()) * double(o.sampling.n);
+    const double bytes = responses * (double(o.sampling.max_new_tokens) * 48.0 + 1024.0);
+    const int64_t avail = available_memory_bytes();
+    if (avail > 0 && bytes > double(avail))
+      throw ValueError(str("--n ", o.sampling.n, " x ", rows.size(), " prompt(s) x --max-new-tokens ",
+                           o.sampling.max_new_tokens, ": the responses need up to ", format_bytes(bytes),
+                           ", more than the ", format_bytes(double(avail)), " of memory available"));
+  }
 
   rollout::Policy policy = rollout::load_policy(o.model_dir, o.dtype, o.device);
   std::vector<std::vector<int64_t>> prompt_ids;

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "rpg/core/error.h"
@@ -33,6 +35,17 @@ std::string init_config_json(const InitOptions& o, const VocabInfo& v) {
   for (auto [name, id] : {std::pair{"eos token id", v.eos_token_id}, std::pair{"pad token id", v.pad_token_id}})
     if (id < 0 || id >= v.vocab_size)
       throw ValueError(str("model init: ", name, " ", id, " is outside the vocabulary of ", v.vocab_size));
+  // Estimated before anything is allocated: libtorch's own failure for a too large tensor
+  // is a raw allocator message, and a size that fits only by swapping never finishes.
+  // In double: the products of user sizes overflow int64 long before they are refused.
+  const double h = double(o.hidden_size), kv = double(o.num_key_value_heads) * double(o.hidden_size / o.num_attention_heads);
+  const double per_layer = 2 * h * h + 2 * h * kv + 3 * h * double(o.intermediate_size) + 2 * h + h + 2 * kv;
+  const double params = double(o.num_hidden_layers) * per_layer + double(v.vocab_size) * h * (o.tie_word_embeddings ? 1 : 2) + h;
+  const int64_t avail = available_memory_bytes();
+  if (avail > 0 && params * 4 > double(avail))
+    throw ValueError(str("model init: ", static_cast<int64_t>(std::min(params, 9e18)), " parameters (",
+                         format_bytes(params * 4), " of float32 weights) exceed the ", format_bytes(double(avail)),
+                         " of memory available; reduce --hidden, --intermediate or --layers"));
   nlohmann::ordered_json c;
   c["architectures"] = {"Qwen2ForCausalLM"};
   c["attention_dropout"] = 0.0;

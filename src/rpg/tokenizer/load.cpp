@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -249,8 +250,16 @@ void load_decoder(Tokenizer::Impl& t, const json& d, const std::string& where) {
   t.decoder.push_back(std::move(step));
 }
 
-void set_token(Tokenizer::Impl& t, TokenId id, std::string_view token, std::string_view bytes, IdKind kind) {
+// `where` names the entry (model.vocab["x"], added_tokens[3]) for the error of an id that
+// an earlier entry gave to different text: decoding would show one of them for both, and
+// the prompt would render wrong without a word. The same text twice under one id is what
+// Hugging Face files do for special tokens (in model.vocab and in added_tokens): accepted.
+void set_token(Tokenizer::Impl& t, TokenId id, std::string_view token, std::string_view bytes, IdKind kind,
+               const std::function<std::string()>& where) {
   if (id < 0 || id > (1 << 28)) bad(t.origin, str("token id ", id, " out of range"));
+  if (static_cast<size_t>(id) < t.id_kind.size() && t.id_kind[id] != IdKind::kNone && t.id_token[id] != token)
+    bad(t.origin, str(where(), ": id ", id, " is already the token ", json(std::string(t.id_token[id])).dump(),
+                      "; one id cannot stand for two tokens"));
   size_t need = static_cast<size_t>(id) + 1;
   if (t.id_kind.size() < need) {
     t.id_kind.resize(need, IdKind::kNone);
@@ -687,7 +696,8 @@ void load_model(Tokenizer::Impl& t, const json& m, const StreamedModel& streamed
   auto add_vocab = [&t, &bytes](std::string_view token, int64_t id, bool in_token_ids = false) {
     bytes.clear();
     append_token_bytes(bytes, token);
-    set_token(t, static_cast<TokenId>(id), token, bytes, IdKind::kModel);
+    set_token(t, static_cast<TokenId>(id), token, bytes, IdKind::kModel,
+              [&] { return str("model.vocab[", json(std::string(token)).dump(), "]"); });
     if (!in_token_ids) t.token_ids.insert_or_assign(token, static_cast<TokenId>(id));
     // ignore_merges looks the piece up whole: by its bytes when BPE runs on bytes (only a
     // token whose every character is a byte's can match), else by its text.
@@ -837,7 +847,7 @@ void load_added(Tokenizer::Impl& t, const json& list) {
     // characters as it maps a model token's.
     std::string bytes;
     append_token_bytes(bytes, tk.content);
-    set_token(t, tk.id, tk.content, bytes, tk.special ? IdKind::kSpecial : IdKind::kAdded);
+    set_token(t, tk.id, tk.content, bytes, tk.special ? IdKind::kSpecial : IdKind::kAdded, [&] { return w; });
     t.token_ids.insert_or_assign(tk.content, tk.id);
     t.added.push_back(std::move(tk));
   }

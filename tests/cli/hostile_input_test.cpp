@@ -1,0 +1,240 @@
+// Hostile and careless input (issue 34): each case runs the real `rpg` under a memory
+// limit (ulimit -v) and a time limit (timeout -s KILL), in a directory of its own, and
+// checks that the input is refused the way every error is: the exit code, exactly one
+// `rpg: error:` line naming the flag / key / file, nothing written or changed in the
+// directory, and no runaway (killed by a limit) on the way there.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "run_fixture.h"
+
+namespace fs = std::filesystem;
+
+namespace rpg {
+namespace {
+
+struct Case {
+  std::string name;
+  // Fills the case's directory (run there). May be empty.
+  std::function<void(const fs::path& dir, const fs::path& model)> setup;
+  // `rpg` arguments; "{model}" is the tiny chat model, "{dir}" the case's directory.
+  std::vector<std::string> args;
+  int exit = 1;
+  std::string expect;  // part of the one error line
+  int timeout_s = 120;
+  int memory_mb = 3072;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) s.replace(at, from.size(), to);
+  return s;
+}
+
+std::string quote(const std::string& s) { return "'" + replace_all(s, "'", "'\\''") + "'"; }
+
+// Every file under `dir` with its content: what a refused command must leave as it was.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    const std::string rel = fs::relative(e.path(), dir).string();
+    out[rel] = e.is_regular_file() ? read_file(e.path()) : std::string("<dir>");
+  }
+  return out;
+}
+
+const fs::path& tiny_model() {
+  static const fs::path m = test::oracle_output_dir("tiny_chat_model.py") / "model";
+  return m;
+}
+
+class HostileInput : public ::testing::TestWithParam<Case> {};
+
+TEST_P(HostileInput, RefusedWithOneLineAndNothingWritten) {
+  const Case& c = GetParam();
+  test::TempDir dir;
+  if (c.setup) c.setup(dir.path(), tiny_model());
+  const auto before = snapshot(dir.path());
+  std::string script = "cd " + quote(dir.path().string()) + " && ulimit -v " + std::to_string(c.memory_mb * 1024) +
+                       " && exec timeout --foreground -s KILL " + std::to_string(c.timeout_s) + " " +
+                       quote(test::rpg_binary().string());
+  for (const auto& a : c.args)
+    script += " " + quote(replace_all(replace_all(a, "{model}", tiny_model().string()), "{dir}", dir.path().string()));
+  const auto r = test::run_process({"/bin/sh", "-c", script});
+  ASSERT_NE(r.exit_code, 137) << c.name << ": killed by the " << c.timeout_s << " s limit\n" << r.err;
+  const auto errors = test::lines_starting(r.err, "rpg: error: ");
+  EXPECT_EQ(r.exit_code, c.exit) << c.name << "\n" << r.err;
+  ASSERT_EQ(errors.size(), 1u) << c.name << "\n" << r.err;
+  EXPECT_NE(errors[0].find(c.expect), std::string::npos) << c.name << ": expected '" << c.expect << "' in\n" << errors[0];
+  EXPECT_EQ(errors[0].find("internal:"), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[0].find("out of memory"), std::string::npos) << errors[0];
+  const auto after = snapshot(dir.path());
+  for (const auto& [path, content] : after) {
+    auto it = before.find(path);
+    EXPECT_TRUE(it != before.end()) << c.name << ": wrote " << path;
+    if (it != before.end()) EXPECT_TRUE(it->second == content) << c.name << ": changed " << path;
+  }
+  for (const auto& [path, content] : before) EXPECT_TRUE(after.count(path)) << c.name << ": removed " << path;
+}
+
+// Nine lists of nine aliases of the previous list: 9^9 leaves once expanded.
+std::string alias_bomb() {
+  std::string s = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n";
+  char prev = 'a';
+  for (char c = 'b'; c <= 'i'; ++c) {
+    s += std::string(1, c) + ": &" + c + " [";
+    for (int k = 0; k < 9; ++k) s += std::string(k ? ", *" : "*") + prev;
+    s += "]\n";
+    prev = c;
+  }
+  return s;
+}
+
+void write(const fs::path& dir, const std::string& name, const std::string& text) { test::write_text(dir / name, text); }
+
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  // --- counts: launch ---
+  for (const char* n : {"100000000", "2147483648", "9223372036854775807"})
+    v.push_back({std::string("launch_nproc_") + n, {}, {"launch", "--nproc", n, "--exec", "--", "/bin/true"}, 2,
+                 std::string("--nproc ") + n, 30, 512});
+  v.push_back({"launch_nproc_huge_forced", {}, {"launch", "--force", "--nproc", "2147483648", "--exec", "--", "/bin/true"},
+               2, "at most 2147483647", 30, 512});
+  for (const char* n : {"0", "-1", "-9223372036854775808"})
+    v.push_back({std::string("launch_nproc_") + (n[0] == '-' ? std::string("minus") + (n + 1) : n), {},
+                 {"launch", "--nproc", n, "--", "version"}, 2, std::string("--nproc must be >= 1, got ") + n, 30, 512});
+  v.push_back({"launch_nnodes_overflow", {}, {"launch", "--nnodes", "4294967297", "--master-port", "1", "--", "version"},
+               2, "--nnodes", 30, 512});
+  v.push_back({"launch_node_rank_negative", {}, {"launch", "--node-rank", "-1", "--", "version"}, 2, "--node-rank -1",
+               30, 512});
+  v.push_back({"launch_exec_not_in_path", {}, {"launch", "--exec", "--", "no-such-program-rpg34"}, 1,
+               "'no-such-program-rpg34'", 30, 512});
+  // --- YAML ---
+  v.push_back({"yaml_alias_bomb_config_show", [](auto& d, auto&) { write(d, "bomb.yaml", alias_bomb()); },
+               {"config", "show", "bomb.yaml"}, 1, "bomb.yaml: expands to more than", 60, 1024});
+  v.push_back({"yaml_alias_bomb_train", [](auto& d, auto&) { write(d, "bomb.yaml", alias_bomb()); },
+               {"train", "bomb.yaml"}, 1, "bomb.yaml: expands to more than", 60, 1024});
+  v.push_back({"yaml_alias_bomb_override", {}, {"config", "show", "-", "trainer.x=[&a [1,1,1,1,1,1,1,1,1,1], "
+               "&b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], "
+               "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d], "
+               "&f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e], [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]]"},
+               1, "expands to more than", 60, 1024});
+  v.push_back({"yaml_deep_nesting", [](auto& d, auto&) { write(d, "deep.yaml", "a: " + std::string(200, '[') +
+                                                                          std::string(200, ']') + "\n"); },
+               {"config", "show", "deep.yaml"}, 1, "deep.yaml:1:", 60, 1024});
+  // --- counts: generate / model init ---
+  for (const char* n : {"0", "-1", "300000000", "2147483648", "9223372036854775807"})
+    v.push_back({std::string("generate_n_") + (n[0] == '-' ? "minus1" : n), {},
+                 {"generate", "--model", "{model}", "--prompt", "hi", "--n", n}, 2, std::string("--n must be in"), 60,
+                 2048});
+  v.push_back({"generate_n_times_tokens_beyond_memory", {},
+               {"generate", "--model", "{model}", "--prompt", "hi", "--n", "1048576", "--max-new-tokens", "16777216"}, 1,
+               "of memory available", 60, 2048});
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--max-num-seqs", "0"}, {"--max-new-tokens", "0"}, {"--top-k", "0"}, {"--top-k", "-2"},
+           {"--max-kv-tokens", "-1"}, {"--top-p", "0"}, {"--temperature", "-1"}, {"--max-num-seqs", "9223372036854775807"}})
+    v.push_back({"generate_" + flag.substr(2) + "_" + (value[0] == '-' ? "minus" + value.substr(1) : value), {},
+                 {"generate", "--model", "{model}", "--prompt", "hi", flag, value}, 2, "rpg generate: " + flag, 60, 2048});
+  v.push_back({"model_init_beyond_memory", {},
+               {"model", "init", "--tokenizer", "{model}", "--output", "m", "--hidden", "65536", "--intermediate",
+                "1048576"}, 1, "of memory available", 60, 2048});
+  v.push_back({"data_prepare_repeat_huge", [](auto& d, auto&) { write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n"); },
+               {"data", "prepare", "p.jsonl", "o.parquet", "--repeat", "2147483648"}, 2, "--repeat", 60, 1024});
+  v.push_back({"data_synth_train_huge", {}, {"data", "synth", "out", "--train", "9223372036854775807"}, 2, "--train",
+               60, 1024});
+  // --- an output over its own input ---
+  auto with_model = [](const fs::path& d, const fs::path& m) {
+    fs::copy(m, d / "model", fs::copy_options::recursive);
+    write(d, "sft.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\n");
+    write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n");
+    write(d, "corpus.txt", "hello world\n");
+    write(d, "run/metrics.jsonl", "{\"step\": 1}\n");
+  };
+  v.push_back({"sft_output_contains_model", with_model, {"sft", "--model", "model", "--data", "sft.jsonl", "--output", "."},
+               1, "--output . contains --model model"});
+  v.push_back({"sft_output_is_model", with_model,
+               {"sft", "--model", "model", "--data", "sft.jsonl", "--output", "model/../model"}, 1, "is the same path as"});
+  v.push_back({"sft_output_contains_data", with_model,
+               {"sft", "--model", "{model}", "--data", "sft.jsonl", "--output", "{dir}"}, 1, "contains --data sft.jsonl"});
+  v.push_back({"train_run_dir_contains_model", with_model,
+               {"train", "-", "actor_rollout_ref.model.path=model", "trainer.default_local_dir=."}, 1,
+               "trainer.default_local_dir . contains actor_rollout_ref.model.path model"});
+  v.push_back({"train_run_dir_inside_model", with_model,
+               {"train", "-", "actor_rollout_ref.model.path=model", "trainer.default_local_dir=model/run"}, 1,
+               "lies inside actor_rollout_ref.model.path"});
+  v.push_back({"data_prepare_output_is_input", with_model, {"data", "prepare", "p.jsonl", "./p.jsonl"}, 1,
+               "OUTPUT ./p.jsonl is the same path as INPUT p.jsonl"});
+  v.push_back({"model_init_output_is_tokenizer", with_model, {"model", "init", "--tokenizer", "model", "--output", "model"},
+               1, "--output model is the same path as --tokenizer model"});
+  v.push_back({"tokenizer_train_output_contains_corpus", with_model,
+               {"tokenizer", "train", "--corpus", "corpus.txt", "--output", "."}, 1, "contains --corpus corpus.txt"});
+  v.push_back({"generate_output_over_model", with_model,
+               {"generate", "--model", "model", "--prompt", "hi", "--output", "model/x.jsonl"}, 1,
+               "lies inside --model model"});
+  v.push_back({"eval_output_over_responses", with_model,
+               {"eval", "--responses", "p.jsonl", "--output", "p.jsonl"}, 1, "is the same path as --responses"});
+  v.push_back({"report_out_over_metrics", with_model, {"report", "run", "--out", "run/metrics.jsonl"}, 1,
+               "is the same path as the input run/metrics.jsonl"});
+  // --- tokenizer.json: one id for two tokens ---
+  auto tokenizer_edit = [](const char* what) {
+    return [what](const fs::path& d, const fs::path& m) {
+      fs::copy(m, d / "model", fs::copy_options::recursive);
+      auto j = nlohmann::json::parse(read_file(d / "model" / "tokenizer.json"));
+      auto& vocab = j["model"]["vocab"];
+      const int64_t a = vocab["a"].get<int64_t>();
+      if (std::string(what) == "vocab") vocab["zz_dup"] = a;
+      else j["added_tokens"].push_back({{"id", a}, {"content", "<|evil|>"}, {"special", true}, {"normalized", false}});
+      write(d, "model/tokenizer.json", j.dump());
+    };
+  };
+  v.push_back({"tokenizer_two_vocab_tokens_one_id", tokenizer_edit("vocab"), {"tokenize", "--model", "model", "hi"}, 1,
+               "model.vocab[\"zz_dup\"]: id"});
+  v.push_back({"tokenizer_added_token_over_vocab_id", tokenizer_edit("added"), {"tokenize", "--model", "model", "hi"}, 1,
+               "is already the token \"a\""});
+  v.push_back({"generate_with_added_token_over_vocab_id", tokenizer_edit("added"),
+               {"generate", "--model", "model", "--prompt", "hi", "--max-new-tokens", "2"}, 1, "is already the token"});
+  return v;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string name = info.param.name;
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  return name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Issue34, HostileInput, ::testing::ValuesIn(cases()), case_name);
+
+// A stop signal while the ranks are still being started ends the start: the started
+// ranks are killed and reaped, the launch fails, nothing is left running.
+TEST(HostileLaunch, SigtermWhileSpawningStopsAndReaps) {
+  test::TempDir dir;
+  const fs::path marker = dir / "started";
+  // Each rank appends its pid, then sleeps: more ranks than can start before the signal.
+  const std::string script = "cd " + quote(dir.path().string()) + " || exit 99; timeout --foreground -s KILL 120 " +
+                             quote(test::rpg_binary().string()) +
+                             " launch --force --nproc 100000 --exec -- /bin/sh -c 'echo $$ >> started; exec sleep 300' "
+                             "& pid=$!; while [ ! -s started ]; do sleep 0.1; done; kill -TERM $pid; wait $pid";
+  const auto r = test::run_process({"/bin/sh", "-c", script});
+  ASSERT_NE(r.exit_code, 137) << "the launch ignored SIGTERM\n" << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const auto errors = test::lines_starting(r.err, "rpg: error: ");
+  ASSERT_EQ(errors.size(), 1u) << r.err;
+  EXPECT_NE(errors[0].find("interrupted by SIGTERM while starting rank"), std::string::npos) << errors[0];
+  // Reaped: the launcher returned only after waiting for every rank it started, so none
+  // of their pids is alive (not even as a zombie: it would still answer kill 0).
+  std::istringstream pids(read_file(marker));
+  int pid = 0, alive = 0, n = 0;
+  while (pids >> pid) ++n, alive += ::kill(pid, 0) == 0;
+  EXPECT_GT(n, 0);
+  EXPECT_EQ(alive, 0) << alive << " of " << n << " started ranks are still there";
+}
+
+}  // namespace
+}  // namespace rpg
