@@ -112,7 +112,7 @@ TEST(TrainDistConfig, PlanEstimateMatchesMeasuredPeak) {
   auto measure = [&](const fs::path& model, const std::string& name) {
     std::vector<std::string> argv = {test::python().string(), (dir / "rss.py").string(), test::rpg_binary().string(),
                                      "train", "-", "actor_rollout_ref.model.path=" + model.string(),
-                                     "trainer.default_local_dir=" + (dir / name).string()};
+                                     "trainer.default_local_dir=" + (dir / ("run_" + name)).string()};
     argv.insert(argv.end(), keys.begin(), keys.end());
     auto r = run_process(argv, {"OMP_NUM_THREADS=1"});
     EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -68,7 +68,13 @@ class DataParallelTrain : public ::testing::Test {
       ASSERT_EQ(gm[s].size(), wm[s].size()) << "step " << s + 1;
       for (const auto& [k, v] : wm[s]) {
         ASSERT_TRUE(gm[s].count(k)) << k;
-        EXPECT_NEAR(gm[s].at(k), v, 1e-6 * std::max(1.0, std::abs(v))) << "step " << s + 1 << " " << k;
+        // The rollout/trainer mismatch metrics (training/rollout_*) hold the engine's sampling
+        // log-probs minus the trainer's: each rank decodes only its share, so the decode GEMMs
+        // have other shapes than in one process and, on some CPUs, round differently (seen in
+        // CI: a max difference of 1.2e-6 in one process, 2.9e-6 on two ranks, not reproduced on
+        // the development machine). That is ~25 fp32 ulps at 1.0: they are held to 1e-5, the rest to 1e-6.
+        const double tol = k.starts_with("training/rollout_") ? 1e-5 : 1e-6;
+        EXPECT_NEAR(gm[s].at(k), v, tol * std::max(1.0, std::abs(v))) << "step " << s + 1 << " " << k;
       }
     }
     const std::string model = "global_step_" + std::to_string(steps) + "/actor/model.safetensors";
