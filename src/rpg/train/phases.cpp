@@ -94,7 +94,7 @@ void Trainer::Impl::move_compute_grads() {
 at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  const auto micro = micro_batches(b);
+  const auto micro = micro_batches(b, cfg.actor_rollout_ref.actor);
   const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
   for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
     const auto& rows = micro[mb_index];
@@ -102,7 +102,7 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
     model::LogProbOptions lo;
     lo.temperature = temperature;
     lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
-    lo.split_prompt = !fork;  // fork semantics: every row's full forward, as the fork's dp_actor rounds it
+    rules->set_log_prob_options(lo);
     parts.push_back(m.log_probs(mb.get("input_ids"), mb.get("attention_mask"), mb.get("position_ids"),
                                 mb.get("responses"), lo)
                         .log_probs);
@@ -116,32 +116,6 @@ at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const roll
   }
   dp::sum_rows(out);  // data-parallel: every rank's rows (the others' are zeros here)
   return out;
-}
-
-int64_t Trainer::Impl::mini_batch_rows() const {
-  return cfg.actor_rollout_ref.actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n;
-}
-
-std::vector<std::vector<int64_t>> Trainer::Impl::fork_micro_batches(const rollout::Batch& mini) const {
-  const auto& a = cfg.actor_rollout_ref.actor;
-  if (a.use_dynamic_bsz) {
-    const at::Tensor& am = mini.get("attention_mask");
-    at::Tensor lengths = am.sum(1).to(at::kLong).contiguous();
-    std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
-    return algo::fork_dynamic_micro_batches(l, a.ppo_max_token_len_per_gpu, am.size(1));
-  }
-  // mini_batch.split(ppo_micro_batch_size_per_gpu); without one, the whole mini-batch.
-  return algo::fork_fixed_micro_batches(mini.rows(), a.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
-}
-
-std::vector<std::vector<int64_t>> Trainer::Impl::micro_batches(const rollout::Batch& b) const {
-  const auto& a = cfg.actor_rollout_ref.actor;
-  if (a.use_dynamic_bsz) {
-    at::Tensor lengths = b.get("attention_mask").sum(1);
-    std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
-    return rollout::split_by_tokens(l, a.ppo_max_token_len_per_gpu);
-  }
-  return rollout::split_by_rows(b.rows(), a.ppo_micro_batch_size_per_gpu.value_or(b.rows()));
 }
 
 Generation Trainer::Impl::generate_groups() {
@@ -270,10 +244,7 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
   PolicyLogProbs lp;
   auto t_old = Clock::now();
   const double cpu_old = process_cpu_seconds();
-  // The fork's compute_log_prob calls actor_optimizer.eval() (dp_actor.py:205-208): with
-  // schedule-free AdamW the old log-probs (and the in-reward KL, and ref under
-  // use_iterative_ref_model) come from x, while the responses were sampled at y.
-  if (fork) optimizer->use_eval_weights();
+  rules->use_old_log_prob_weights(*optimizer);
   sync_compute_weights();
   old_from_update = old_log_probs_from_update(sb);
   if (old_from_update)  // filled by update_actor, micro-batch by micro-batch
@@ -302,8 +273,8 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
 
 bool Trainer::Impl::old_log_probs_from_update(const StepBatch& sb) const {
   const auto& a = cfg.actor_rollout_ref.actor;
-  return recompute_old && a.on_policy_old_log_probs && !fork && a.ppo_epochs == 1 &&
-         mini_batch_rows() >= sb.batch.rows() && !cfg.algorithm.use_kl_in_reward && a.ref_kl_target <= 0;
+  return recompute_old && a.on_policy_old_log_probs && rules->allows_old_log_probs_from_update() &&
+         a.ppo_epochs == 1 && mini_batch_rows(cfg) >= sb.batch.rows() && !cfg.algorithm.use_kl_in_reward && a.ref_kl_target <= 0;
 }
 
 void Trainer::Impl::rollout_mismatch_metrics(const at::Tensor& old_log_probs, const rollout::Batch& b,
@@ -324,23 +295,10 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
   AdvantageResult out;
   out.token_level_rewards = sb.token_level_scores;
   if (cfg.algorithm.use_kl_in_reward) {
-    double current_kl = 0;  // the batch's KL (mean over rows of each row's token mean), as verl's controller sees it
-    if (fork) {
-      // rpg_ray_trainer.py:195-199 -> ray_trainer.apply_kl_penalty with kl_penalty =
-      // actor.kl_loss_type: the fork's kl_penalty(old_log_probs, ref) (the RPG forms clamped to
-      // +-10; with use_iterative_ref_model ref = old_log_probs).
-      const at::Tensor fm = mask.to(at::kFloat);
-      const at::Tensor kld = algo::fork_kl_penalty(lp.old_log_probs, lp.ref_log_probs,
-                                                   cfg.actor_rollout_ref.actor.kl_loss_type) * fm;
-      out.token_level_rewards = sb.token_level_scores - kl_in_reward_coef * kld;
-      // masked_mean over each row (the fork's: sum / (count + 1e-8)), then the mean over rows.
-      current_kl = (kld.sum(1) / (fm.sum(1) + 1e-8)).mean().item<double>();
-    } else {
-      out.token_level_rewards = algo::apply_kl_penalty(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs,
-                                                       mask, kl_in_reward_coef, kl_penalty);
-      const at::Tensor kl = algo::kl_estimate(lp.old_log_probs, lp.ref_log_probs, kl_penalty) * mask;
-      current_kl = (kl.sum(1) / mask.sum(1).clamp_min(1)).mean().item<double>();
-    }
+    KlInReward kl = rules->kl_in_reward(sb.token_level_scores, lp.old_log_probs, lp.ref_log_probs, mask,
+                                        kl_in_reward_coef);
+    out.token_level_rewards = std::move(kl.token_level_rewards);
+    const double current_kl = kl.current_kl;
     m["actor/reward_kl_penalty"] = current_kl;
     m["actor/reward_kl_penalty_coeff"] = kl_in_reward_coef;
     const auto& kc = cfg.algorithm.kl_ctrl;
@@ -363,7 +321,6 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
 
 UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   const auto& actor = cfg.actor_rollout_ref.actor;
-  const algo::PolicyLossConfig& lc = loss_cfg;
   UpdateStats stats;
   // update_policy calls actor_optimizer.train() (dp_actor.py:259-262): back to y.
   optimizer->use_train_weights();
@@ -379,12 +336,12 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
     std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
     std::iota(row_order.begin(), row_order.end(), 0);
-    if (actor.shuffle && e > 0 && !fork)  // the fork splits the same batch every epoch
+    if (e > 0 && rules->reshuffles_epochs())
       row_order = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), step, e));
     for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
       std::vector<int64_t> mini_rows(row_order.begin() + start,
                                      row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
-      update_mini_batch(batch, mini_rows, lc, stats);
+      update_mini_batch(batch, mini_rows, stats);
     }
   }
   // One LR for the whole step (AdamW, the fork) is logged as is, not as a rounded mean.
@@ -404,17 +361,17 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
 }
 
 void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows,
-                       const algo::PolicyLossConfig& lc, UpdateStats& stats) {
+                                      UpdateStats& stats) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   rollout::Batch mini = batch.select(mini_rows);
-  const double normaliser = fork ? 0.0 : algo::loss_normaliser(mini.get("response_mask"), lc.loss_agg_mode);
+  const double normaliser = rules->loss_normaliser(mini);
   UpdateRecord record;
   if (recording) {
     record.rows = mini_rows;
     for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
   }
   sync_compute_weights();
-  const auto micro = fork ? fork_micro_batches(mini) : micro_batches(mini);
+  const auto micro = rules->update_micro_batches(mini);
   const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
   const auto metrics_before = dp::metric_sizes(stats.loss_metrics);
   // What comes back to the host (the loss metrics' .item(), the on-policy old log-probs) is
@@ -425,7 +382,7 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
   for (size_t mb = first_micro; mb < end_micro; ++mb) {
     const auto& rows = micro[mb];
     at::Tensor on_policy;
-    auto out = micro_batch_loss(mini.select(rows), lc, normaliser, old_from_update ? &on_policy : nullptr);
+    auto out = micro_batch_loss(mini.select(rows), normaliser, old_from_update ? &on_policy : nullptr);
     if (old_from_update) {  // the batch's old log-probs, at the rows of this micro-batch
       std::vector<int64_t> batch_rows;
       for (const int64_t r : rows) batch_rows.push_back(mini_rows[static_cast<size_t>(r)]);
@@ -474,15 +431,14 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
                     run_dir.root().string(), " is intact"));
 }
 
-algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc,
-                                        double normaliser, at::Tensor* on_policy_log_probs) {
+algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb, double normaliser,
+                                                       at::Tensor* on_policy_log_probs) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   model::LogProbOptions lo;
   lo.temperature = cfg.actor_rollout_ref.rollout.temperature;
   lo.with_entropy = true;
   lo.remove_padding = cfg.actor_rollout_ref.model.use_remove_padding;
-  lo.split_prompt = !fork;  // fork semantics: every row's full forward, as the fork's dp_actor rounds it
-  lo.autograd_backward = fork;
+  rules->set_log_prob_options(lo);
   // The batch is on the host, the log-probs on the model's device: the loss's inputs go there,
   // copied before the forward is queued (a blocking host-to-device copy waits for the stream).
   const at::Device dev = compute_model().device();
@@ -505,25 +461,7 @@ algo::PolicyLossOutput Trainer::Impl::micro_batch_loss(const rollout::Batch& mb,
   }
   in.entropy = actor.entropy_coeff != 0.0 ? lp.entropy : lp.entropy.detach();
   in.normaliser = normaliser;
-  if (fork) {
-    // dp_actor.update_policy: the micro-batch's own aggregation, times rows / mini-batch rows
-    // (dynamic bsz) or 1 / gradient_accumulation.
-    auto out = algo::fork_micro_batch_loss(in, fork_loss);
-    out.loss = algo::fork_weighted_micro_batch_loss(out.loss, mb.rows(), mini_batch_rows(), actor.use_dynamic_bsz,
-                                                    actor.ppo_micro_batch_size_per_gpu.value_or(mini_batch_rows()));
-    return out;
-  }
-  auto out = algo::compute_policy_loss(actor.policy_loss, in, lc);
-  if (cfg.choices.append_kl_loss) {
-    // verl's dp_actor: kl_loss_coef * agg(kl_penalty(log_prob, ref_log_prob, kl_loss_type)),
-    // added outside the policy loss for a loss without a KL term of its own.
-    auto kl = algo::agg_loss(algo::kl_estimate(in.log_probs, in.ref_log_probs, lc.kl_loss_type), in.response_mask,
-                             lc.loss_agg_mode, normaliser, lc.loss_scale_factor);
-    out.loss = out.loss + actor.kl_loss_coef * kl;
-    out.metrics["actor/kl_loss"] = kl.detach();
-    out.metrics["actor/kl_coef"] = at::scalar_tensor(actor.kl_loss_coef, at::kDouble);
-  }
-  return out;
+  return rules->micro_batch_loss(in, mb.rows());
 }
 
 void Trainer::Impl::refresh_reference(Metrics& m) {
@@ -585,12 +523,12 @@ std::vector<std::vector<int64_t>> Trainer::Impl::rank_rows(const rollout::Batch&
   }
   // update_actor's first epoch: mini-batches of consecutive rows, each cut into micro-batches
   // shared out as dp::micro_batch_range does.
-  const int64_t per_mini = std::min<int64_t>(mini_batch_rows(), batch.rows());
+  const int64_t per_mini = std::min<int64_t>(mini_batch_rows(cfg), batch.rows());
   for (int64_t start = 0; start < batch.rows(); start += per_mini) {
     std::vector<int64_t> mini_rows(static_cast<size_t>(std::min(per_mini, batch.rows() - start)));
     std::iota(mini_rows.begin(), mini_rows.end(), start);
     const rollout::Batch mini = batch.select(mini_rows);
-    const auto micro = fork ? fork_micro_batches(mini) : micro_batches(mini);
+    const auto micro = rules->update_micro_batches(mini);
     for (int r = 0; r < world; ++r) {
       const auto share = dist::shard(static_cast<int64_t>(micro.size()), world, r);
       for (int64_t mb = share.begin; mb < share.end; ++mb)

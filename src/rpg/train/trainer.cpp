@@ -104,7 +104,6 @@ Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
   recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
   filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
   adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
-  fork = cfg.choices.semantics == Semantics::kFork;
 }
 
 void Trainer::Impl::set_epoch(int64_t e) {
@@ -125,28 +124,6 @@ std::vector<const Prompt*> Trainer::Impl::next_prompts(int64_t k) {
   std::vector<const Prompt*> out;
   for (int64_t i = 0; i < k; ++i) out.push_back(&prompts[static_cast<size_t>(order[static_cast<size_t>(cursor++)])]);
   return out;
-}
-
-algo::PolicyLossConfig Trainer::Impl::loss_config() const {
-  const auto& a = cfg.actor_rollout_ref.actor;
-  algo::PolicyLossConfig l;
-  if (fork) return l;  // fork semantics: fork_loss (its kl_loss_type is one of the fork's forms)
-  l.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
-  l.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
-  l.clip_ratio_c = a.clip_ratio_c;
-  l.clip = a.rpg_style_clip;
-  l.kl = algo::parse_divergence(a.kl_form);
-  l.kl_coef = a.use_kl_loss ? a.kl_loss_coef : 0.0;
-  l.kl_loss_type = algo::parse_kl_estimator(a.kl_loss_type);
-  l.loss_agg_mode = algo::parse_loss_agg_mode(a.loss_agg_mode);
-  l.entropy_coeff = a.entropy_coeff;
-  const auto& rc = cfg.algorithm.rollout_correction;
-  if (rc.rollout_is) {
-    l.rollout_correction = algo::parse_rollout_correction(*rc.rollout_is);
-    l.rollout_correction_cap = rc.rollout_is_threshold;
-  }
-  algo::validate(l);
-  return l;
 }
 
 rollout::SamplingParams Trainer::Impl::sampling(bool validation) const {
@@ -184,14 +161,6 @@ nlohmann::json Trainer::Impl::fingerprint_with_layout() const {
   return f;
 }
 
-void Trainer::Impl::use_export_weights() {
-  // Schedule-free AdamW: rpg validates and exports the average x. The fork switches only
-  // around its old log-probs (eval) and its update (train), so it samples, validates and
-  // saves (hf_model included) at y: fork semantics does the same. No-op for AdamW.
-  if (fork) optimizer->use_train_weights();
-  else optimizer->use_eval_weights();
-}
-
 void Trainer::Impl::save_checkpoint() {
   const auto t_save = Clock::now();
   // Data-parallel (data_parallel.h): every rank writes its optimizer shard into rank 0's
@@ -204,7 +173,7 @@ void Trainer::Impl::save_checkpoint() {
     if (main) out.emplace(run_dir.checkpoint(step));
   });
   const fs::path dir = dp::main_path(out ? out->path() : fs::path());
-  use_export_weights();
+  rules->use_export_weights(*optimizer);
   dp::all_or_none("checkpoint", [&] {
     if (!main) return;
     model::SaveOptions so;
@@ -366,40 +335,12 @@ void Trainer::Impl::load_data() {
     throw ConfigError(str("data.train_batch_size / data.gen_batch_size (", std::max(cfg.data.train_batch_size, gen_batch),
                           ") exceed the ", prompts.size(), " usable training prompts"));
   if (!cfg.data.val_files.empty()) val_rows = read_rows(cfg.data.val_files, cfg.data.val_max_samples, "data.val_files");
-  // The fork's dataloader yields gen_batch_size prompts per batch and counts one training step
-  // per batch (ray_trainer.py:456-488); paper semantics counts train_batch_size.
-  steps_per_epoch = static_cast<int64_t>(prompts.size()) / (fork ? gen_batch : cfg.data.train_batch_size);
+  steps_per_epoch = static_cast<int64_t>(prompts.size()) / rules->prompts_per_step();
   total_steps = cfg.trainer.total_training_steps.value_or(steps_per_epoch * cfg.trainer.total_epochs);
   set_epoch(0);
 }
 
 namespace {
-
-// The order transformers registers a decoder's parameters in: embed_tokens; per layer
-// self_attn q/k/v/o (weight, bias), q_norm, k_norm, mlp gate/up/down, input_layernorm,
-// post_attention_layernorm; norm; lm_head. The fork's clip_grad_norm_ over
-// model.parameters() adds the per-tensor norms up in this order, and a float sum depends on it
-// (an ulp in the clip coefficient, then in the update).
-NamedTensors in_transformers_order(NamedTensors params) {
-  static const std::vector<std::string> within = {
-      "self_attn.q_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.weight", "self_attn.k_proj.bias",
-      "self_attn.v_proj.weight", "self_attn.v_proj.bias", "self_attn.o_proj.weight", "self_attn.q_norm.weight",
-      "self_attn.k_norm.weight", "mlp.gate_proj.weight",  "mlp.up_proj.weight",     "mlp.down_proj.weight",
-      "input_layernorm.weight", "post_attention_layernorm.weight"};
-  const std::string layers = "model.layers.";
-  auto key = [&](const std::string& name) -> std::pair<int64_t, int64_t> {
-    if (name == "model.embed_tokens.weight") return {-1, 0};
-    if (name.rfind(layers, 0) == 0) {
-      const size_t dot = name.find('.', layers.size());
-      const int64_t layer = std::stoll(name.substr(layers.size(), dot - layers.size()));
-      const auto it = std::find(within.begin(), within.end(), name.substr(dot + 1));
-      return {layer, static_cast<int64_t>(it - within.begin())};
-    }
-    return {std::numeric_limits<int64_t>::max(), name == "model.norm.weight" ? 0 : 1};
-  };
-  std::stable_sort(params.begin(), params.end(), [&](const auto& a, const auto& b) { return key(a.first) < key(b.first); });
-  return params;
-}
 
 // A Hugging Face model directory's tensors, memory-mapped (model.safetensors or the index's
 // shards): get() is a tensor over the mapped bytes, no copy; pages are read on first touch,
@@ -475,29 +416,21 @@ void Trainer::Impl::build_optimizer() {
     oo.scheduled_lr = true;
     oo.restore_exact_y = false;
   }
-  // Fork semantics: the optimizer (and clip_grad_norm, which walks its parameters) sees them in
-  // transformers' order, as the fork's torch optimizer and clip_grad_norm_ do.
-  NamedTensors params = policy.model.named_parameters();
-  if (fork) params = in_transformers_order(std::move(params));
+  NamedTensors params = rules->optimizer_order(policy.model.named_parameters());
   // ZeRO-1/2: sharded. dist.shard_master_weights: the parameters are bf16, their fp32 masters
   // are the optimizer's (1/N per rank), and gradients accumulate in fp32 (data_parallel.h).
   optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,
                                  static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024), shard_master);
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
                         o.num_cycles};
-  schedule.fork_constant = fork;  // the fork's constant schedule: LR 0 at the first step
+  schedule.fork_constant = rules->constant_schedule_starts_at_zero();
 }
 
 void Trainer::Impl::build_models() {
-  const auto& actor = cfg.actor_rollout_ref.actor;
   const auto& path = cfg.actor_rollout_ref.model.path;
   kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
   needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
-  // Fork semantics: use_iterative_ref_model means ref = old_log_probs (dp_actor.py:316-318,
-  // rpg_ray_trainer.py), whatever ref_update_freq says; otherwise the fixed initial policy.
-  const bool resident = fork ? !actor.use_iterative_ref_model
-                             : !(actor.use_iterative_ref_model && actor.ref_update_freq == 1);
-  if (needs_reference && resident) {
+  if (needs_reference && rules->reference_resident()) {
     // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
     reference = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {shard_master ? at::kBFloat16 : at::kFloat, policy.model.device()}));
@@ -515,9 +448,8 @@ void Trainer::Impl::build_models() {
     compute->set_requires_grad(true);
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
     // ZeRO-2: its gradients go to the buckets, paired with the optimizer's parameters by
-    // position, so in the optimizer's order (transformers' in fork semantics).
-    NamedTensors sources = compute->named_parameters();
-    if (fork) sources = in_transformers_order(std::move(sources));
+    // position, so in the optimizer's order.
+    const NamedTensors sources = rules->optimizer_order(compute->named_parameters());
     std::vector<at::Tensor> source_tensors;
     for (auto& [name, tensor] : sources) source_tensors.push_back(tensor);
     dp::attach_gradient_sources(*optimizer, source_tensors);
@@ -556,22 +488,8 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   s.policy.model.set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
   (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
   (void)algo::policy_loss_registry().get(cfg.actor_rollout_ref.actor.policy_loss);
-  s.loss_cfg = s.loss_config();  // the loss's string keys parsed once
-  if (s.fork) {
-    const auto& a = cfg.actor_rollout_ref.actor;
-    auto& f = s.fork_loss;
-    f.clip_ratio_low = a.clip_ratio_low.value_or(a.clip_ratio);
-    f.clip_ratio_high = a.clip_ratio_high.value_or(a.clip_ratio);
-    f.clip_ratio_c = a.clip_ratio_c;
-    f.loss_agg_mode = algo::parse_loss_agg_mode(a.loss_agg_mode);
-    f.entropy_coeff = a.entropy_coeff;
-    f.use_kl_loss = a.use_kl_loss;
-    f.kl_loss_coef = a.kl_loss_coef;
-    f.kl_loss_type = a.kl_loss_type;
-    f.use_iterative_ref_model = a.use_iterative_ref_model;
-    algo::validate(f);
-  }
-  s.kl_penalty = algo::parse_kl_estimator(cfg.algorithm.kl_penalty);
+  (void)algo::parse_kl_estimator(cfg.algorithm.kl_penalty);  // refused by name in either rule set
+  s.rules = make_rules(cfg);  // the loss's string keys parsed and checked once
   s.load_data();
   s.build_optimizer();
   s.build_models();
@@ -673,7 +591,7 @@ Metrics Trainer::validate() {
   Metrics m;
   if (s.val_rows.empty()) return m;
   const auto t_testing = Clock::now();
-  s.use_export_weights();
+  s.rules->use_export_weights(*s.optimizer);
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), s.engine_options(s.policy.model),
                                s.scorers, /*progress=*/false, /*chat_template=*/true,
                                s.cfg.data.apply_chat_template_kwargs);
@@ -687,7 +605,7 @@ Metrics Trainer::validate() {
 
 void Trainer::save_model(const std::string& dir) {
   Impl& s = *impl_;
-  s.use_export_weights();
+  s.rules->use_export_weights(*s.optimizer);
   model::SaveOptions so;
   so.copy_files_from = s.cfg.actor_rollout_ref.model.path;
   s.policy.model.save_pretrained(dir, so);

@@ -14,7 +14,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/metrics.h"
 #include "rpg/data/dataset.h"
@@ -24,6 +23,7 @@
 #include "rpg/rollout/policy.h"
 #include "rpg/train/checkpoint.h"
 #include "rpg/train/optim.h"
+#include "rpg/train/rules.h"
 #include "rpg/train/trainer.h"
 #include "rpg/train/trainer_testing.h"
 
@@ -134,12 +134,8 @@ struct Trainer::Impl {
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
   double kl_in_reward_coef = 0.0;  // algorithm.kl_ctrl: fixed, or adapted every step
   bool needs_reference = false;
-  algo::PolicyLossConfig loss_cfg;
-  // rpg.semantics=fork: the actor update, the in-reward KL, micro-batching, step count and
-  // reward follow the authors' fork (algo/fork_loss.h).
-  bool fork = false;
-  algo::ForkLossConfig fork_loss;
-  algo::KlEstimator kl_penalty = algo::KlEstimator::K1;  // algorithm.kl_penalty
+  // rpg.semantics: the paper's rules or the fork's, wherever the two differ (rules.h).
+  std::unique_ptr<Rules> rules;
   bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
   // This step's old log-probs come from the update's own forward (on_policy_old_log_probs):
   // the batch's old_log_probs start as zeros and each micro-batch writes its rows.
@@ -156,7 +152,6 @@ struct Trainer::Impl {
   // The next `k` prompts of the data stream. Like verl's DataLoader(drop_last=True), an
   // epoch's last partial batch is skipped and the next epoch starts.
   std::vector<const Prompt*> next_prompts(int64_t k);
-  algo::PolicyLossConfig loss_config() const;
   rollout::SamplingParams sampling(bool validation) const;
   // The model that runs the trainer's forward/backward passes: the bf16 copy or the master.
   model::CausalLM& compute_model() { return compute ? *compute : policy.model; }
@@ -183,8 +178,6 @@ struct Trainer::Impl {
   nlohmann::json fingerprint() const;
   // fingerprint() plus the weight layout when it is not the default (dist.shard_master_weights).
   nlohmann::json fingerprint_with_layout() const;
-  // The weights validation and export see: x for schedule-free AdamW, y in fork semantics.
-  void use_export_weights();
   // A checkpoint (layout: RunDir) written into a temporary directory and published by one
   // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
   void save_checkpoint();
@@ -194,12 +187,6 @@ struct Trainer::Impl {
   // skipped. Returns false when there is nothing to resume from.
   bool resume();
   void load_checkpoint(const fs::path& dir);
-  std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b) const;
-  // Fork semantics: the micro-batches dp_actor.update_policy cuts one mini-batch into (token
-  // budget partitions with use_dynamic_bsz, else consecutive ppo_micro_batch_size_per_gpu rows).
-  std::vector<std::vector<int64_t>> fork_micro_batches(const rollout::Batch& mini) const;
-  // The fork's optimizer-step rows: ppo_mini_batch_size * rollout.n.
-  int64_t mini_batch_rows() const;
   // ---- construction -----------------------------------------------------------------------
   // Training prompts rendered like verl's RLHFDataset (over-long ones filtered or truncated),
   // validation rows, and the step count.
@@ -244,11 +231,11 @@ struct Trainer::Impl {
   // One optimizer step: forward/backward of every micro-batch (gradients accumulate in fp32,
   // each loss normalised by the whole mini-batch), clip, step. A non-finite gradient norm
   // skips the step; too many skips in a row stop the run.
-  void update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows, const algo::PolicyLossConfig& lc, UpdateStats& stats);
+  void update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows, UpdateStats& stats);
   // The policy loss of one micro-batch (differentiable), under the compute model.
   // With old_from_update, `on_policy_log_probs` receives the micro-batch's log-probs, detached
   // (they are its old log-probs too).
-  algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, const algo::PolicyLossConfig& lc, double normaliser,
+  algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, double normaliser,
                                           at::Tensor* on_policy_log_probs = nullptr);
   // Phase 6: the iterative reference becomes the current policy every ref_update_freq steps,
   // or (paper Section 5) when the moving-average token KL to it exceeds the target. Runs after
