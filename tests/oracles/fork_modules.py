@@ -77,3 +77,26 @@ def dp_actor_loss(ca, s, log_prob, old_log_prob, advantages, response_mask, ref_
         gradient_accumulation = mini_rows // micro_size
         loss = policy_loss / gradient_accumulation
     return loss, pg_loss, kl_loss
+
+
+def balance_batch(fork_dir):
+    """The fork's RayPPOTrainer._balance_batch (verl/trainer/ppo/ray_trainer.py), unchanged: its
+    source is taken from the fork's file and run with the names it uses (torch, the installed
+    verl's get_seqlen_balanced_partitions and log_seqlen_unbalance), without importing the
+    trainer module (Ray, vLLM, ...). Call it as f(trainer, batch, metrics), `trainer` any object
+    with .actor_rollout_wg.world_size."""
+    import ast
+    import torch
+    from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, log_seqlen_unbalance
+    path = os.path.join(fork_dir, "verl/trainer/ppo/ray_trainer.py")
+    if not os.path.isfile(path):
+        raise SystemExit(f"fork oracle: {path} is missing (run scripts/setup.sh)")
+    source = open(path).read()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.name == "_balance_batch":
+            namespace = {"torch": torch, "DataProto": object,
+                         "get_seqlen_balanced_partitions": get_seqlen_balanced_partitions,
+                         "log_seqlen_unbalance": log_seqlen_unbalance}
+            exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), namespace)
+            return namespace["_balance_batch"]
+    raise SystemExit(f"fork oracle: no _balance_batch in {path}")

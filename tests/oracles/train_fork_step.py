@@ -8,8 +8,12 @@ batches of rollouts fed in (not sampled), in fp32 on the CPU, with the fork's ow
   in-reward KL    ray_trainer.apply_kl_penalty with kl_penalty = actor.kl_loss_type
                   (rpg_ray_trainer.py:195-199): scores - beta * kl_penalty(old, ref) * mask
   advantages      core_algos.compute_{grpo,rpg}_outcome_advantage (uid = group_index)
-  update          dp_actor.update_policy transcribed (lines 257-372): mini-batches =
-                  batch.split(ppo_mini_batch_size * n), micro-batches = split(micro) or, with
+  layout          W = case["world"] data-parallel ranks: with case["balance"] the fork's own
+                  RayPPOTrainer._balance_batch reorders the rows, rank r takes the r-th equal
+                  chunk, and each optimizer step sums every rank's mini-batch with FSDP's mean
+                  (each rank's loss / W)
+  update          dp_actor.update_policy transcribed (lines 257-372), per rank: mini-batches =
+                  batch.split(ppo_mini_batch_size * n // W), micro-batches = split(micro) or, with
                   use_dynamic_bsz, rearrange_micro_batches (k = ceil(tokens / max_token_len),
                   verl's get_seqlen_balanced_partitions); per micro-batch the loss of
                   fork_modules.dp_actor_loss (compute_policy_loss, agg_loss, kl_penalty, the
@@ -67,6 +71,11 @@ verl_F = core_algos.verl_F  # the fork's torch_functional
 
 from transformers import AutoModelForCausalLM  # noqa: E402
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions  # noqa: E402
+from tensordict import TensorDict  # noqa: E402
+from verl import DataProto  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+balance_batch = fork_modules.balance_batch(fork_dir)
 
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
 model.train()
@@ -170,16 +179,25 @@ def make_optimizer(step, b):
     return opt, sched
 
 
+WORLD = case.get("world", 1)                 # trainer.nnodes * trainer.n_gpus_per_node
+RANK_MINI = case["mini_rows"] // WORLD       # fsdp_workers.py:117-118: ppo_mini_batch_size * n // W
+
+
 def micro_batches_of(b, mini):
-    """The rows of each micro-batch of one mini-batch, as update_policy cuts it."""
+    """The rows of each micro-batch of one optimizer step, as every rank's update_policy cuts
+    its own mini-batch (`mini`: the W ranks' rows), rank by rank."""
     attention_mask = b["attention_mask"]
-    if case["use_dynamic_bsz"]:
-        lengths = attention_mask[mini].sum(dim=1)
-        assert case["max_token_len"] >= attention_mask.shape[-1]
-        k = math.ceil(lengths.sum().item() / case["max_token_len"])
-        parts = get_seqlen_balanced_partitions(lengths.tolist(), k, equal_size=False)
-        return [[mini[i] for i in p] for p in parts]
-    return [mini[i:i + case["micro_size"]] for i in range(0, len(mini), case["micro_size"])]
+    out = []
+    for rank_rows in mini:
+        if case["use_dynamic_bsz"]:
+            lengths = attention_mask[rank_rows].sum(dim=1)
+            assert case["max_token_len"] >= attention_mask.shape[-1]
+            k = math.ceil(lengths.sum().item() / case["max_token_len"])
+            parts = get_seqlen_balanced_partitions(lengths.tolist(), k, equal_size=False)
+            out += [[rank_rows[i] for i in p] for p in parts]
+        else:
+            out += [rank_rows[i:i + case["micro_size"]] for i in range(0, len(rank_rows), case["micro_size"])]
+    return out
 
 
 def accumulate(b, micro_batches, old_log_probs, ref_log_prob, advantages):
@@ -195,16 +213,28 @@ def accumulate(b, micro_batches, old_log_probs, ref_log_prob, advantages):
         entropy, log_prob = forward(b, rows_t, True)
         loss, _, _ = fork_modules.dp_actor_loss(
             core_algos, case, log_prob, old, advantages[rows_t], response_mask[rows_t], ref, entropy,
-            micro_rows=len(rows), mini_rows=case["mini_rows"], use_dynamic_bsz=case["use_dynamic_bsz"],
+            micro_rows=len(rows), mini_rows=RANK_MINI, use_dynamic_bsz=case["use_dynamic_bsz"],
             micro_size=case["micro_size"])
-        loss.backward()
+        # FSDP averages the ranks' gradients: the same mean, formed in one process.
+        (loss / WORLD if WORLD > 1 else loss).backward()
 
 
 def mini_batches(b):
+    """Every optimizer step's rows, one list per rank: with balance, the fork's own
+    _balance_batch reorders the rows; rank r takes the r-th equal chunk (DataProto.chunk) and
+    splits it into mini-batches of RANK_MINI rows (batch.split(ppo_mini_batch_size))."""
     B = b["input_ids"].size(0)
+    order = list(range(B))
+    if case.get("balance", False) and WORLD > 1:
+        data = DataProto(batch=TensorDict({"attention_mask": b["attention_mask"], "row": torch.arange(B)},
+                                          batch_size=[B]))
+        balance_batch(SimpleNamespace(actor_rollout_wg=SimpleNamespace(world_size=WORLD)), data, metrics={})
+        order = data.batch["row"].tolist()
+    assert B % WORLD == 0
+    per_rank = B // WORLD
     for _ in range(case["ppo_epochs"]):
-        for start in range(0, B, case["mini_rows"]):  # batch.split(ppo_mini_batch_size)
-            yield list(range(start, min(B, start + case["mini_rows"])))
+        for start in range(0, per_rank, RANK_MINI):
+            yield [order[r * per_rank + start:r * per_rank + min(per_rank, start + RANK_MINI)] for r in range(WORLD)]
 
 
 def train_step(s, b, replay):

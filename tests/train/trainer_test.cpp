@@ -2,6 +2,7 @@
 // micro-batching never changes an update, and RL raises the reward of a learnable task.
 #include "rpg/train/trainer.h"
 #include "rpg/train/trainer_testing.h"
+#include "rpg/train/rules.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -416,6 +417,9 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
       // Schedule-free: step 2's old log-probs (and its KL reference, use_iterative_ref_model)
       // come from x != y.
       {"run_rpg_7b_rkl1e-4_schedulefree", {p + "kl_loss_coef=0.5"}},
+      // The fork's data-parallel layout: balance_batch's reorder, per-rank mini- and
+      // micro-batches, FSDP's mean over the ranks.
+      {"run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28", {"trainer.n_gpus_per_node=2"}},
   };
   auto load = [&](const Case& k, int64_t budget) {
     std::vector<std::string> o = {
@@ -424,6 +428,10 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
         "data.train_batch_size=2", "data.gen_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
         "actor_rollout_ref.rollout.n=4", p + "ppo_mini_batch_size=1", "reward_model.overlong_buffer.len=4",
         "algorithm.filter_groups.enable=false", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        // The scripts' 8 ranks leave no row per rank of this tiny batch (8 rows, mini-batches of
+        // 4): one rank, so that a mini-batch is cut into micro-batches of unequal rows, and the
+        // last case on 2 emulated ranks (balance_batch on, the fork's default; 2 rows per rank).
+        "trainer.n_gpus_per_node=1",
         // The fork's constant schedule has LR 0 at step 1 whatever the warm-up; its cosine one
         // without warm-up starts at the full LR.
         p + "optim.lr=1e-4", p + "optim.lr_warmup_steps=0", p + "optim.warmup_style=cosine", "trainer.device=cpu",
@@ -513,6 +521,8 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
                         {"total_steps", t.total_steps()},
                         {"step", 1},
                         {"mini_rows", a.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n},
+                        {"world", cfg.trainer.nnodes.value_or(1) * cfg.trainer.n_gpus_per_node.value_or(1)},
+                        {"balance", cfg.trainer.balance_batch},
                         {"use_dynamic_bsz", a.use_dynamic_bsz},
                         {"max_token_len", a.ppo_max_token_len_per_gpu},
                         {"micro_size", a.ppo_micro_batch_size_per_gpu.value_or(1)},
@@ -602,6 +612,81 @@ TEST(ForkMicroBatches, DynamicPartitionEqualsVerlsKarmarkarKarp) {
   }
   EXPECT_GT(uneven, 0u);  // micro-batches of different row counts occur
   EXPECT_THROW(algo::fork_dynamic_micro_batches({10, 10}, 15, 16), ValueError);  // budget < padded width
+}
+
+// Fork semantics emulates the fork's data-parallel layout: the rows of each optimizer step,
+// rank by rank and micro-batch by micro-batch, equal those of the fork's own _balance_batch,
+// verl's dispatch (DataProto.chunk), fsdp_workers' per-rank mini-batch size and dp_actor's
+// splits (tests/oracles/train_fork_layout.py, live), on random lengths, 1-8 ranks, with and
+// without balance_batch and dynamic micro-batches.
+TEST(ForkLayout, RankMiniAndMicroBatchesEqualTheForks) {
+  uint64_t state = 777;
+  auto next = [&](int64_t lo, int64_t hi) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return lo + static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(hi - lo + 1));
+  };
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<TrainConfig> configs;
+  std::vector<rollout::Batch> batches;
+  for (int c = 0; c < 48; ++c) {
+    const int64_t world = std::vector<int64_t>{1, 2, 4, 8}[static_cast<size_t>(c % 4)];
+    const int64_t per_rank = next(1, 6), rows = world * per_rank, width = next(8, 40);
+    const int64_t rank_mini = next(1, per_rank), mini_rows = rank_mini * world + next(0, world - 1);
+    const bool balance = c % 3 != 0, dynamic = c % 2 == 0;
+    const int64_t micro = next(1, rank_mini), max_tokens = next(width, 3 * width);
+    std::vector<int64_t> lengths;
+    for (int64_t r = 0; r < rows; ++r) lengths.push_back(next(1, width));
+    at::Tensor mask = at::zeros({rows, width}, at::kLong);
+    for (int64_t r = 0; r < rows; ++r) mask[r].narrow(0, width - lengths[static_cast<size_t>(r)], lengths[static_cast<size_t>(r)]).fill_(1);
+    rollout::Batch b;
+    b.set("attention_mask", mask);
+    batches.push_back(b);
+    TrainConfig cfg;
+    cfg.rpg.semantics = "fork";
+    cfg.choices.semantics = Semantics::kFork;
+    cfg.trainer.n_gpus_per_node = world;
+    cfg.trainer.balance_batch = balance;
+    cfg.actor_rollout_ref.rollout.n = 1;
+    cfg.actor_rollout_ref.actor.ppo_mini_batch_size = mini_rows;
+    cfg.actor_rollout_ref.actor.use_dynamic_bsz = dynamic;
+    cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu = max_tokens;
+    cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = micro;
+    configs.push_back(cfg);
+    cases.push_back({{"lengths", lengths}, {"width", width}, {"world", world}, {"mini_rows", mini_rows},
+                     {"balance", balance}, {"use_dynamic_bsz", dynamic}, {"max_token_len", max_tokens},
+                     {"micro_size", micro}});
+  }
+  test::TempDir tmp;
+  test::write_text(tmp / "in.json", cases.dump());
+  const auto r = test::run_oracle("train_fork_layout.py", {RPG_FORK_DIR, (tmp / "in.json").string(), (tmp / "out.json").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto want = nlohmann::json::parse(read_file(tmp / "out.json"));
+  size_t reordered = 0, several_micro = 0;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const UpdatePlan plan = make_fork_rules(configs[c])->plan_update(batches[c], 0);
+    ASSERT_EQ(plan.epochs.size(), 1u);
+    nlohmann::json got = nlohmann::json::array(), flat_want = nlohmann::json::array();
+    for (const MiniBatchPlan& mini : plan.epochs[0]) {
+      nlohmann::json micro = nlohmann::json::array();
+      for (const auto& m : mini.micro) {
+        std::vector<int64_t> rows;
+        for (const int64_t i : m) rows.push_back(mini.rows[static_cast<size_t>(i)]);
+        micro.push_back(rows);
+      }
+      got.push_back(micro);
+      several_micro += mini.micro.size() > static_cast<size_t>(configs[c].trainer.n_gpus_per_node.value());
+      for (size_t i = 0; i < mini.rows.size(); ++i) reordered += mini.rows[i] != mini.rows.front() + static_cast<int64_t>(i);
+    }
+    for (const auto& mini : want.at(c)) {  // [rank][micro] -> the ranks' micro-batches in rank order
+      nlohmann::json micro = nlohmann::json::array();
+      for (const auto& rank : mini)
+        for (const auto& m : rank) micro.push_back(m);
+      flat_want.push_back(micro);
+    }
+    EXPECT_EQ(got, flat_want) << "case " << c << ": " << cases[c].dump();
+  }
+  EXPECT_GT(reordered, 0u);      // balance_batch moved rows
+  EXPECT_GT(several_micro, 0u);  // ranks cut their mini-batches into several micro-batches
 }
 
 // verl steps its LambdaLR once per TRAINING step (fsdp_workers.py update_actor), not per
@@ -750,6 +835,109 @@ TEST_F(TrainerTest, DynamicSamplingKeepsVaryingGroupsOrStops) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Schedule-free AdamW + dynamic sampling + KL in the reward, as the fork ran them: its
+// generation loop computes each round's old log-probs (compute_log_prob -> optimizer.eval(),
+// x) and continues to the next round without train(), so rounds 2..k sample at x and the
+// first at y, where the previous update left the weights. The paper's rules sample every
+// round at y (and compute the old log-probs there).
+TEST_F(TrainerTest, ScheduleFreeSamplingWeightsPerGenerationRound) {
+  auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!at::equal(a[i], b[i])) return false;
+    return true;
+  };
+  for (const bool fork : {true, false}) {
+    TrainConfig c = config(fork ? "sf_rounds_fork" : "sf_rounds_paper");
+    if (fork) {
+      c.rpg.semantics = "fork";
+      c.actor_rollout_ref.actor.policy_loss = "vanilla";
+      c.actor_rollout_ref.actor.optim.optim_type = "schedulefree";
+    } else {
+      c.actor_rollout_ref.actor.optim.optim_type = "schedule_free_adamw";
+    }
+    c.data.gen_batch_size = 2;  // at most 2 of the 4 groups a step needs per round: >= 2 rounds
+    c.algorithm.filter_groups.enable = true;
+    c.algorithm.filter_groups.metric = "score";
+    c.algorithm.filter_groups.max_num_gen_batches = 20;
+    c.algorithm.use_kl_in_reward = true;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+    c.actor_rollout_ref.actor.optim.lr = 1e-2;
+    Trainer t(c, scorers());
+    t.train_step();  // the fork's constant schedule: LR 0 at step 1, so x = y until step 2's update
+    t.train_step();
+    TrainerTesting::record_updates(t, true);
+    t.train_step();
+    const auto& rounds = TrainerTesting::last_sampling_weights(t);
+    const auto& old_weights = TrainerTesting::last_old_log_prob_weights(t);
+    const auto& updates = TrainerTesting::last_updates(t);
+    ASSERT_GE(rounds.size(), 2u) << fork;
+    ASSERT_FALSE(updates.empty());
+    // The update starts at y (train()), and no optimizer step ran since the step began. The
+    // fork's train() interpolates x back to y (as schedulefree does, not an exact restore), so
+    // there the update's y is the sampled one to fp32 rounding; x is a step's update away.
+    const std::vector<at::Tensor>& y = updates.front().weights;
+    const auto [round0_diff, scale] = max_diff_and_scale(rounds[0], y);
+    EXPECT_LE(round0_diff, 1e-6 * scale) << fork;
+    if (!fork) {
+      EXPECT_TRUE(same(rounds[0], y));
+    }
+    const double x_diff = max_diff_and_scale(old_weights, y).first;
+    if (fork) {
+      EXPECT_GT(x_diff, 1e-4 * scale) << "old log-probs at x, a step's update away from y";
+    } else {
+      EXPECT_TRUE(same(old_weights, y)) << "old log-probs at y";
+    }
+    for (size_t r = 1; r < rounds.size(); ++r)
+      EXPECT_TRUE(same(rounds[r], fork ? old_weights : y)) << "round " << r + 1 << " fork " << fork;
+    std::cerr << (fork ? "fork" : "paper") << ": " << rounds.size() << " rounds; |round 1 - y| " << round0_diff
+              << ", |x - y| " << x_diff << ", scale " << scale << "\n";
+  }
+}
+
+// Fork semantics visits the prompts in the fork's order (ray_trainer._create_dataloader:
+// RandomSampler with a torch.Generator seeded with data.get('seed', 1), batches of
+// gen_batch_size, drop_last), epoch after epoch: the prompts each step sampled, read back from
+// samples.jsonl, equal the batches torch's own DataLoader yields (live).
+TEST_F(TrainerTest, ForkDataOrderIsTheForksRandomSampler) {
+  TrainConfig c = config("fork_order");
+  c.rpg.semantics = "fork";
+  c.actor_rollout_ref.actor.policy_loss = "vanilla";
+  c.data.train_batch_size = 2;  // 8 prompts: 4 steps per epoch
+  c.actor_rollout_ref.rollout.n = 2;
+  c.actor_rollout_ref.actor.ppo_mini_batch_size = 2;
+  c.data.max_response_length = 2;
+  c.trainer.total_training_steps = 10;  // into the third epoch
+  c.trainer.save_freq = -1;
+  c.trainer.sample_log_freq = 1;
+  c.trainer.sample_log_count = 100;
+  Trainer t(c, scorers());
+  t.fit();
+  std::vector<int64_t> seen;  // the prompt index of every group, in sampling order
+  std::istringstream in(read_file(dir_->path() / "fork_order" / "samples.jsonl"));
+  std::string line;
+  for (int64_t k = 0; std::getline(in, line); ++k) {
+    if (k % 2) continue;  // a group's n = 2 responses are consecutive
+    const std::string prompt = nlohmann::json::parse(line).at("prompt");
+    const auto at = prompt.find("word number ");
+    ASSERT_NE(at, std::string::npos) << prompt;
+    seen.push_back(prompt[at + 12] - '0');
+  }
+  const std::string code =
+      "import json, torch\n"
+      "from torch.utils.data import DataLoader, RandomSampler\n"
+      "g = torch.Generator(); g.manual_seed(1)\n"
+      "loader = DataLoader(list(range(8)), batch_size=2, drop_last=True,"
+      " sampler=RandomSampler(data_source=list(range(8)), generator=g))\n"
+      "out = []\n"
+      "for epoch in range(3):\n"
+      "  for batch in loader: out += batch.tolist()\n"
+      "print(json.dumps(out[:20]))\n";
+  const auto r = test::run_process({test::python().string(), "-c", code});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(seen, nlohmann::json::parse(r.out).get<std::vector<int64_t>>());
 }
 
 // A non-finite reward makes every update non-finite: each is skipped (weights untouched)
@@ -1451,7 +1639,7 @@ TEST(TrainConfigResolve, ForkSpellingsSelectForkSemantics) {
   EXPECT_NE(error_of({"rpg.semantics=forked"}).find("rpg.semantics: got 'forked'"), std::string::npos);
   EXPECT_NE(error_of({"reward_model.reward_kwargs.dapo_variant=upstream"}).find("reward_model.reward_kwargs.dapo_variant"),
             std::string::npos);
-  size_t recipes = 0, schedule_free = 0;
+  size_t recipes = 0, schedule_free = 0, rounds_at_x = 0;
   for (const auto& e : fs::directory_iterator(test::source_dir() / "recipes" / "fork")) {
     if (e.path().extension() != ".yaml") continue;
     ++recipes;
@@ -1464,8 +1652,13 @@ TEST(TrainConfigResolve, ForkSpellingsSelectForkSemantics) {
     r.check_trainable();  // schedulefree included: fork semantics runs it
     if (r.actor_rollout_ref.actor.optim.optim_type == "schedulefree") {
       ++schedule_free;
-      EXPECT_NE(r.choices.algorithm_summary.find("schedulefree (old log-probs at x; sampling, update, validation, "
-                                                 "saving at y)"),
+      // With KL in the reward the fork's generation loop leaves x in place for rounds 2..k.
+      const bool at_x = r.algorithm.use_kl_in_reward && r.algorithm.filter_groups.enable;
+      rounds_at_x += at_x;
+      EXPECT_NE(r.choices.algorithm_summary.find(
+                    at_x ? "schedulefree (old log-probs and generation rounds 2..k at x; first round, update, "
+                           "validation, saving at y)"
+                         : "schedulefree (old log-probs at x; sampling, update, validation, saving at y)"),
                 std::string::npos)
           << r.choices.algorithm_summary;
     }
@@ -1480,6 +1673,7 @@ TEST(TrainConfigResolve, ForkSpellingsSelectForkSemantics) {
   }
   EXPECT_EQ(recipes, 60u);
   EXPECT_EQ(schedule_free, 30u);
+  EXPECT_EQ(rounds_at_x, 13u);  // grep of the scripts: schedulefree + enable_filter_groups + use_kl_in_reward
 }
 
 // The layout of verl's / the fork's _validate: val-core holds the core variable's (acc)

@@ -225,27 +225,28 @@ struct KkState {
 
 }  // namespace
 
-std::vector<std::vector<int64_t>> fork_dynamic_micro_batches(const std::vector<int64_t>& lengths,
-                                                             int64_t max_token_len, int64_t padded_width) {
-  if (max_token_len < padded_width)
-    throw ValueError(str("ppo_max_token_len_per_gpu: ", max_token_len, " is less than the padded sequence length ",
-                         padded_width, " (the fork asserts max_token_len >= max_seq_len)"));
-  int64_t total = 0;
-  for (int64_t l : lengths) total += l;
-  const int64_t k = (total + max_token_len - 1) / max_token_len;
-  if (k < 1 || k > static_cast<int64_t>(lengths.size()))
-    throw ValueError(str("dynamic micro-batches: ", k, " partitions for ", lengths.size(), " rows"));
+std::vector<std::vector<int64_t>> fork_balanced_partitions(const std::vector<int64_t>& lengths, int64_t k,
+                                                           bool equal_size) {
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  if (k < 1 || k > n) throw ValueError(str("balanced partitions: ", k, " partitions for ", n, " rows"));
+  if (equal_size && n % k != 0)
+    throw ValueError(str("balanced partitions: ", n, " rows do not split into ", k, " equal partitions"));
   std::vector<std::pair<int64_t, int64_t>> sorted;  // (length, index), ascending as Python sorts tuples
   for (size_t i = 0; i < lengths.size(); ++i) sorted.emplace_back(lengths[i], static_cast<int64_t>(i));
   std::sort(sorted.begin(), sorted.end());
-  // The states are totally ordered (every set holds distinct indices), so a priority queue
-  // pops them in the order heapq does.
+  // The initial states: one row each, or (equal_size) k consecutive rows of the sorted list,
+  // one per set. The states are totally ordered (every set holds distinct indices), so a
+  // priority queue pops them in the order heapq does.
   std::vector<KkState> heap;
-  for (const auto& [len, idx] : sorted) {
+  const int64_t per_state = equal_size ? k : 1;
+  for (int64_t offset = 0; offset < n; offset += per_state) {
     KkState st;
     st.sets.resize(static_cast<size_t>(k));
-    st.sets[0].sum = len;
-    st.sets[0].items.emplace_back(idx, len);
+    for (int64_t i = 0; i < per_state; ++i) {
+      const auto& [len, idx] = sorted[static_cast<size_t>(offset + i)];
+      st.sets[static_cast<size_t>(i)].sum = len;
+      st.sets[static_cast<size_t>(i)].items.emplace_back(idx, len);
+    }
     st.sort_sets();
     heap.push_back(std::move(st));
   }
@@ -272,11 +273,24 @@ std::vector<std::vector<int64_t>> fork_dynamic_micro_batches(const std::vector<i
   for (const auto& set : heap.front().sets) {
     std::vector<int64_t> rows;
     for (const auto& it : set.items) rows.push_back(it.first);
-    if (rows.empty()) throw ValueError("dynamic micro-batches: an empty partition");
+    if (rows.empty()) throw ValueError("balanced partitions: an empty partition");
     std::sort(rows.begin(), rows.end());
     out.push_back(std::move(rows));
   }
   return out;
+}
+
+std::vector<std::vector<int64_t>> fork_dynamic_micro_batches(const std::vector<int64_t>& lengths,
+                                                             int64_t max_token_len, int64_t padded_width) {
+  if (max_token_len < padded_width)
+    throw ValueError(str("ppo_max_token_len_per_gpu: ", max_token_len, " is less than the padded sequence length ",
+                         padded_width, " (the fork asserts max_token_len >= max_seq_len)"));
+  int64_t total = 0;
+  for (int64_t l : lengths) total += l;
+  const int64_t k = (total + max_token_len - 1) / max_token_len;
+  if (k < 1 || k > static_cast<int64_t>(lengths.size()))
+    throw ValueError(str("dynamic micro-batches: ", k, " partitions for ", lengths.size(), " rows"));
+  return fork_balanced_partitions(lengths, k, /*equal_size=*/false);
 }
 
 at::Tensor fork_mini_batch_loss(const PolicyLossInputs& in, const ForkLossConfig& config,

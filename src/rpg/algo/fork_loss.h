@@ -95,5 +95,11 @@ std::vector<std::vector<int64_t>> fork_fixed_micro_batches(int64_t rows, int64_t
 // padded_width (ValueError here).
 std::vector<std::vector<int64_t>> fork_dynamic_micro_batches(const std::vector<int64_t>& lengths,
                                                              int64_t max_token_len, int64_t padded_width);
+// verl.utils.seqlen_balancing.get_seqlen_balanced_partitions: `k` partitions of the rows whose
+// length sums the largest differencing method (karmarkar_karp) balances; with equal_size each
+// holds rows / k rows (the fork's _balance_batch over data-parallel ranks). Each partition's
+// rows ascending, partitions in karmarkar_karp's order (largest sum first).
+std::vector<std::vector<int64_t>> fork_balanced_partitions(const std::vector<int64_t>& lengths, int64_t k,
+                                                           bool equal_size);
 
 }  // namespace rpg::algo

@@ -258,7 +258,10 @@ std::string algorithm_summary(const TrainConfig& c) {
       in_reward = str("reward -= ", number(alg.kl_ctrl.kl_coef), " * ", a.kl_loss_type, "(pi_old, ", ref, ")");
     return str("fork semantics: PPO dual-clip (eps ", low, "/", high, ", c ", number(a.clip_ratio_c), "), ", adv, ", ",
                kl, ", ", in_reward, ", ", a.optim.optim_type,
-               a.optim.optim_type == "schedulefree" ? " (old log-probs at x; sampling, update, validation, saving at y)" : "",
+               a.optim.optim_type != "schedulefree" ? ""
+               : alg.use_kl_in_reward && alg.filter_groups.enable
+                   ? " (old log-probs and generation rounds 2..k at x; first round, update, validation, saving at y)"
+                   : " (old log-probs at x; sampling, update, validation, saving at y)",
                " lr ", number(a.optim.lr), ", reward ", c.choices.dapo_variant);
   }
   std::string loss = "policy_loss " + a.policy_loss;
@@ -297,6 +300,17 @@ void TrainConfig::check_fork_semantics() const {
     require(a.optim.min_lr_ratio == 0 && a.optim.num_cycles == 0.5,
             p + (a.optim.min_lr_ratio != 0 ? "optim.min_lr_ratio" : "optim.num_cycles"),
             str("the fork's fsdp_workers.py passes neither min_lr_ratio nor num_cycles to its cosine schedule", why));
+    // The update emulates the fork's W ranks (train/fork_rules.cpp): its dispatch splits the
+    // batch into W equal chunks and fsdp_workers.py:117-119 asserts a per-rank mini-batch.
+    const int64_t world = trainer.nnodes.value_or(1) * trainer.n_gpus_per_node.value_or(1);
+    const int64_t rows = data.train_batch_size * actor_rollout_ref.rollout.n;
+    require(rows % world == 0, "trainer.n_gpus_per_node",
+            str("data.train_batch_size x rollout.n = ", rows, " rows do not split over trainer.nnodes x "
+                "trainer.n_gpus_per_node = ", world, " ranks (the fork's dispatch needs equal chunks)"));
+    require(a.ppo_mini_batch_size * actor_rollout_ref.rollout.n >= world, p + "ppo_mini_batch_size",
+            str(a.ppo_mini_batch_size, " x rollout.n = ", a.ppo_mini_batch_size * actor_rollout_ref.rollout.n,
+                " rows leave none for each of trainer.nnodes x trainer.n_gpus_per_node = ", world,
+                " ranks (the fork asserts a per-rank mini-batch)"));
   }
 }
 

@@ -63,7 +63,7 @@ struct DataConfig {
   std::optional<int64_t> val_batch_size;
   std::string truncation = "error";         // error | left | right | middle
   bool shuffle = true;
-  std::optional<int64_t> seed;              // data shuffling seed; trainer.seed when null
+  std::optional<int64_t> seed;              // data shuffling seed; null: trainer.seed (fork: 1)
   bool filter_overlong_prompts = false;
   int64_t train_max_samples = -1;
   int64_t val_max_samples = -1;
@@ -82,7 +82,7 @@ struct DataConfig {
     v("val_batch_size", val_batch_size, "prompts per validation batch; all when null");
     v("truncation", truncation, "over-long prompts: error | left | right | middle (keep both ends, as verl)");
     v("shuffle", shuffle, "shuffle the training data every epoch");
-    v("seed", seed, "data shuffle seed; trainer.seed when null");
+    v("seed", seed, "data shuffle seed; null: trainer.seed (fork semantics: 1, the fork's default)");
     v("filter_overlong_prompts", filter_overlong_prompts, "drop prompts longer than max_prompt_length");
     v("train_max_samples", train_max_samples, "use at most this many training rows (-1: all)");
     v("val_max_samples", val_max_samples, "use at most this many validation rows (-1: all)");
@@ -453,8 +453,10 @@ struct TrainerConfig {
   int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
   int64_t sample_log_freq = 10;        // rpg: log sample generations every this many steps (0: never)
   int64_t sample_log_count = 4;        // rpg: how many responses each time
-  // verl's cluster shape; null: not checked. Checked against the launcher's (torchrun/srun/rpg launch).
+  // verl's cluster shape; null: not checked (1). Checked against the launcher's (torchrun/srun/rpg
+  // launch); in fork semantics also the ranks whose layout the update emulates (fork_rules.cpp).
   std::optional<int64_t> nnodes, n_gpus_per_node;
+  bool balance_batch = true;  // verl's default
 
   template <class V>
   void visit(V& v) {
@@ -476,9 +478,14 @@ struct TrainerConfig {
     v("sample_log_freq", sample_log_freq, "write sample generations to samples.jsonl every N steps (0: never)");
     v("sample_log_count", sample_log_count, "responses per sample log");
     v("nnodes", nnodes, "nodes launched (checked against the launcher when set and more than one process runs)");
-    v("n_gpus_per_node", n_gpus_per_node, "processes per node (checked like nnodes)");
+    v("n_gpus_per_node", n_gpus_per_node,
+      "processes per node (checked like nnodes); fork semantics: nnodes x n_gpus_per_node is the data-parallel "
+      "layout the update emulates (balance_batch, per-rank mini- and micro-batches) in any number of processes");
     v.ignored("logger", "rpg always writes metrics.jsonl and TensorBoard events in the run directory");
-    for (const char* key : {"log_val_generations", "balance_batch",
+    v("balance_batch", balance_batch,
+      "fork semantics: reorder each step's rows into token-balanced rank partitions before the update, as the "
+      "fork's _balance_batch (no effect on the paper's update)");
+    for (const char* key : {"log_val_generations",
                             "critic_warmup", "ray_wait_register_center_timeout", "del_local_ckpt_after_load",
                             "default_hdfs_dir", "max_critic_ckpt_to_keep", "use_legacy_worker_impl"})
       v.ignored(key, "Ray/cluster setting");

@@ -5,12 +5,15 @@
 // actor.kl_loss_type, transformers' parameter order, one step per generation batch, and
 // schedule-free AdamW switched only around the old log-probs and the update.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <string>
 
 #include "rpg/algo/fork_loss.h"
+#include "rpg/core/error.h"
 #include "rpg/train/rules.h"
 
 namespace rpg::train {
@@ -60,7 +63,36 @@ algo::ForkLossConfig fork_loss_config(const ActorConfig& a) {
 class ForkRules final : public Rules {
  public:
   explicit ForkRules(const TrainConfig& cfg)
-      : cfg_(cfg), actor_(cfg.actor_rollout_ref.actor), loss_(fork_loss_config(actor_)), mini_rows_(mini_batch_rows(cfg)) {}
+      : cfg_(cfg),
+        actor_(cfg.actor_rollout_ref.actor),
+        loss_(fork_loss_config(actor_)),
+        world_(cfg.trainer.nnodes.value_or(1) * cfg.trainer.n_gpus_per_node.value_or(1)),
+        rank_mini_rows_(mini_batch_rows(cfg) / world_),
+        micro_size_(actor_.ppo_micro_batch_size_per_gpu.value_or(rank_mini_rows_)) {
+    if (rank_mini_rows_ < 1)
+      throw ConfigError(str("actor_rollout_ref.actor.ppo_mini_batch_size: ", mini_batch_rows(cfg),
+                            " rows (x rollout.n) over trainer.nnodes x trainer.n_gpus_per_node = ", world_,
+                            " ranks leave none per rank (the fork asserts ppo_mini_batch_size > 0 after normalization)"));
+  }
+
+  // ray_trainer._create_dataloader: RandomSampler(generator=torch.Generator() seeded with
+  // data.get('seed', 1)). Each epoch's iteration draws torch.randperm(n) from that one
+  // generator for its order and, when the loader runs the sampler to its end, a second one
+  // for the remainder num_samples % n (empty, but drawn): epoch e's order is the (2e+1)-th
+  // permutation. libtorch's CPU generator and randperm are torch's own, so the orders are the
+  // fork's.
+  std::vector<int64_t> epoch_order(int64_t n, int64_t epoch) const override {
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    if (!cfg_.data.shuffle) {  // SequentialSampler
+      std::iota(order.begin(), order.end(), 0);
+      return order;
+    }
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(cfg_.data.seed.value_or(1)));
+    at::Tensor perm;
+    for (int64_t e = 0; e <= 2 * epoch; ++e) perm = at::randperm(n, gen, at::TensorOptions().dtype(at::kLong));
+    std::copy(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n, order.begin());
+    return order;
+  }
 
   // The fork's dataloader yields gen_batch_size prompts per batch and counts one training
   // step per batch (ray_trainer.py:456-488).
@@ -73,6 +105,11 @@ class ForkRules final : public Rules {
   // AdamW the old log-probs (and the in-reward KL, and ref under use_iterative_ref_model) come
   // from x, while the responses were sampled at y.
   void use_old_log_prob_weights(Optimizer& optimizer) const override { optimizer.use_eval_weights(); }
+  // With use_kl_in_reward the generation loop computes each round's old log-probs
+  // (rpg_ray_trainer.py:132-134, compute_log_prob -> eval()) and, when dynamic sampling wants
+  // more groups, `continue`s to the next round without a train() in between: rounds 2..k
+  // sample at x. The first round samples where the previous update left the weights: y.
+  bool samples_at_x(int64_t round) const override { return round > 0 && cfg_.algorithm.use_kl_in_reward; }
   // The fork switches only around its old log-probs (eval) and its update (train), so it
   // samples, validates and saves (hf_model included) at y.
   void use_export_weights(Optimizer& optimizer) const override { optimizer.use_train_weights(); }
@@ -102,25 +139,69 @@ class ForkRules final : public Rules {
     return out;
   }
 
-  bool reshuffles_epochs() const override { return false; }  // the fork splits the same batch every epoch
-  // dp_actor.update_policy: token-budget partitions with use_dynamic_bsz, else consecutive
-  // ppo_micro_batch_size_per_gpu rows (the whole mini-batch without one).
-  std::vector<std::vector<int64_t>> update_micro_batches(const rollout::Batch& mini) const override {
-    if (actor_.use_dynamic_bsz) {
-      const at::Tensor& am = mini.get("attention_mask");
-      const at::Tensor lengths = am.sum(1).to(at::kLong).contiguous();
-      const std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
-      return algo::fork_dynamic_micro_batches(l, actor_.ppo_max_token_len_per_gpu, am.size(1));
+  // The fork's data-parallel layout, emulated whatever the number of rpg processes: W =
+  // trainer.nnodes x trainer.n_gpus_per_node ranks (8 in every script). With
+  // trainer.balance_batch, _balance_batch (ray_trainer.py:796-811) reorders the rows into W
+  // token-balanced partitions of equal size (get_seqlen_balanced_partitions, equal_size);
+  // the dispatch hands rank r the r-th contiguous chunk; each rank splits its chunk into
+  // mini-batches of ppo_mini_batch_size x n / W rows (fsdp_workers.py:117-118) and cuts each
+  // into its own micro-batches (dp_actor.update_policy: token-budget partitions with
+  // use_dynamic_bsz, else consecutive ppo_micro_batch_size_per_gpu rows). Optimizer step m
+  // sums every rank's m-th mini-batch (FSDP's mean of the ranks' gradients: each micro-batch
+  // weighted by rows / (W x per-rank mini-batch), micro_batch_loss). The same split every
+  // epoch (no shuffle).
+  UpdatePlan plan_update(const rollout::Batch& batch, int64_t) const override {
+    const int64_t rows = batch.rows();
+    const at::Tensor& am = batch.get("attention_mask");
+    const at::Tensor lengths_t = am.sum(1).to(at::kLong).contiguous();
+    const std::vector<int64_t> lengths(lengths_t.data_ptr<int64_t>(), lengths_t.data_ptr<int64_t>() + rows);
+    if (rows % world_ != 0)
+      throw ValueError(str("fork layout: ", rows, " rows do not split over trainer.nnodes x trainer.n_gpus_per_node = ",
+                           world_, " ranks"));
+    std::vector<int64_t> order;
+    if (cfg_.trainer.balance_batch && world_ > 1) {
+      for (const auto& part : algo::fork_balanced_partitions(lengths, world_, /*equal_size=*/true))
+        order.insert(order.end(), part.begin(), part.end());
+    } else {
+      order.resize(static_cast<size_t>(rows));
+      std::iota(order.begin(), order.end(), 0);
     }
-    return algo::fork_fixed_micro_batches(mini.rows(), actor_.ppo_micro_batch_size_per_gpu.value_or(mini_rows_));
+    const int64_t per_rank = rows / world_;
+    std::vector<MiniBatchPlan> minis;
+    for (int64_t start = 0; start < per_rank; start += rank_mini_rows_) {
+      MiniBatchPlan mini;
+      for (int64_t r = 0; r < world_; ++r) {
+        const int64_t begin = r * per_rank + start, end = r * per_rank + std::min(per_rank, start + rank_mini_rows_);
+        const std::vector<int64_t> rank_rows(order.begin() + begin, order.begin() + end);
+        std::vector<std::vector<int64_t>> micro;
+        if (actor_.use_dynamic_bsz) {
+          std::vector<int64_t> l;
+          for (const int64_t row : rank_rows) l.push_back(lengths[static_cast<size_t>(row)]);
+          micro = algo::fork_dynamic_micro_batches(l, actor_.ppo_max_token_len_per_gpu, am.size(1));
+        } else {
+          micro = algo::fork_fixed_micro_batches(static_cast<int64_t>(rank_rows.size()), micro_size_);
+        }
+        const int64_t offset = static_cast<int64_t>(mini.rows.size());
+        for (auto& m : micro)
+          for (int64_t& i : m) i += offset;
+        mini.rows.insert(mini.rows.end(), rank_rows.begin(), rank_rows.end());
+        mini.micro.insert(mini.micro.end(), micro.begin(), micro.end());
+      }
+      minis.push_back(std::move(mini));
+    }
+    UpdatePlan plan;
+    plan.epochs.assign(static_cast<size_t>(actor_.ppo_epochs), minis);
+    return plan;
   }
   double loss_normaliser(const rollout::Batch&) const override { return 0.0; }
   // The micro-batch's own aggregation, times rows / mini-batch rows (dynamic bsz) or
   // 1 / gradient_accumulation.
+  // With W emulated ranks: rows / (W x per-rank mini-batch rows), or 1 / (W x
+  // gradient_accumulation), the rank's weight and FSDP's mean over ranks in one factor.
   algo::PolicyLossOutput micro_batch_loss(const algo::PolicyLossInputs& in, int64_t rows) const override {
     auto out = algo::fork_micro_batch_loss(in, loss_);
-    out.loss = algo::fork_weighted_micro_batch_loss(out.loss, rows, mini_rows_, actor_.use_dynamic_bsz,
-                                                    actor_.ppo_micro_batch_size_per_gpu.value_or(mini_rows_));
+    out.loss = algo::fork_weighted_micro_batch_loss(out.loss, rows, world_ * rank_mini_rows_, actor_.use_dynamic_bsz,
+                                                    micro_size_);
     return out;
   }
 
@@ -128,7 +209,9 @@ class ForkRules final : public Rules {
   const TrainConfig& cfg_;
   const ActorConfig& actor_;
   algo::ForkLossConfig loss_;
-  int64_t mini_rows_;
+  int64_t world_;           // the fork's data-parallel ranks, emulated
+  int64_t rank_mini_rows_;  // one rank's mini-batch rows (the fork's normalised ppo_mini_batch_size)
+  int64_t micro_size_;      // ppo_micro_batch_size_per_gpu (a rank's whole mini-batch when unset)
 };
 
 }  // namespace

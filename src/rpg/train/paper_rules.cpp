@@ -3,8 +3,12 @@
 // does not change the gradient; the policy loss from algo's registry.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "rpg/algo/aggregate.h"
 #include "rpg/algo/kl.h"
+#include "rpg/core/rng.h"
 #include "rpg/train/rules.h"
 
 namespace rpg::train {
@@ -54,6 +58,14 @@ class PaperRules final : public Rules {
         loss_(policy_loss_config(cfg)),
         kl_penalty_(algo::parse_kl_estimator(cfg.algorithm.kl_penalty)) {}
 
+  std::vector<int64_t> epoch_order(int64_t n, int64_t epoch) const override {
+    if (cfg_.data.shuffle)
+      return random_permutation(n, mix_key(static_cast<uint64_t>(cfg_.data.seed.value_or(cfg_.trainer.seed)),
+                                           static_cast<uint64_t>(epoch)));
+    std::vector<int64_t> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    return order;
+  }
   int64_t prompts_per_step() const override { return cfg_.data.train_batch_size; }
 
   NamedTensors optimizer_order(NamedTensors params) const override { return params; }
@@ -61,6 +73,7 @@ class PaperRules final : public Rules {
   // Schedule-free AdamW: the old log-probs at y (the weights that sampled), validation and
   // export at the average x.
   void use_old_log_prob_weights(Optimizer&) const override {}
+  bool samples_at_x(int64_t) const override { return false; }
   void use_export_weights(Optimizer& optimizer) const override { optimizer.use_eval_weights(); }
 
   // A fixed reference, or one refreshed every few steps; refreshed every step it is pi_old.
@@ -77,9 +90,25 @@ class PaperRules final : public Rules {
     return out;
   }
 
-  bool reshuffles_epochs() const override { return actor_.shuffle; }
-  std::vector<std::vector<int64_t>> update_micro_batches(const rollout::Batch& mini) const override {
-    return micro_batches(mini, actor_);
+  // Mini-batches of consecutive rows (ppo_mini_batch_size prompts x n), in a new order every
+  // epoch after the first with actor.shuffle; each cut by micro_batches().
+  UpdatePlan plan_update(const rollout::Batch& batch, int64_t step) const override {
+    const int64_t rows = batch.rows(), per_mini = std::min<int64_t>(mini_batch_rows(cfg_), rows);
+    UpdatePlan plan;
+    for (int64_t e = 0; e < actor_.ppo_epochs; ++e) {
+      std::vector<int64_t> row_order(static_cast<size_t>(rows));
+      std::iota(row_order.begin(), row_order.end(), 0);
+      if (e > 0 && actor_.shuffle)
+        row_order = random_permutation(rows, mix_key(static_cast<uint64_t>(cfg_.trainer.seed), step, e));
+      auto& minis = plan.epochs.emplace_back();
+      for (int64_t start = 0; start < rows; start += per_mini) {
+        MiniBatchPlan mini;
+        mini.rows.assign(row_order.begin() + start, row_order.begin() + std::min<int64_t>(rows, start + per_mini));
+        mini.micro = micro_batches(batch.select(mini.rows), actor_);
+        minis.push_back(std::move(mini));
+      }
+    }
+    return plan;
   }
   double loss_normaliser(const rollout::Batch& mini) const override {
     return algo::loss_normaliser(mini.get("response_mask"), loss_.loss_agg_mode);

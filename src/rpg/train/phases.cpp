@@ -122,14 +122,26 @@ Generation Trainer::Impl::generate_groups() {
   const auto& fg = cfg.algorithm.filter_groups;
   const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
   Generation gen;
-  optimizer->use_train_weights();
-  refresh_rollout_weights();  // also after a resume or a validation's weight switch
+  if (recording) sampling_weights.clear();
   rollout::RolloutEngine engine(rollout_model(), engine_options(rollout_model()));
+  bool at_x = false;
   while (static_cast<int64_t>(gen.kept.size()) < cfg.data.train_batch_size) {
     if (gen.rounds > 0 && fg.max_num_gen_batches > 0 && gen.rounds >= fg.max_num_gen_batches)
       throw ValueError(str("dynamic sampling: ", gen.rounds, " generation batches gave only ", gen.kept.size(),
                            " of ", cfg.data.train_batch_size, " groups with varying ", fg.metric,
                            "; raise algorithm.filter_groups.max_num_gen_batches or check the data"));
+    // The weights this round samples with (schedule-free AdamW: x or y), in the rollout model
+    // (also after a resume or a validation's weight switch).
+    if (gen.rounds == 0 || rules->samples_at_x(gen.rounds) != at_x) {
+      at_x = rules->samples_at_x(gen.rounds);
+      if (at_x) optimizer->use_eval_weights();
+      else optimizer->use_train_weights();
+      refresh_rollout_weights();
+    }
+    if (recording) {
+      auto& w = sampling_weights.emplace_back();
+      for (const auto& p : rollout_model().parameters()) w.push_back(p.detach().clone());
+    }
     ++gen.rounds;
     const ScoredRound round = generate_round(engine, next_prompts(gen_batch), gen);
     keep_groups(round, gen);
@@ -246,8 +258,12 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
   const double cpu_old = process_cpu_seconds();
   rules->use_old_log_prob_weights(*optimizer);
   sync_compute_weights();
-  old_from_update = old_log_probs_from_update(sb);
-  if (old_from_update)  // filled by update_actor, micro-batch by micro-batch
+  if (recording) {
+    old_log_prob_weights.clear();
+    for (const auto& p : compute_model().parameters()) old_log_prob_weights.push_back(p.detach().clone());
+  }
+  lp.from_update = old_log_probs_from_update(sb);
+  if (lp.from_update)  // update_actor returns them, micro-batch by micro-batch
     lp.old_log_probs = at::zeros(sb.batch.get("responses").sizes(), at::TensorOptions().dtype(at::kFloat));
   else
     lp.old_log_probs = recompute_old ? log_probs_no_grad(compute_model(), sb.batch, temperature)
@@ -267,7 +283,7 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
     ref_kl_running = ref_kl_running ? (1 - actor.ref_kl_ema) * *ref_kl_running + actor.ref_kl_ema * kl : kl;
     m["actor/ref_kl_moving_avg"] = *ref_kl_running;
   }
-  if (recompute_old && !old_from_update) rollout_mismatch_metrics(lp.old_log_probs, sb.batch, m);
+  if (recompute_old && !lp.from_update) rollout_mismatch_metrics(lp.old_log_probs, sb.batch, m);
   return lp;
 }
 
@@ -319,7 +335,7 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
   return out;
 }
 
-UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
+UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch, const UpdatePlan& plan, bool old_from_update) {
   const auto& actor = cfg.actor_rollout_ref.actor;
   UpdateStats stats;
   // update_policy calls actor_optimizer.train() (dp_actor.py:259-262): back to y.
@@ -328,31 +344,23 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   // LambdaLR. The LR each optimizer step really uses (schedule-free AdamW: times its own
   // warm-up over optimizer steps) is averaged into stats.lr.
   stats.scheduled_lr = actor.optim.lr * schedule.factor(step);
-  const int64_t rows_per_mini =
-      std::min<int64_t>(actor.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, batch.rows());
   const auto t_update = Clock::now();
   const double cpu_update = process_cpu_seconds();
   updates.clear();
-  for (int64_t e = 0; e < actor.ppo_epochs; ++e) {
-    std::vector<int64_t> row_order(static_cast<size_t>(batch.rows()));
-    std::iota(row_order.begin(), row_order.end(), 0);
-    if (e > 0 && rules->reshuffles_epochs())
-      row_order = random_permutation(batch.rows(), mix_key(static_cast<uint64_t>(cfg.trainer.seed), step, e));
-    for (int64_t start = 0; start < batch.rows(); start += rows_per_mini) {
-      std::vector<int64_t> mini_rows(row_order.begin() + start,
-                                     row_order.begin() + std::min<int64_t>(batch.rows(), start + rows_per_mini));
-      update_mini_batch(batch, mini_rows, stats);
-    }
-  }
+  // One mini-batch, one epoch (old_log_probs_from_update): nothing reads the old log-probs
+  // before the micro-batch that computes them.
+  if (old_from_update) stats.old_log_probs = at::zeros_like(batch.get("old_log_probs"));
+  for (const auto& minis : plan.epochs)
+    for (const auto& mini : minis)
+      update_mini_batch(batch, mini, stats, old_from_update ? &stats.old_log_probs : nullptr);
   // One LR for the whole step (AdamW, the fork) is logged as is, not as a rounded mean.
   const bool one_lr = std::all_of(stats.lrs.begin(), stats.lrs.end(), [&](double x) { return x == stats.lrs.front(); });
   stats.lr = stats.lrs.empty() ? optimizer->lr_of_next_step(stats.scheduled_lr)
                                : one_lr ? stats.lrs.front() : mean_of(stats.lrs);
   if (old_from_update) {
-    at::Tensor old = batch.get("old_log_probs");
-    dp::sum_rows(old);  // data-parallel: every rank's rows (the others' are zeros here)
+    dp::sum_rows(stats.old_log_probs);  // data-parallel: every rank's rows (the others' are zeros here)
     std::map<std::string, double> mismatch;
-    rollout_mismatch_metrics(old, batch, mismatch);
+    rollout_mismatch_metrics(stats.old_log_probs, batch, mismatch);
     for (const auto& [k, v] : mismatch) stats.loss_metrics[k] = {v};
   }
   stats.seconds = seconds_since(t_update);
@@ -360,9 +368,10 @@ UpdateStats Trainer::Impl::update_actor(const rollout::Batch& batch) {
   return stats;
 }
 
-void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows,
-                                      UpdateStats& stats) {
+void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const MiniBatchPlan& plan, UpdateStats& stats,
+                                      at::Tensor* on_policy_old) {
   const auto& actor = cfg.actor_rollout_ref.actor;
+  const std::vector<int64_t>& mini_rows = plan.rows;
   rollout::Batch mini = batch.select(mini_rows);
   const double normaliser = rules->loss_normaliser(mini);
   UpdateRecord record;
@@ -371,7 +380,7 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
     for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
   }
   sync_compute_weights();
-  const auto micro = rules->update_micro_batches(mini);
+  const auto& micro = plan.micro;
   const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
   const auto metrics_before = dp::metric_sizes(stats.loss_metrics);
   // What comes back to the host (the loss metrics' .item(), the on-policy old log-probs) is
@@ -382,8 +391,8 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
   for (size_t mb = first_micro; mb < end_micro; ++mb) {
     const auto& rows = micro[mb];
     at::Tensor on_policy;
-    auto out = micro_batch_loss(mini.select(rows), normaliser, old_from_update ? &on_policy : nullptr);
-    if (old_from_update) {  // the batch's old log-probs, at the rows of this micro-batch
+    auto out = micro_batch_loss(mini.select(rows), normaliser, on_policy_old ? &on_policy : nullptr);
+    if (on_policy_old) {  // the batch's old log-probs, at the rows of this micro-batch
       std::vector<int64_t> batch_rows;
       for (const int64_t r : rows) batch_rows.push_back(mini_rows[static_cast<size_t>(r)]);
       on_policy_rows.emplace_back(std::move(batch_rows), on_policy);
@@ -395,10 +404,8 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const std::ve
     for (auto& [k, v] : out.metrics) loss_metrics.emplace_back(k, std::move(v));
   }
   for (const auto& [k, v] : loss_metrics) stats.loss_metrics[k].push_back(v.item<double>());
-  for (const auto& [batch_rows, on_policy] : on_policy_rows) {  // one mini-batch, one epoch: nothing read them yet
-    const at::Tensor& old = batch.get("old_log_probs");        // on the batch's device (the host)
-    old.index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(old.device(), at::kFloat));
-  }
+  for (const auto& [batch_rows, on_policy] : on_policy_rows)  // on the host, as the batch
+    on_policy_old->index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(on_policy_old->device(), at::kFloat));
   dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before,
                     micro.size());  // data-parallel: sum over ranks
   if (recording) {
@@ -512,35 +519,33 @@ void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, con
   m["perf/gen_tokens_per_s"] = gen.gen_seconds > 0 ? static_cast<double>(gen.gen_tokens) / gen.gen_seconds : 0.0;
 }
 
-std::vector<std::vector<int64_t>> Trainer::Impl::rank_rows(const rollout::Batch& batch) const {
+namespace {
+
+// The rows of the batch each data-parallel rank runs in the update's first epoch (one
+// partition per rank), as dp::micro_batch_range shares out every mini-batch's micro-batches.
+std::vector<std::vector<int64_t>> rank_rows(const UpdatePlan& plan, int64_t rows) {
   dist::ProcessGroup* pg = dist::world();
   const int world = pg ? pg->size() : 1;
   std::vector<std::vector<int64_t>> parts(static_cast<size_t>(world));
   if (world == 1) {
-    parts[0].resize(static_cast<size_t>(batch.rows()));
+    parts[0].resize(static_cast<size_t>(rows));
     std::iota(parts[0].begin(), parts[0].end(), 0);
     return parts;
   }
-  // update_actor's first epoch: mini-batches of consecutive rows, each cut into micro-batches
-  // shared out as dp::micro_batch_range does.
-  const int64_t per_mini = std::min<int64_t>(mini_batch_rows(cfg), batch.rows());
-  for (int64_t start = 0; start < batch.rows(); start += per_mini) {
-    std::vector<int64_t> mini_rows(static_cast<size_t>(std::min(per_mini, batch.rows() - start)));
-    std::iota(mini_rows.begin(), mini_rows.end(), start);
-    const rollout::Batch mini = batch.select(mini_rows);
-    const auto micro = rules->update_micro_batches(mini);
+  for (const MiniBatchPlan& mini : plan.epochs.front())
     for (int r = 0; r < world; ++r) {
-      const auto share = dist::shard(static_cast<int64_t>(micro.size()), world, r);
+      const auto share = dist::shard(static_cast<int64_t>(mini.micro.size()), world, r);
       for (int64_t mb = share.begin; mb < share.end; ++mb)
-        for (const int64_t row : micro[static_cast<size_t>(mb)])
-          parts[static_cast<size_t>(r)].push_back(mini_rows[static_cast<size_t>(row)]);
+        for (const int64_t row : mini.micro[static_cast<size_t>(mb)])
+          parts[static_cast<size_t>(r)].push_back(mini.rows[static_cast<size_t>(row)]);
     }
-  }
   return parts;
 }
 
-void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, const UpdateStats& up,
-                                 Metrics& m) {
+}  // namespace
+
+void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, const UpdatePlan& plan,
+                                 const UpdateStats& up, Metrics& m) {
   const at::Tensor lengths = sb.batch.get("attention_mask").sum(1).to(at::kLong).contiguous();
   const std::vector<int64_t> seqlens(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
   const int64_t total = std::accumulate(seqlens.begin(), seqlens.end(), int64_t{0});
@@ -553,7 +558,7 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
   const int64_t world = pg ? pg->size() : 1;
   if (timing.count("step"))
     for (const auto& [k, v] : throughput_metrics(seqlens, timing.at("step"), world)) m[k] = v;
-  for (const auto& [k, v] : seqlen_balance_metrics(seqlens, rank_rows(sb.batch))) m[k] = v;
+  for (const auto& [k, v] : seqlen_balance_metrics(seqlens, rank_rows(plan, sb.batch.rows()))) m[k] = v;
   // MFU as verl's fsdp worker: FLOPs of the batch's real tokens (times ppo_epochs) over the
   // update's time, the device's peak and the world size; the old-log-prob pass is a forward
   // (a third). Only where the peak is known (verl's table by device name, as
@@ -568,7 +573,7 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
     if (up.seconds > 0)
       m["perf/mfu/actor"] = flops * static_cast<double>(cfg.actor_rollout_ref.actor.ppo_epochs) / up.seconds / peak /
                             static_cast<double>(world);
-    if (recompute_old && !old_from_update && lp.old_seconds > 0)
+    if (recompute_old && !lp.from_update && lp.old_seconds > 0)
       m["perf/mfu/actor_infer"] = flops / 3 / lp.old_seconds / peak / static_cast<double>(world);
   }
   // CPU memory: the process's peak resident set (verl also logs the machine's used memory,

@@ -20,6 +20,19 @@
 
 namespace rpg::train {
 
+// How the update cuts a step's batch (Rules::plan_update, once per step; used by the update
+// and by the rank split of the perf metrics): per PPO epoch, the mini-batches (one optimizer
+// step each; rows of the batch), each cut into micro-batches (rows of the mini-batch).
+// Data-parallel processes run contiguous shares of every mini-batch's micro-batches
+// (dp::micro_batch_range).
+struct MiniBatchPlan {
+  std::vector<int64_t> rows;
+  std::vector<std::vector<int64_t>> micro;
+};
+struct UpdatePlan {
+  std::vector<std::vector<MiniBatchPlan>> epochs;
+};
+
 // The KL-penalised rewards of algorithm.use_kl_in_reward and the batch's KL as the adaptive
 // controller sees it (the mean over rows of each row's token mean).
 struct KlInReward {
@@ -32,6 +45,8 @@ class Rules {
   virtual ~Rules() = default;
 
   // ---- data and step counting ---------------------------------------------------------
+  // The order epoch `epoch` (0-based) visits the `n` training prompts in (data.shuffle).
+  virtual std::vector<int64_t> epoch_order(int64_t n, int64_t epoch) const = 0;
   // Training prompts one training step counts against the epoch (steps per epoch =
   // prompts / this).
   virtual int64_t prompts_per_step() const = 0;
@@ -45,6 +60,9 @@ class Rules {
   // Schedule-free AdamW's weights (x or y) for the old/ref log-prob pass and for validation
   // and export. No-op for AdamW.
   virtual void use_old_log_prob_weights(Optimizer& optimizer) const = 0;
+  // Schedule-free AdamW: generation round `round` of a step (0: the first) samples at x
+  // (true) or at y, the weights the update leaves.
+  virtual bool samples_at_x(int64_t round) const = 0;
   virtual void use_export_weights(Optimizer& optimizer) const = 0;
 
   // ---- reference and log-probs --------------------------------------------------------
@@ -63,10 +81,8 @@ class Rules {
                                   double coef) const = 0;
 
   // ---- the update ---------------------------------------------------------------------
-  // With actor.shuffle, epochs after the first visit the batch's rows in a new order.
-  virtual bool reshuffles_epochs() const = 0;
-  // The micro-batches one mini-batch is cut into (row indices into `mini`).
-  virtual std::vector<std::vector<int64_t>> update_micro_batches(const rollout::Batch& mini) const = 0;
+  // ppo_epochs x mini-batches x micro-batches of training step `step` (0-based).
+  virtual UpdatePlan plan_update(const rollout::Batch& batch, int64_t step) const = 0;
   // The one normaliser every micro-batch's loss of `mini` is divided by (0: each micro-batch
   // aggregates over its own tokens).
   virtual double loss_normaliser(const rollout::Batch& mini) const = 0;

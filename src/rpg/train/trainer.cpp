@@ -109,14 +109,7 @@ Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
 void Trainer::Impl::set_epoch(int64_t e) {
   epoch = e;
   cursor = 0;
-  const int64_t n = static_cast<int64_t>(prompts.size());
-  if (cfg.data.shuffle) {
-    order = random_permutation(n, mix_key(static_cast<uint64_t>(cfg.data.seed.value_or(cfg.trainer.seed)),
-                                          static_cast<uint64_t>(e)));
-  } else {
-    order.resize(static_cast<size_t>(n));
-    std::iota(order.begin(), order.end(), 0);
-  }
+  order = rules->epoch_order(static_cast<int64_t>(prompts.size()), e);
 }
 
 std::vector<const Prompt*> Trainer::Impl::next_prompts(int64_t k) {
@@ -209,13 +202,18 @@ void Trainer::Impl::save_checkpoint() {
     out->commit();
     run_dir.mark_latest(step);
     run_dir.prune(cfg.trainer.max_actor_ckpt_to_keep);
-    eval::write_report(run_dir.root());
   }
   dp::barrier();  // the other ranks go on once rank 0 has published it
   // A record of its own at the step it saved (as validation's): the step's line is written
   // before its checkpoint so that a complete checkpoint always has its step's metrics; this
   // one is best-effort (a crash right here loses a timing, never a step).
   logger->log(step, {{"timing_s/save_checkpoint", seconds_since(t_save)}});
+}
+
+void Trainer::Impl::write_report() {
+  // Once, at the end of the run (or its preemption): the report reads all of metrics.jsonl,
+  // so writing it at every checkpoint would cost the square of the run's length.
+  if (dp::writes_run_dir()) eval::write_report(run_dir.root());
 }
 
 std::vector<fs::path> Trainer::Impl::resume_candidates() const {
@@ -508,6 +506,12 @@ const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
 void TrainerTesting::record_updates(Trainer& t, bool on) { t.impl_->recording = on; }
 const std::vector<UpdateRecord>& TrainerTesting::last_updates(const Trainer& t) { return t.impl_->updates; }
+const std::vector<std::vector<at::Tensor>>& TrainerTesting::last_sampling_weights(const Trainer& t) {
+  return t.impl_->sampling_weights;
+}
+const std::vector<at::Tensor>& TrainerTesting::last_old_log_prob_weights(const Trainer& t) {
+  return t.impl_->old_log_prob_weights;
+}
 OptimizerState TrainerTesting::optimizer_state(const Trainer& t) { return t.impl_->optimizer->state(); }
 
 std::string validation_metric_key(const std::string& source, const std::string& name,
@@ -571,7 +575,13 @@ Metrics Trainer::train_step() {
   if (lp.ref_log_probs.defined()) sb.batch.set("ref_log_probs", lp.ref_log_probs);
   sb.batch.set("advantages", adv.advantages);
   sb.batch.set("token_level_scores", sb.token_level_scores);
-  const UpdateStats up = s.update_actor(sb.batch);
+  const UpdatePlan plan = s.rules->plan_update(sb.batch, s.step);
+  const UpdateStats up = s.update_actor(sb.batch, plan, lp.from_update);
+  if (lp.from_update) {  // the update's own log-probs (and pi_ref when it is pi_old)
+    sb.batch.set("old_log_probs", up.old_log_probs);
+    if (lp.ref_log_probs.defined() && lp.ref_log_probs.is_same(lp.old_log_probs))
+      sb.batch.set("ref_log_probs", up.old_log_probs);
+  }
   ++s.step;
   s.refresh_reference(m);
   s.step_metrics(gen, sb, adv, up, m);
@@ -580,7 +590,7 @@ Metrics Trainer::train_step() {
   m["timing_s/adv"] = adv.seconds;
   m["timing_s/step"] = seconds_since(t_step);
   m["perf/cpu_s/step"] = process_cpu_seconds() - cpu_step;
-  s.perf_metrics(sb, lp, up, m);
+  s.perf_metrics(sb, lp, plan, up, m);
   s.last_batch = std::move(sb.batch);
   s.log_step(m, gen.samples);
   return m;
@@ -639,6 +649,11 @@ void Trainer::fit(const ValidationStop& stop) {
       s.logger->flush(/*durable=*/true);
       saved = str("checkpoint ", s.run_dir.checkpoint(s.step).string());
     }
+    try {  // best effort: the stop (exit 75) is what the caller must see
+      s.write_report();
+    } catch (const std::exception& e) {
+      log_warn(str("report not written: ", e.what()));
+    }
     const std::string what = signals::stop_requested() ? signals::stop_signal_name() : "a stop signal";
     throw Preempted(str(what, who.empty() ? "" : str(" (received by ", who, ")"), " at step ", s.step, "/",
                         s.total_steps, ": ", saved, "; run the same command again to resume"));
@@ -670,6 +685,7 @@ void Trainer::fit(const ValidationStop& stop) {
     s.save_checkpoint();
     s.logger->flush(/*durable=*/true);
   }
+  s.write_report();
 }
 
 }  // namespace rpg::train

@@ -82,6 +82,9 @@ struct StepBatch {
 // old_and_ref_log_probs
 struct PolicyLogProbs {
   at::Tensor old_log_probs, ref_log_probs;  // ref undefined when no reference is used
+  // The old log-probs are the update's own forward (verl's on_policy): old_log_probs holds
+  // zeros until update_actor returns them (UpdateStats::old_log_probs).
+  bool from_update = false;
   double old_seconds = 0, ref_seconds = 0;
 };
 
@@ -101,6 +104,7 @@ struct UpdateStats {
   std::vector<double> lrs;  // the LR each optimizer step of this training step used
   double cpu_seconds = 0;  // process CPU time (user + sys, all threads) of the update
   double lr = 0, seconds = 0;  // lr: the mean of lrs (every step skipped: the LR the next one would use)
+  at::Tensor old_log_probs;  // PolicyLogProbs::from_update: the update's own log-probs, [B, T]
 };
 
 struct Trainer::Impl {
@@ -125,6 +129,8 @@ struct Trainer::Impl {
   rollout::Batch last_batch;
   bool recording = false;
   std::vector<UpdateRecord> updates;
+  std::vector<std::vector<at::Tensor>> sampling_weights;  // recording: per generation round of the step
+  std::vector<at::Tensor> old_log_prob_weights;           // recording: the old-log-prob pass's weights
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   std::vector<Prompt> prompts;
@@ -137,9 +143,6 @@ struct Trainer::Impl {
   // rpg.semantics: the paper's rules or the fork's, wherever the two differ (rules.h).
   std::unique_ptr<Rules> rules;
   bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
-  // This step's old log-probs come from the update's own forward (on_policy_old_log_probs):
-  // the batch's old_log_probs start as zeros and each micro-batch writes its rows.
-  bool old_from_update = false;
   bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
   bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
   int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
@@ -181,6 +184,8 @@ struct Trainer::Impl {
   // A checkpoint (layout: RunDir) written into a temporary directory and published by one
   // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
   void save_checkpoint();
+  // report.html (eval/report.h) from the run directory's logs, by the rank that writes it.
+  void write_report();
   // The checkpoints to resume from, best first (empty: start fresh).
   std::vector<fs::path> resume_candidates() const;
   // Loads the first candidate that is complete and intact; a damaged one is reported and
@@ -225,16 +230,20 @@ struct Trainer::Impl {
   // Phase 4: rewards (KL-penalised with algorithm.use_kl_in_reward, REINFORCE++) and
   // advantages on the whole batch.
   AdvantageResult advantages(const StepBatch& sb, const PolicyLogProbs& lp, Metrics& m);
-  // Phase 5: ppo_epochs x mini-batches (whole groups) x micro-batches of the policy loss, one
-  // optimizer step per mini-batch. `batch` carries old_log_probs, ref_log_probs, advantages.
-  UpdateStats update_actor(const rollout::Batch& batch);
+  // Phase 5: ppo_epochs x mini-batches x micro-batches of the policy loss (rules->plan_update),
+  // one optimizer step per mini-batch.
+  // `batch` carries old_log_probs, ref_log_probs, advantages; with old_from_update its old
+  // log-probs are placeholders and the update's own come back in UpdateStats::old_log_probs.
+  UpdateStats update_actor(const rollout::Batch& batch, const UpdatePlan& plan, bool old_from_update);
   // One optimizer step: forward/backward of every micro-batch (gradients accumulate in fp32,
   // each loss normalised by the whole mini-batch), clip, step. A non-finite gradient norm
-  // skips the step; too many skips in a row stop the run.
-  void update_mini_batch(const rollout::Batch& batch, const std::vector<int64_t>& mini_rows, UpdateStats& stats);
+  // skips the step; too many skips in a row stop the run. With `on_policy_old`, the
+  // micro-batches' own log-probs are written into it at their batch rows.
+  void update_mini_batch(const rollout::Batch& batch, const MiniBatchPlan& mini_plan, UpdateStats& stats,
+                         at::Tensor* on_policy_old);
   // The policy loss of one micro-batch (differentiable), under the compute model.
-  // With old_from_update, `on_policy_log_probs` receives the micro-batch's log-probs, detached
-  // (they are its old log-probs too).
+  // With `on_policy_log_probs`, it receives the micro-batch's log-probs, detached (they are
+  // its old log-probs too).
   algo::PolicyLossOutput micro_batch_loss(const rollout::Batch& mb, double normaliser,
                                           at::Tensor* on_policy_log_probs = nullptr);
   // Phase 6: the iterative reference becomes the current policy every ref_update_freq steps,
@@ -246,9 +255,8 @@ struct Trainer::Impl {
   // verl's perf metrics (train/perf_metrics.h) from the step's timing_s/* in `m`: timing per
   // token, throughput, MFU of the update (and of the old-log-prob pass) where the device's peak
   // is known, global_seqlen/*, the process's peak RSS. Runs after timing_s/step is set.
-  void perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, const UpdateStats& up, Metrics& m);
-  // The rows of `batch` each data-parallel rank runs in the update (one partition per rank).
-  std::vector<std::vector<int64_t>> rank_rows(const rollout::Batch& batch) const;
+  void perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, const UpdatePlan& plan, const UpdateStats& up,
+                    Metrics& m);
   // The step's metrics line and sample generations, written after the step.
   void log_step(const Metrics& m, const std::vector<nlohmann::json>& samples);
 };

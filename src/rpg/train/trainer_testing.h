@@ -31,6 +31,10 @@ struct TrainerTesting {
   // copy of the weights and gradients each time).
   static void record_updates(Trainer& t, bool on);
   static const std::vector<UpdateRecord>& last_updates(const Trainer& t);
+  // Recording on: the rollout model's weights in each generation round of the last step, and
+  // the weights its old log-probs were computed with (named_parameters() order, copies).
+  static const std::vector<std::vector<at::Tensor>>& last_sampling_weights(const Trainer& t);
+  static const std::vector<at::Tensor>& last_old_log_prob_weights(const Trainer& t);
   // The optimizer's whole state now (what a checkpoint holds of it).
   static OptimizerState optimizer_state(const Trainer& t);
 };
