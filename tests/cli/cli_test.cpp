@@ -88,14 +88,14 @@ TEST(Cli, ConfigShowPrintsDefaultsAndOverrides) {
   test::write_text(dir / "run.yaml",
                    "data:\n  train_batch_size: 64\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 32\n");
   ProcessResult r = rpg({"config", "show", (dir / "run.yaml").string(), "actor_rollout_ref.actor.optim.lr=5e-7",
-                         "actor_rollout_ref.rollout.n=16", "trainer.balance_batch=true"});
+                         "actor_rollout_ref.rollout.n=16", "trainer.critic_warmup=0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("train_batch_size: 64"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("lr: 5e-07"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("n: 16"), std::string::npos);
   EXPECT_NE(r.out.find("max_response_length: 512"), std::string::npos);  // a default
   // verl plumbing keys are accepted and reported.
-  EXPECT_NE(r.err.find("trainer.balance_batch has no effect in rpg"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("trainer.critic_warmup has no effect in rpg"), std::string::npos) << r.err;
 }
 
 TEST(Cli, ConfigShowErrors) {

@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "rpg/core/io.h"
 #include "run_fixture.h"
 
 namespace fs = std::filesystem;
@@ -78,7 +79,9 @@ TEST_P(HostileInput, RefusedWithOneLineAndNothingWritten) {
   for (const auto& [path, content] : after) {
     auto it = before.find(path);
     EXPECT_TRUE(it != before.end()) << c.name << ": wrote " << path;
-    if (it != before.end()) EXPECT_TRUE(it->second == content) << c.name << ": changed " << path;
+    if (it != before.end()) {
+      EXPECT_TRUE(it->second == content) << c.name << ": changed " << path;
+    }
   }
   for (const auto& [path, content] : before) EXPECT_TRUE(after.count(path)) << c.name << ": removed " << path;
 }
@@ -199,6 +202,126 @@ std::vector<Case> cases() {
                "is already the token \"a\""});
   v.push_back({"generate_with_added_token_over_vocab_id", tokenizer_edit("added"),
                {"generate", "--model", "model", "--prompt", "hi", "--max-new-tokens", "2"}, 1, "is already the token"});
+  // --- empty data: a file without rows, a row without a message; a training temperature of 0 ---
+  auto with_data = [](const fs::path& d, const fs::path& m) {
+    fs::copy(m, d / "model", fs::copy_options::recursive);
+    write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n");
+    auto prep = test::run_process({test::rpg_binary().string(), "data", "prepare", (d / "p.jsonl").string(),
+                                   (d / "p.parquet").string(), "--data-source", "math_dapo"});
+    ASSERT_EQ(prep.exit_code, 0) << prep.err;
+    // The same schema with no rows, and the row with an empty message list (pyarrow writes both).
+    auto py = test::run_process(
+        {test::python().string(), "-c",
+         "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
+         "d = sys.argv[1]; t = pq.read_table(d + '/p.parquet')\n"
+         "pq.write_table(t.slice(0, 0), d + '/empty.parquet')\n"
+         "i = t.schema.get_field_index('prompt')\n"
+         "pq.write_table(t.set_column(i, 'prompt', pa.array([[]] * t.num_rows, type=t.schema.field(i).type)),"
+         " d + '/noprompt.parquet')\n",
+         d.string()});
+    ASSERT_EQ(py.exit_code, 0) << py.err;
+  };
+  const std::vector<std::string> train = {"train", "-", "actor_rollout_ref.model.path=model", "data.train_batch_size=1",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=1", "data.max_response_length=4",
+                                          "trainer.default_local_dir=run"};
+  auto train_with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = train;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  v.push_back({"eval_zero_row_data", with_data, {"eval", "--model", "model", "--data", "empty.parquet"}, 1,
+               "--data empty.parquet: no rows"});
+  v.push_back({"generate_prompt_without_message", with_data, {"generate", "--model", "model", "--data", "noprompt.parquet"},
+               1, "noprompt.parquet: row 0: the prompt holds no message"});
+  v.push_back({"train_zero_row_val_file", with_data,
+               train_with({"data.train_files=p.parquet", "data.val_files=[empty.parquet]"}), 1,
+               "data.val_files empty.parquet: no rows"});
+  v.push_back({"train_zero_row_train_file", with_data, train_with({"data.train_files=[p.parquet,empty.parquet]"}), 1,
+               "data.train_files empty.parquet: no rows"});
+  v.push_back({"train_prompt_without_message", with_data, train_with({"data.train_files=noprompt.parquet"}), 1,
+               "noprompt.parquet: row 0: the prompt holds no message"});
+  // A 70 MB prompt exceeds the chat template's 64 MiB output budget: the error names the
+  // data file and row, not only the template.
+  v.push_back({"train_prompt_beyond_template_budget",
+               [with_data](const fs::path& d, const fs::path& m) {
+                 with_data(d, m);
+                 auto py = test::run_process(
+                     {test::python().string(), "-c",
+                      "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
+                      "d = sys.argv[1]; t = pq.read_table(d + '/p.parquet')\n"
+                      "i = t.schema.get_field_index('prompt')\n"
+                      "big = [[{'content': 'x' * (70 << 20), 'role': 'user'}]] * t.num_rows\n"
+                      "pq.write_table(t.set_column(i, 'prompt', pa.array(big, type=t.schema.field(i).type)),"
+                      " d + '/big.parquet')\n",
+                      d.string()});
+                 ASSERT_EQ(py.exit_code, 0) << py.err;
+               },
+               train_with({"data.train_files=big.parquet"}), 1,
+               "data.train_files: big.parquet row 0: rendering its prompt with the chat template failed"});
+  v.push_back({"train_temperature_zero", with_data,
+               train_with({"data.train_files=p.parquet", "actor_rollout_ref.rollout.temperature=0"}), 1,
+               "actor_rollout_ref.rollout.temperature: must be > 0 for training"});
+  // --- a checkpoint's train_state.json edited: resumed state is checked as a whole ---
+  auto edited_run = [with_data, train](const char* key, int64_t value) {
+    return [with_data, train, key, value](const fs::path& d, const fs::path& m) {
+      with_data(d, m);
+      // Run in the case's directory: the relative paths are those the refused command uses.
+      std::string script = "cd " + quote(d.string()) + " && exec " + quote(test::rpg_binary().string());
+      for (const auto& a : train) script += " " + quote(a);
+      for (const char* a : {"data.train_files=p.parquet", "trainer.total_training_steps=2", "trainer.save_freq=1",
+                            "trainer.max_actor_ckpt_to_keep=1"})
+        script += " " + quote(a);
+      auto r = test::run_process({"/bin/sh", "-c", script}, {"OMP_NUM_THREADS=1"});
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const fs::path f = d / "run" / "global_step_2" / "train_state.json";
+      auto j = nlohmann::json::parse(read_file(f));
+      j[key] = value;
+      write_file_atomic(f, j.dump());
+    };
+  };
+  const auto resume = train_with({"data.train_files=p.parquet", "trainer.total_training_steps=2"});
+  v.push_back({"resume_step_negative", edited_run("step", -1), resume, 1, "no intact checkpoint in run"});
+  // A step that disagrees with its directory (global_step_2) is damage; a checkpoint at a
+  // step the config no longer plans is refused as such.
+  v.push_back({"resume_step_edited", edited_run("step", 5), resume, 1, "no intact checkpoint in run"});
+  v.push_back({"resume_step_huge", edited_run("step", 1000000000000), resume, 1, "no intact checkpoint in run"});
+  v.push_back({"resume_beyond_the_plan", edited_run("step", 2),
+               train_with({"data.train_files=p.parquet", "trainer.total_training_steps=1"}), 1,
+               "it is at step 2, beyond the 1 steps this config plans"});
+  v.push_back({"resume_cursor_huge", edited_run("cursor", 1000000000), resume, 1, "no intact checkpoint in run"});
+  v.push_back({"resume_epoch_negative", edited_run("epoch", -3), resume, 1, "no intact checkpoint in run"});
+  // --- a model whose weights are NaN ---
+  auto nan_model = [](const fs::path& d, const fs::path& m) {
+    fs::copy(m, d / "model", fs::copy_options::recursive);
+    auto py = test::run_process(
+        {test::python().string(), "-c",
+         "import sys, torch\nfrom safetensors.torch import load_file, save_file\n"
+         "p = sys.argv[1]; t = load_file(p)\n"
+         "save_file({k: torch.full_like(v, float('nan')) for k, v in t.items()}, p, metadata={'format': 'pt'})\n",
+         (d / "model" / "model.safetensors").string()});
+    ASSERT_EQ(py.exit_code, 0) << py.err;
+  };
+  v.push_back({"generate_nan_weights", nan_model, {"generate", "--model", "model", "--prompt", "hi"}, 1,
+               "holds NaN or Inf values"});
+  v.push_back({"train_nan_weights", nan_model,
+               {"train", "-", "actor_rollout_ref.model.path=model", "trainer.default_local_dir=run"}, 1,
+               "holds NaN or Inf values"});
+  // --- rpg plan on a model directory without weights ---
+  auto index_only = [](const fs::path& d, const fs::path& m) {
+    fs::create_directories(d / "m");
+    fs::copy_file(m / "config.json", d / "m" / "config.json");
+    write(d, "m/model.safetensors.index.json", "{\"metadata\": {}, \"weight_map\": {}}");
+  };
+  v.push_back({"plan_index_without_tensors", index_only, {"plan", "-", "actor_rollout_ref.model.path=m"}, 1,
+               "m/model.safetensors.index.json: the index lists no tensors"});
+  auto index_missing_shard = [](const fs::path& d, const fs::path& m) {
+    fs::create_directories(d / "m");
+    fs::copy_file(m / "config.json", d / "m" / "config.json");
+    write(d, "m/model.safetensors.index.json",
+          "{\"weight_map\": {\"model.embed_tokens.weight\": \"model-00001-of-00002.safetensors\"}}");
+  };
+  v.push_back({"plan_index_shard_missing", index_missing_shard, {"plan", "-", "actor_rollout_ref.model.path=m"}, 1,
+               "model-00001-of-00002.safetensors: cannot open"});
   return v;
 }
 

@@ -940,6 +940,41 @@ TEST_F(TrainerTest, ForkDataOrderIsTheForksRandomSampler) {
   EXPECT_EQ(seen, nlohmann::json::parse(r.out).get<std::vector<int64_t>>());
 }
 
+// The fork's fit loops over trainer.total_epochs passes of its dataloader: a run whose step
+// count asks for more data than that ends when the data is used up (8 prompts, 2 per step,
+// 2 epochs: 8 of 10 steps), and keeps the weights trained so far; the paper's rules wrap
+// into further epochs and run every step.
+TEST_F(TrainerTest, ForkRunEndsWhenTotalEpochsOfDataAreUsedUp) {
+  for (const bool fork : {true, false}) {
+    const std::string run = fork ? "data_end_fork" : "data_end_paper";
+    TrainConfig c = config(run);
+    if (fork) {
+      c.rpg.semantics = "fork";
+      c.actor_rollout_ref.actor.policy_loss = "vanilla";
+    }
+    c.data.train_batch_size = 2;
+    c.actor_rollout_ref.rollout.n = 2;
+    c.actor_rollout_ref.actor.ppo_mini_batch_size = 2;
+    c.data.max_response_length = 2;
+    c.trainer.total_epochs = 2;
+    c.trainer.total_training_steps = 10;
+    c.trainer.save_freq = -1;
+    Trainer t(c, scorers());
+    t.fit();
+    const int64_t want = fork ? 8 : 10;
+    EXPECT_EQ(t.global_step(), want) << fork;
+    EXPECT_EQ(scores_in(dir_->path() / run / "metrics.jsonl").size(), static_cast<size_t>(want)) << fork;
+    EXPECT_TRUE(fs::exists(dir_->path() / run / ("global_step_" + std::to_string(want)) / "actor" / "model.safetensors"));
+    // A second fit of the finished run resumes at its last step and ends there again.
+    if (fork) {
+      Trainer again(c, scorers());
+      EXPECT_EQ(again.global_step(), want);
+      again.fit();
+      EXPECT_EQ(again.global_step(), want);
+    }
+  }
+}
+
 // A non-finite reward makes every update non-finite: each is skipped (weights untouched)
 // and the run stops after trainer.max_consecutive_skips of them.
 TEST_F(TrainerTest, NonFiniteUpdatesAreSkippedThenStop) {

@@ -1,5 +1,6 @@
 // `rpg train` and `rpg eval`: argument parsing only; the work is in rpg/train and rpg/eval.
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -47,13 +48,26 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
     check_output_apart({"trainer.default_local_dir", run_dir}, inputs);
   }
   // One writer per run directory (the main rank writes it), taken before anything is touched.
+  const bool run_dir_existed = std::filesystem::exists(run_dir);
   std::optional<train::RunDirLock> lock;
   if (dist::is_main()) lock.emplace(run_dir);
   reward::ScorerOptions scoring;
   scoring.dapo_variant = config.choices.dapo_variant;  // reward_model.reward_kwargs.dapo_variant / rpg.semantics
-  train::Trainer trainer(std::move(config), reward::builtin_scorers(scoring));
+  std::unique_ptr<train::Trainer> trainer;
+  try {
+    trainer = std::make_unique<train::Trainer>(std::move(config), reward::builtin_scorers(scoring));
+  } catch (...) {
+    // Refused before training (config, data, model, resume state): leave no run directory
+    // behind that the refused command made (remove only succeeds on an empty one).
+    lock.reset();
+    if (!run_dir_existed && dist::is_main()) {
+      std::error_code ignored;
+      std::filesystem::remove(run_dir, ignored);
+    }
+    throw;
+  }
   if (dist::is_main()) write_file_atomic(run_dir / "config.yaml", resolved);
-  trainer.fit();
+  trainer->fit();
   dist::shutdown_world();
   return 0;
 }
@@ -120,7 +134,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   auto kwargs = tok::ChatTemplateKwargs::parse(template_kwargs, "--chat-template-kwargs");
   std::vector<data::Row> rows;
   for (const auto& f : files) {
-    auto part = data::read_parquet(f);
+    auto part = data::read_prompt_rows(f, "--data");
     rows.insert(rows.end(), part.begin(), part.end());
   }
   auto policy = rollout::load_policy(model, dtype, device);

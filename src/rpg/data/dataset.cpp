@@ -220,6 +220,15 @@ std::vector<Row> read_parquet(const fs::path& path) {
   return rows_of(*read_table(*open_reader(file, path.string(), &pool), path.string()), path);
 }
 
+std::vector<Row> read_prompt_rows(const fs::path& path, const std::string& what) {
+  auto rows = read_parquet(path);
+  if (rows.empty()) throw FormatError(str(what, " ", path.string(), ": no rows (nothing to sample prompts from)"));
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].prompt.empty())
+      throw FormatError(str(what, " ", path.string(), ": row ", i, ": the prompt holds no message"));
+  return rows;
+}
+
 std::vector<Row> read_parquet_bytes(std::string_view bytes, const std::string& name) {
   auto buffer = std::make_shared<arrow::Buffer>(reinterpret_cast<const uint8_t*>(bytes.data()),
                                                 static_cast<int64_t>(bytes.size()));

@@ -52,6 +52,11 @@ struct Row {
 // column is missing or mistyped, or the file and row when a required value is null.
 std::vector<Row> read_parquet(const std::filesystem::path& path);
 
+// read_parquet for the prompts a command samples from (train, validation, eval, generate):
+// a file without rows, or a row whose prompt holds no message, is a FormatError naming
+// `what` (the key or flag that named the file), the file and the row.
+std::vector<Row> read_prompt_rows(const std::filesystem::path& path, const std::string& what);
+
 // The same from a file's bytes in memory; `name` stands for the file in error messages.
 // Damaged bytes are a FormatError, never a crash (fuzzed: tests/data/fuzz_parquet.cpp).
 std::vector<Row> read_parquet_bytes(std::string_view bytes, const std::string& name);

@@ -47,22 +47,41 @@ int64_t safetensors_elements(const fs::path& file) {
   int64_t total = 0;
   for (const auto& [name, info] : h.items()) {
     if (name == "__metadata__") continue;
+    if (!info.is_object() || !info.contains("shape") || !info["shape"].is_array())
+      throw FormatError(str(file.string(), ": tensor '", name, "' has no shape list"));
     int64_t e = 1;
-    for (const auto& d : info.at("shape")) e *= d.get<int64_t>();
-    total += e;
+    for (const auto& d : info["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || __builtin_mul_overflow(e, d.get<int64_t>(), &e))
+        throw FormatError(str(file.string(), ": tensor '", name, "' has shape ", info["shape"].dump(),
+                              " (not a list of counts whose product fits in 64 bits)"));
+    }
+    if (__builtin_add_overflow(total, e, &total))
+      throw FormatError(str(file.string(), ": more elements than fit in 64 bits"));
   }
   return total;
 }
 
 int64_t model_parameters(const fs::path& dir) {
-  if (fs::exists(dir / "model.safetensors")) return safetensors_elements(dir / "model.safetensors");
+  if (fs::exists(dir / "model.safetensors")) {
+    const int64_t n = safetensors_elements(dir / "model.safetensors");
+    if (n == 0) throw FormatError(str((dir / "model.safetensors").string(), ": holds no tensors"));
+    return n;
+  }
   const fs::path index = dir / "model.safetensors.index.json";
   if (!fs::exists(index)) throw IoError(str(dir.string(), ": no model.safetensors or model.safetensors.index.json"));
   std::set<std::string> shards;
-  for (const auto& [name, file] : nlohmann::json::parse(read_file(index)).at("weight_map").items())
+  const auto j = nlohmann::json::parse(read_file(index), nullptr, false);
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw FormatError(str(index.string(), ": missing the weight_map object"));
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw FormatError(str(index.string(), ": weight_map['", name, "'] is not a file name"));
     shards.insert(file.get<std::string>());
+  }
   int64_t total = 0;
-  for (const auto& s : shards) total += safetensors_elements(dir / s);
+  for (const auto& s : shards)
+    if (__builtin_add_overflow(total, safetensors_elements(dir / s), &total))
+      throw FormatError(str(index.string(), ": more elements than fit in 64 bits"));
+  if (total == 0) throw FormatError(str(index.string(), ": the index lists no tensors"));
   return total;
 }
 
@@ -79,7 +98,9 @@ ModelShape read_model_shape(const fs::path& dir) {
   auto dim = [&](const char* key) {
     if (!mc.contains(key) || !mc[key].is_number_integer())
       throw FormatError(str((dir / "config.json").string(), ": missing integer '", key, "'"));
-    return mc[key].get<int64_t>();
+    const int64_t v = mc[key].get<int64_t>();
+    if (v < 1) throw FormatError(str((dir / "config.json").string(), ": '", key, "' must be >= 1, got ", v));
+    return v;
   };
   ModelShape m;
   m.parameters = model_parameters(dir);
@@ -106,7 +127,7 @@ MemoryPlan estimate(const PlanInput& in) {
   // ZeRO-2 reduces the gradients bucket by bucket during backward into a persistent 1/N fp32
   // shard: at its peak a rank holds the shard, the bucket in flight and the one being filled
   // (a tensor larger than a bucket is a bucket of its own), never more than the full gradient.
-  const double bucket = std::max(in.bucket_bytes, 4.0 * static_cast<double>(m.largest_tensor()));
+  const double bucket = std::max(in.bucket_bytes, 4.0 * m.largest_tensor());
   p.grads = p.stage >= 2 ? std::min(4 * P, 4 * P / N + 2 * bucket) : 4 * P;
   p.optimizer = 8 * P / shard;
   p.reference = in.fixed_reference ? (sm ? 2 : 4) * P : 0;
@@ -118,7 +139,9 @@ MemoryPlan estimate(const PlanInput& in) {
   const double b = in.bf16_compute ? 2 : 4;
   const double h = static_cast<double>(m.hidden), L = static_cast<double>(m.layers);
   const double layer_full =
-      static_cast<double>(5 * m.hidden + 2 * m.heads * m.head_dim + 2 * m.kv_heads * m.head_dim + 4 * m.intermediate) * T * b;
+      (5 * h + 2 * static_cast<double>(m.heads) * static_cast<double>(m.head_dim) +
+       2 * static_cast<double>(m.kv_heads) * static_cast<double>(m.head_dim) + 4 * static_cast<double>(m.intermediate)) *
+      T * b;
   // Attention probabilities: per head, each row's seq x seq (CPU attention materialises them).
   const double scores = static_cast<double>(m.heads) * static_cast<double>(in.sequence) * T * b;
   // Backward of a layer holds its activations and their gradients at once (2 x layer_full).
@@ -126,7 +149,7 @@ MemoryPlan estimate(const PlanInput& in) {
                                             : L * (layer_full + h * T * b + scores) + layer_full;
   // Rollouts: every sequence of this rank's share at full length, fp32 K and V.
   p.rollout_sequences = std::min(static_cast<double>(in.max_num_seqs), std::ceil(static_cast<double>(in.rollout_sequences) / N));
-  p.kv_cache = 2.0 * static_cast<double>(m.layers * m.kv_heads * m.head_dim) * (sm ? 2 : 4) * p.rollout_sequences *
+  p.kv_cache = 2.0 * static_cast<double>(m.layers) * static_cast<double>(m.kv_heads) * static_cast<double>(m.head_dim) * (sm ? 2 : 4) * p.rollout_sequences *
                static_cast<double>(in.sequence);
   p.total = p.states + std::max(p.activations, p.kv_cache);
   return p;
@@ -157,7 +180,7 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << (in.shard_master ? "  KV cache (rollout, bf16)  " : "  KV cache (rollout, fp32)  ") << gib(p.kv_cache) << " (" << static_cast<int64_t>(p.rollout_sequences)
     << " sequences x " << in.sequence << " tokens)\n"
     << "  peak = states + max(activations, KV cache)\n"
-    << "total " << gib(p.total) << " (" << static_cast<int64_t>(p.total) << " bytes)\n";
+    << "total " << gib(p.total) << " (" << format_fixed(p.total, 0) << " bytes)\n";
   return o.str();
 }
 

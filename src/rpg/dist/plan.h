@@ -16,7 +16,11 @@ struct ModelShape {
   int64_t hidden = 0, layers = 0, intermediate = 0, heads = 0, kv_heads = 0, head_dim = 0;
   int64_t vocab = 0;  // vocab_size (0 when config.json has none)
   // Elements of the largest single tensor (the embedding, or an MLP matrix).
-  int64_t largest_tensor() const { return std::max(vocab * hidden, hidden * intermediate); }
+  // In elements, as a double: a config's dimensions may multiply past 64 bits.
+  double largest_tensor() const {
+    const double h = static_cast<double>(hidden);
+    return std::max(static_cast<double>(vocab) * h, h * static_cast<double>(intermediate));
+  }
 };
 // Reads config.json and the safetensors headers (model.safetensors or the index's shards).
 // Throws IoError / FormatError naming the file.

@@ -21,10 +21,14 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
 
   std::vector<std::vector<int64_t>> prompts;
   prompts.reserve(rows.size());
-  for (const auto& r : rows) {
+  for (size_t i = 0; i < rows.size(); ++i) {
     std::vector<tok::ChatMessage> messages;
-    for (const auto& m : r.prompt) messages.push_back({m.role, m.content});
-    prompts.push_back(rollout::render_prompt(policy.tokenizer, messages, chat_template, chat_template_kwargs));
+    for (const auto& m : rows[i].prompt) messages.push_back({m.role, m.content});
+    try {
+      prompts.push_back(rollout::render_prompt(policy.tokenizer, messages, chat_template, chat_template_kwargs));
+    } catch (const Error& e) {  // the template is the model's; what it failed on is this row
+      throw ValueError(str("row ", i, " of the data: rendering its prompt with the chat template failed: ", e.what()));
+    }
   }
   rollout::RolloutEngine engine(policy.model, engine_options);
   engine.validate_request(prompts, sampling);

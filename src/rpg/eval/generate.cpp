@@ -21,7 +21,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   // Rows to prompt: the dataset's, or one user message per --prompt.
   std::vector<data::Row> rows;
   if (!o.data.empty()) {
-    rows = data::read_parquet(o.data);
+    rows = data::read_prompt_rows(o.data, "--data");
     if (o.limit >= 0 && static_cast<int64_t>(rows.size()) > o.limit) rows.resize(static_cast<size_t>(o.limit));
   } else {
     for (const auto& p : o.prompts) {

@@ -172,6 +172,11 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
         src = at::empty(shape, at::TensorOptions().dtype(src_type));
         std::memcpy(src.data_ptr(), ptr, bytes);
       }
+      // A NaN or Inf weight makes every output NaN: refused here, naming the tensor, instead
+      // of generating "!!!!" or skipping every training step.
+      if (!at::isfinite(src).all().item<bool>())
+        throw FormatError(str(loc.file->map->path(), ": tensor '", shapes[i].first, "' holds NaN or Inf values",
+                              t.shape.empty() ? std::string() : str(" (in rows ", r, "..", r + n - 1, ")")));
       if (t.shape.empty()) ptrs[i]->copy_(src);
       else ptrs[i]->narrow(0, r, n).copy_(src);
       loc.file->map->drop(offset, bytes);

@@ -1,5 +1,6 @@
 #include "rpg/train/config.h"
 
+#include <cmath>
 #include <algorithm>
 #include <initializer_list>
 #include <sstream>
@@ -141,7 +142,11 @@ void TrainConfig::validate() const {
   const auto& r = actor_rollout_ref.rollout;
   const std::string p = "actor_rollout_ref.rollout.";
   at_least<int64_t>(r.n, 1, p + "n");
-  at_least(r.temperature, 0.0, p + "temperature");
+  // Training divides the logits by the rollout temperature (verl's log-probs): 0 would be a
+  // division by zero at the first step, after the run directory was made.
+  require(r.temperature > 0 && std::isfinite(r.temperature), p + "temperature",
+          str("must be > 0 for training (the log-probs divide the logits by it; greedy decoding has no "
+              "policy gradient), got ", r.temperature));
   unit_interval_open_low(r.top_p, p + "top_p");
   minus_one_or_at_least(r.top_k, 1, p + "top_k", "all tokens");
   at_least<int64_t>(r.max_num_seqs, 1, p + "max_num_seqs");

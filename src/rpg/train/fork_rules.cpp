@@ -94,6 +94,11 @@ class ForkRules final : public Rules {
     return order;
   }
 
+  // rpg_ray_trainer.fit loops `for epoch in range(total_epochs): for batch in dataloader`:
+  // when dynamic sampling has used up the batches of every epoch before the step count is
+  // reached, the loops end (no further step, validation or save).
+  bool data_ends_with_total_epochs() const override { return true; }
+
   // The fork's dataloader yields gen_batch_size prompts per batch and counts one training
   // step per batch (ray_trainer.py:456-488).
   int64_t prompts_per_step() const override { return cfg_.data.gen_batch_size.value_or(cfg_.data.train_batch_size); }

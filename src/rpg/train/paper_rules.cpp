@@ -66,6 +66,7 @@ class PaperRules final : public Rules {
     std::iota(order.begin(), order.end(), 0);
     return order;
   }
+  bool data_ends_with_total_epochs() const override { return false; }
   int64_t prompts_per_step() const override { return cfg_.data.train_batch_size; }
 
   NamedTensors optimizer_order(NamedTensors params) const override { return params; }

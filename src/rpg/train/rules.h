@@ -47,6 +47,9 @@ class Rules {
   // ---- data and step counting ---------------------------------------------------------
   // The order epoch `epoch` (0-based) visits the `n` training prompts in (data.shuffle).
   virtual std::vector<int64_t> epoch_order(int64_t n, int64_t epoch) const = 0;
+  // Training ends when trainer.total_epochs passes over the data are used up, even before
+  // the planned step count (else the data stream wraps into further epochs).
+  virtual bool data_ends_with_total_epochs() const = 0;
   // Training prompts one training step counts against the epoch (steps per epoch =
   // prompts / this).
   virtual int64_t prompts_per_step() const = 0;

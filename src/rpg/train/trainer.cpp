@@ -47,11 +47,15 @@
 namespace rpg::train {
 namespace {
 
-std::vector<data::Row> read_rows(const std::vector<std::string>& files, int64_t max_samples, const std::string& key) {
+// The rows of every file in order; `where`, when given, receives "FILE row K" for each.
+std::vector<data::Row> read_rows(const std::vector<std::string>& files, int64_t max_samples, const std::string& key,
+                                 std::vector<std::string>* where = nullptr) {
   if (files.empty()) throw ConfigError(str(key, ": no files given"));
   std::vector<data::Row> rows;
   for (const auto& f : files) {
-    auto part = data::read_parquet(f);
+    auto part = data::read_prompt_rows(f, key);
+    if (where)
+      for (size_t k = 0; k < part.size(); ++k) where->push_back(str(f, " row ", k));
     rows.insert(rows.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   if (max_samples >= 0 && static_cast<int64_t>(rows.size()) > max_samples) rows.resize(static_cast<size_t>(max_samples));
@@ -113,7 +117,12 @@ void Trainer::Impl::set_epoch(int64_t e) {
 }
 
 std::vector<const Prompt*> Trainer::Impl::next_prompts(int64_t k) {
-  if (cursor + k > static_cast<int64_t>(order.size())) set_epoch(epoch + 1);
+  if (cursor + k > static_cast<int64_t>(order.size())) {
+    if (rules->data_ends_with_total_epochs() && epoch + 1 >= cfg.trainer.total_epochs)
+      throw DataExhausted(str("the training data is used up: trainer.total_epochs=", cfg.trainer.total_epochs,
+                              " passes of ", order.size() / static_cast<size_t>(k), " generation batches"));
+    set_epoch(epoch + 1);
+  }
   std::vector<const Prompt*> out;
   for (int64_t i = 0; i < k; ++i) out.push_back(&prompts[static_cast<size_t>(order[static_cast<size_t>(cursor++)])]);
   return out;
@@ -246,6 +255,27 @@ bool Trainer::Impl::resume() {
   return false;
 }
 
+void Trainer::Impl::check_train_state(const fs::path& dir, const nlohmann::json& state) const {
+  const std::string file = (dir / "train_state.json").string();
+  auto count = [&](const char* key) {
+    if (!state.contains(key) || !state[key].is_number_integer())
+      throw FormatError(str(file, ": '", key, "' is not an integer"));
+    return state[key].get<int64_t>();
+  };
+  const int64_t st = count("step"), ep = count("epoch"), cur = count("cursor");
+  if (st < 1) throw FormatError(str(file, ": step ", st, " (a checkpoint is written after step 1 or later)"));
+  const std::string name = dir.filename().string(), prefix = "global_step_";
+  if (name.rfind(prefix, 0) == 0 && name.substr(prefix.size()) != std::to_string(st))
+    throw FormatError(str(file, ": step ", st, " in a directory named ", name));
+  if (ep < 0) throw FormatError(str(file, ": epoch ", ep, " is negative"));
+  if (cur < 0 || cur > static_cast<int64_t>(prompts.size()))
+    throw FormatError(str(file, ": data cursor ", cur, " is outside the ", prompts.size(), " training prompts"));
+  if (st > total_steps)
+    throw ConfigError(str("cannot resume from ", dir.string(), ": it is at step ", st, ", beyond the ", total_steps,
+                          " steps this config plans (trainer.total_training_steps / trainer.total_epochs); plan "
+                          "more steps, or use trainer.resume_mode=disable or another trainer.default_local_dir"));
+}
+
 void Trainer::Impl::load_checkpoint(const fs::path& dir) {
   // Read on every rank, agreed (a rank that cannot read it makes every rank skip it), then
   // applied: the sharded optimizer's load_state is collective.
@@ -255,6 +285,7 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
   dp::all_or_none(str("resume from ", dir.string()), [&] {
     if (!RunDir::is_complete(dir)) throw FormatError(str(dir.string(), " is not a complete checkpoint"));
     state = read_train_state(dir);
+    check_train_state(dir, state);
     const auto want = fingerprint_with_layout();
     auto refuse = [&](const std::string& key, const nlohmann::json& was, const nlohmann::json& now) {
       throw ConfigError(str("cannot resume from ", dir.string(), ": ", key, " was ", was.dump(), ", the config now says ",
@@ -309,12 +340,18 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
 }
 
 void Trainer::Impl::load_data() {
-  auto rows = read_rows(cfg.data.train_files, cfg.data.train_max_samples, "data.train_files");
+  std::vector<std::string> where;
+  auto rows = read_rows(cfg.data.train_files, cfg.data.train_max_samples, "data.train_files", &where);
   for (const auto& r : rows) (void)scorers.find(r.data_source);
   for (size_t i = 0; i < rows.size(); ++i) {
     Prompt p;
-    p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]), true,
-                                   cfg.data.apply_chat_template_kwargs);
+    try {
+      p.ids = rollout::render_prompt(policy.tokenizer, messages_of(rows[i]), true,
+                                     cfg.data.apply_chat_template_kwargs);
+    } catch (const Error& e) {  // the template is the model's; what it failed on is this row
+      throw ValueError(str("data.train_files: ", where[i], ": rendering its prompt with the chat template failed: ",
+                           e.what()));
+    }
     p.data_source = rows[i].data_source;
     p.ground_truth = rows[i].reward_model.ground_truth;
     const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
@@ -660,7 +697,16 @@ void Trainer::fit(const ValidationStop& stop) {
   };
   while (s.step < s.total_steps) {
     stop_if_signalled();
-    auto m = train_step();
+    Metrics m;
+    try {
+      m = train_step();
+    } catch (const DataExhausted& e) {
+      // The step in progress is dropped (its generation batches were used up), as the fork's
+      // loop drops its partial batch. rpg still saves the weights trained so far below.
+      log_info(str(e.what(), " after step ", s.step, " of ", s.total_steps, ": training ends here, as the fork's "
+                   "epoch loop does (rpg.semantics=fork)"));
+      break;
+    }
     // On a terminal the bar holds the current line without a newline: clear it so the step
     // line takes its place; the bar is redrawn below by advance().
     if (isatty(fileno(stderr))) std::fputs("\r\033[2K", stderr);

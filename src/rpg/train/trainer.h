@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "rpg/core/error.h"
 #include "rpg/reward/registry.h"
 #include "rpg/train/config.h"
 
@@ -32,6 +33,14 @@ class Batch;
 namespace rpg::train {
 
 using Metrics = std::map<std::string, double>;
+
+// Thrown by Trainer::train_step when the rule set ends training once trainer.total_epochs
+// passes over the data are used up (fork semantics, as the fork's epoch loop ends) before the
+// step could gather its batch; Trainer::fit ends the run there.
+class DataExhausted : public Error {
+ public:
+  using Error::Error;
+};
 
 // A prompt longer than max_len cut as verl's data.truncation does: left keeps the end, right
 // the start, middle the first max_len / 2 and the last max_len - max_len / 2 tokens.

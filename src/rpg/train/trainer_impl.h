@@ -192,6 +192,10 @@ struct Trainer::Impl {
   // skipped. Returns false when there is nothing to resume from.
   bool resume();
   void load_checkpoint(const fs::path& dir);
+  // A checkpoint's step, epoch and data cursor are consistent with its directory and this
+  // run's data: FormatError (damaged: skipped for an older one) or, for a step beyond the
+  // plan, ConfigError.
+  void check_train_state(const fs::path& dir, const nlohmann::json& state) const;
   // ---- construction -----------------------------------------------------------------------
   // Training prompts rendered like verl's RLHFDataset (over-long ones filtered or truncated),
   // validation rows, and the step count.
