@@ -290,6 +290,16 @@ std::vector<Case> cases() {
                "it is at step 2, beyond the 1 steps this config plans"});
   v.push_back({"resume_cursor_huge", edited_run("cursor", 1000000000), resume, 1, "no intact checkpoint in run"});
   v.push_back({"resume_epoch_negative", edited_run("epoch", -3), resume, 1, "no intact checkpoint in run"});
+  // --- config.json asking for a million layers the files do not hold ---
+  v.push_back({"generate_config_million_layers",
+               [](const fs::path& d, const fs::path& m) {
+                 fs::copy(m, d / "model", fs::copy_options::recursive);
+                 auto j = nlohmann::json::parse(read_file(d / "model" / "config.json"));
+                 j["num_hidden_layers"] = 1000000;
+                 write(d, "model/config.json", j.dump());
+               },
+               {"generate", "--model", "model", "--prompt", "hi"}, 1,
+               "config.json: num_hidden_layers is 1000000, but the checkpoint holds only", 20, 1024});
   // --- a model whose weights are NaN ---
   auto nan_model = [](const fs::path& d, const fs::path& m) {
     fs::copy(m, d / "model", fs::copy_options::recursive);

@@ -635,6 +635,24 @@ TEST_F(DataParallelTrain, ZeroOneForkScheduleFreeEqualsOneRank) {
   expect_equal_runs(one, two, 3);
 }
 
+// Fork semantics emulates the fork's data-parallel layout (trainer.n_gpus_per_node ranks:
+// balance_batch's reorder, each rank's mini- and micro-batches) in one process; launched on
+// that many real ranks, each real rank runs its emulated rank's micro-batches: the same run.
+TEST_F(DataParallelTrain, ForkLayoutOnTwoRanksEqualsItsEmulation) {
+  const fs::path one = *dir_ / "fork_layout_one", two = *dir_ / "fork_layout_two";
+  auto one_argv = train_argv({}, one, 3), two_argv = train_argv({"--nproc", "2"}, two, 3);
+  for (auto* argv : {&one_argv, &two_argv})
+    argv->insert(argv->end(), {"rpg.semantics=fork", "actor_rollout_ref.actor.policy_loss=vanilla",
+                               "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.adv_estimator=grpo",
+                               "trainer.nnodes=1", "trainer.n_gpus_per_node=2"});
+  auto r1 = run_process(one_argv, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_NE(r1.err.find("training in one process"), std::string::npos) << r1.err;
+  auto r2 = run_process(two_argv);
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  expect_equal_runs(one, two, 3);
+}
+
 // PyTorch's torchrun (its agent hosts the store) runs the 2 ranks: the same run.
 TEST_F(DataParallelTrain, TorchrunEqualsOneRank) {
   const fs::path run = *dir_ / "torchrun";

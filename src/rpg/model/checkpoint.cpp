@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -54,6 +56,23 @@ struct Located {
   const OpenFile* file;
   const st::TensorInfo* info;
 };
+
+}  // namespace
+
+namespace {
+
+// Whether every element is finite, without a full-size temporary (loading holds the weights
+// once; tests/model/checkpoint_errors_test.cpp measures it): the sum is finite unless an
+// element is NaN or Inf or the sum overflows, and only then are the elements checked, in
+// small pieces.
+bool all_finite(const at::Tensor& t) {
+  if (std::isfinite(t.sum().item<double>())) return true;
+  const at::Tensor flat = t.reshape({-1});
+  constexpr int64_t kPiece = 1 << 16;
+  for (int64_t i = 0; i < flat.numel(); i += kPiece)
+    if (!at::isfinite(flat.narrow(0, i, std::min(kPiece, flat.numel() - i))).all().item<bool>()) return false;
+  return true;
+}
 
 }  // namespace
 
@@ -113,6 +132,11 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
     if (!tensors.count(name))
       throw FormatError(str((dir / file).string(), ": tensor '", name, "' listed in the index is missing"));
 
+  // Every decoder layer has tensors of its own: a config asking for more layers than the
+  // files hold tensors is refused before its parameter list (or model) is built.
+  if (config.num_hidden_layers > static_cast<int64_t>(tensors.size()))
+    throw FormatError(str((dir / "config.json").string(), ": num_hidden_layers is ", config.num_hidden_layers,
+                          ", but the checkpoint holds only ", tensors.size(), " tensors"));
   auto shapes = config.parameter_shapes();
   auto where_of = [&](const std::string& name) {
     return weight_map.empty() ? (dir / "model.safetensors").string() : (dir / weight_map[name]).string();
@@ -174,7 +198,7 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
       }
       // A NaN or Inf weight makes every output NaN: refused here, naming the tensor, instead
       // of generating "!!!!" or skipping every training step.
-      if (!at::isfinite(src).all().item<bool>())
+      if (!all_finite(src))
         throw FormatError(str(loc.file->map->path(), ": tensor '", shapes[i].first, "' holds NaN or Inf values",
                               t.shape.empty() ? std::string() : str(" (in rows ", r, "..", r + n - 1, ")")));
       if (t.shape.empty()) ptrs[i]->copy_(src);
