@@ -119,15 +119,9 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
                                (d / "schema.parquet").string() + "')"});
     ASSERT_EQ(r.exit_code, 0) << "pyarrow (the venv's) is needed to write schema.parquet: " << r.err;
     // p.parquet's schema with no rows, and its row with an empty message list.
-    r = test::run_process({test::python().string(), "-c",
-                           "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
-                           "d = sys.argv[1]; t = pq.read_table(d + '/p.parquet')\n"
-                           "pq.write_table(t.slice(0, 0), d + '/empty.parquet')\n"
-                           "i = t.schema.get_field_index('prompt')\n"
-                           "pq.write_table(t.set_column(i, 'prompt', pa.array([[]] * t.num_rows, "
-                           "type=t.schema.field(i).type)), d + '/noprompt.parquet')\n",
-                           d.string()});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
+    test::edit_parquet(d, "empty.parquet", "out = t.slice(0, 0)");
+    test::edit_parquet(d, "noprompt.parquet",
+                       "out = t.set_column(i, 'prompt', pa.array([[]] * t.num_rows, type=t.schema.field(i).type))");
     test::write_text(d / "nokey.jsonl", "{\"question\": \"1+1?\"}\n");
     test::write_text(d / "bad.jsonl", "not json\n");
     test::write_text(d / "sft_bad.jsonl", "{\"prompt\": \"x\"}\n");

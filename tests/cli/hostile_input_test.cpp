@@ -209,17 +209,10 @@ std::vector<Case> cases() {
     auto prep = test::run_process({test::rpg_binary().string(), "data", "prepare", (d / "p.jsonl").string(),
                                    (d / "p.parquet").string(), "--data-source", "math_dapo"});
     ASSERT_EQ(prep.exit_code, 0) << prep.err;
-    // The same schema with no rows, and the row with an empty message list (pyarrow writes both).
-    auto py = test::run_process(
-        {test::python().string(), "-c",
-         "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
-         "d = sys.argv[1]; t = pq.read_table(d + '/p.parquet')\n"
-         "pq.write_table(t.slice(0, 0), d + '/empty.parquet')\n"
-         "i = t.schema.get_field_index('prompt')\n"
-         "pq.write_table(t.set_column(i, 'prompt', pa.array([[]] * t.num_rows, type=t.schema.field(i).type)),"
-         " d + '/noprompt.parquet')\n",
-         d.string()});
-    ASSERT_EQ(py.exit_code, 0) << py.err;
+    // The same schema with no rows, and the row with an empty message list.
+    test::edit_parquet(d, "empty.parquet", "out = t.slice(0, 0)");
+    test::edit_parquet(d, "noprompt.parquet",
+                       "out = t.set_column(i, 'prompt', pa.array([[]] * t.num_rows, type=t.schema.field(i).type))");
   };
   const std::vector<std::string> train = {"train", "-", "actor_rollout_ref.model.path=model", "data.train_batch_size=1",
                                           "actor_rollout_ref.actor.ppo_mini_batch_size=1", "data.max_response_length=4",
@@ -245,16 +238,9 @@ std::vector<Case> cases() {
   v.push_back({"train_prompt_beyond_template_budget",
                [with_data](const fs::path& d, const fs::path& m) {
                  with_data(d, m);
-                 auto py = test::run_process(
-                     {test::python().string(), "-c",
-                      "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
-                      "d = sys.argv[1]; t = pq.read_table(d + '/p.parquet')\n"
-                      "i = t.schema.get_field_index('prompt')\n"
-                      "big = [[{'content': 'x' * (70 << 20), 'role': 'user'}]] * t.num_rows\n"
-                      "pq.write_table(t.set_column(i, 'prompt', pa.array(big, type=t.schema.field(i).type)),"
-                      " d + '/big.parquet')\n",
-                      d.string()});
-                 ASSERT_EQ(py.exit_code, 0) << py.err;
+                 test::edit_parquet(d, "big.parquet",
+                                    "big = [[{'content': 'x' * (70 << 20), 'role': 'user'}]] * t.num_rows\n"
+                                    "out = t.set_column(i, 'prompt', pa.array(big, type=t.schema.field(i).type))");
                },
                train_with({"data.train_files=big.parquet"}), 1,
                "data.train_files: big.parquet row 0: rendering its prompt with the chat template failed"});

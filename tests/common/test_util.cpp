@@ -35,6 +35,16 @@ fs::path data_dir() { return source_dir() / "data"; }
 fs::path rpg_binary() { return binary_dir() / "rpg"; }
 fs::path python() { return env_or("RPG_TEST_PYTHON", RPG_PYTHON_PATH); }
 
+void edit_parquet(const fs::path& dir, const std::string& out, const std::string& edit) {
+  const auto r = run_process({python().string(), "-c",
+                              "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
+                              "t = pq.read_table(sys.argv[1] + '/p.parquet')\n"
+                              "i = t.schema.get_field_index('prompt')\n" +
+                                  edit + "\npq.write_table(out, sys.argv[1] + '/' + sys.argv[2])\n",
+                              dir.string(), out});
+  if (r.exit_code != 0) throw std::runtime_error("edit_parquet " + out + ": " + r.err);
+}
+
 ProcessResult run_process(const std::vector<std::string>& argv, const std::vector<std::string>& extra_env) {
   if (argv.empty()) throw std::invalid_argument("run_process: empty argv");
   int out_pipe[2], err_pipe[2];

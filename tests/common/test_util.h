@@ -13,6 +13,10 @@ std::filesystem::path binary_dir();
 std::filesystem::path data_dir();     // data/ in the repository (the paper's eval sets)
 std::filesystem::path rpg_binary();   // build/rpg
 std::filesystem::path python();       // the venv's python
+// Writes `dir`/OUT.parquet from `dir`/p.parquet (rpg's schema) with the venv's pyarrow: the
+// Python statements in `edit` see `t` (the table), `i` (the prompt column's index), `pa` and
+// `pq`, and leave the new table in `out`. Fails the calling test when Python fails.
+void edit_parquet(const std::filesystem::path& dir, const std::string& out, const std::string& edit);
 
 struct ProcessResult {
   int exit_code = -1;  // -signal when killed by a signal
