@@ -13,13 +13,14 @@
 
 namespace rpg::train {
 
-std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b, const ActorConfig& actor) {
+std::vector<std::vector<int64_t>> micro_batches(const at::Tensor& attention_mask, const ActorConfig& actor) {
+  const int64_t rows = attention_mask.size(0);
   if (actor.use_dynamic_bsz) {
-    const at::Tensor lengths = b.get("attention_mask").sum(1).to(at::kLong).contiguous();
+    const at::Tensor lengths = attention_mask.sum(1).to(at::kLong).contiguous();
     const std::vector<int64_t> l(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
     return rollout::split_by_tokens(l, actor.ppo_max_token_len_per_gpu);
   }
-  return rollout::split_by_rows(b.rows(), actor.ppo_micro_batch_size_per_gpu.value_or(b.rows()));
+  return rollout::split_by_rows(rows, actor.ppo_micro_batch_size_per_gpu.value_or(rows));
 }
 
 int64_t mini_batch_rows(const TrainConfig& cfg) {
@@ -95,6 +96,7 @@ class PaperRules final : public Rules {
   // epoch after the first with actor.shuffle; each cut by micro_batches().
   UpdatePlan plan_update(const rollout::Batch& batch, int64_t step) const override {
     const int64_t rows = batch.rows(), per_mini = std::min<int64_t>(mini_batch_rows(cfg_), rows);
+    const at::Tensor& mask = batch.get("attention_mask");  // all the partition reads
     UpdatePlan plan;
     for (int64_t e = 0; e < actor_.ppo_epochs; ++e) {
       std::vector<int64_t> row_order(static_cast<size_t>(rows));
@@ -105,7 +107,7 @@ class PaperRules final : public Rules {
       for (int64_t start = 0; start < rows; start += per_mini) {
         MiniBatchPlan mini;
         mini.rows.assign(row_order.begin() + start, row_order.begin() + std::min<int64_t>(rows, start + per_mini));
-        mini.micro = micro_batches(batch.select(mini.rows), actor_);
+        mini.micro = micro_batches(mask.index_select(0, at::tensor(mini.rows, at::kLong)), actor_);
         minis.push_back(std::move(mini));
       }
     }

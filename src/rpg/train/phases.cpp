@@ -94,7 +94,7 @@ void Trainer::Impl::move_compute_grads() {
 at::Tensor Trainer::Impl::log_probs_no_grad(const model::CausalLM& m, const rollout::Batch& b, double temperature) {
   c10::NoGradGuard no_grad;
   std::vector<at::Tensor> parts;
-  const auto micro = micro_batches(b, cfg.actor_rollout_ref.actor);
+  const auto micro = micro_batches(b.get("attention_mask"), cfg.actor_rollout_ref.actor);
   const auto [first_micro, end_micro] = dp::micro_batch_range(micro.size());  // data-parallel: this rank's share
   for (size_t mb_index = first_micro; mb_index < end_micro; ++mb_index) {
     const auto& rows = micro[mb_index];

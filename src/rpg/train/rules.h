@@ -102,7 +102,8 @@ std::unique_ptr<Rules> make_fork_rules(const TrainConfig& cfg);
 // Shared by the rule sets and the no-grad log-prob passes: consecutive rows of
 // ppo_micro_batch_size_per_gpu (all rows when unset), or token-budget micro-batches of
 // ppo_max_token_len_per_gpu with use_dynamic_bsz.
-std::vector<std::vector<int64_t>> micro_batches(const rollout::Batch& b, const ActorConfig& actor);
+// `attention_mask` holds the rows' masks ([rows, T]).
+std::vector<std::vector<int64_t>> micro_batches(const at::Tensor& attention_mask, const ActorConfig& actor);
 // The actor's optimizer-step rows: ppo_mini_batch_size prompts x rollout.n.
 int64_t mini_batch_rows(const TrainConfig& cfg);
 
