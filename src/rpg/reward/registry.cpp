@@ -124,4 +124,28 @@ std::vector<ScoreResult> score_batch(const ScorerRegistry& registry, std::span<c
   return results;
 }
 
+namespace {
+
+class BuiltinScorer final : public RewardScorer {
+ public:
+  BuiltinScorer(ScorerRegistry registry, int threads) : registry_(std::move(registry)), threads_(threads) {}
+  void check_data_source(std::string_view data_source) const override { (void)registry_.find(data_source); }
+  RewardScores score(std::span<const ScoreRequest> requests) override {
+    RewardScores out;
+    out.results = score_batch(registry_, requests, threads_);
+    return out;
+  }
+  std::string describe() const override { return "built-in rule scorers (by data_source)"; }
+
+ private:
+  ScorerRegistry registry_;
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<RewardScorer> make_builtin_scorer(ScorerRegistry registry, int threads) {
+  return std::make_unique<BuiltinScorer>(std::move(registry), threads);
+}
+
 }  // namespace rpg::reward

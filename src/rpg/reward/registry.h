@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "rpg/reward/score.h"
+#include "rpg/reward/scorer.h"
 
 namespace rpg::reward {
 
@@ -55,12 +56,6 @@ class ScorerRegistry {
 // HuggingFaceH4/MATH-500 -> the lighteval boxed rule.
 void register_builtin_scorers(ScorerRegistry& registry, const ScorerOptions& options = {});
 ScorerRegistry builtin_scorers(const ScorerOptions& options = {});
-
-struct ScoreRequest {
-  std::string_view data_source;
-  std::string_view response;
-  std::string_view ground_truth;
-};
 
 // Scores every request with `threads` worker threads (0: hardware concurrency). Results are
 // in request order. Every data_source is resolved before any work starts, so an unknown one
