@@ -74,6 +74,9 @@ add_library(rpg::arrow ALIAS rpg_arrow)
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Threads REQUIRED)
+# libcurl (Debian libcurl4-openssl-dev): headers for src/rpg/reward/http_scorer.cpp, which dlopens
+# the library; the reward service tests link it.
+find_package(CURL REQUIRED)
 # ICU: Unicode character properties (core) and normalization (tokenizer).
 find_package(ICU REQUIRED COMPONENTS uc)
 if(RPG_BUILD_TESTS)

@@ -183,6 +183,9 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {"algorithm.rollout_correction.rollout_is_threshold", {"algorithm.rollout_correction.rollout_is_threshold", "0"}},
       {"reward_model.overlong_buffer.len", {"reward_model.overlong_buffer.len", "-1"}},
       {"reward_model.overlong_buffer.penalty_factor", {"reward_model.overlong_buffer.penalty_factor", "-1"}},
+      {"reward_model.num_workers", {"reward_model.num_workers", "-1"}},
+      {"reward_model.request_batch_size", {"reward_model.request_batch_size", "0"}},
+      {"reward_model.timeout_s", {"reward_model.timeout_s", "0"}},
       {"trainer.total_epochs", {"trainer.total_epochs", "0"}},
       {"trainer.total_training_steps", {"trainer.total_training_steps", "0"}},
       {"trainer.test_freq", {"trainer.test_freq", "-2"}},
@@ -202,6 +205,7 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
   const std::set<std::string> unbounded = {
       a + "entropy_coeff",                          // negative: an entropy penalty
       "algorithm.filter_groups.max_num_gen_batches",  // <= 0: no limit
+      "reward_model.timeout_score",                   // any score a timed-out response should get
   };
   // Optional numeric keys print as null by default: set them so that the walk sees them.
   ProcessResult shown = rpg({"config", "show", "-", "data.gen_batch_size=1024", "data.val_batch_size=8", "data.seed=1",

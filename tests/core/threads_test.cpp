@@ -1,11 +1,12 @@
 // The threaded code, each part driven by 8 threads: batch scoring (reward::score_batch),
-// batch tokenization (Tokenizer::batch_encode), the progress bar and the metrics writer.
+// the Python reward pool and the reward service client shared by threads, batch tokenization (Tokenizer::batch_encode), the progress bar and the metrics writer.
 // Results must equal the one-thread results. Built twice: as a normal test, and under
 // ThreadSanitizer by scripts/tsan.sh (docs/robustness.md), where any data race fails it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -13,7 +14,10 @@
 #include "rpg/core/io.h"
 #include "rpg/core/metrics.h"
 #include "rpg/core/progress.h"
+#include "rpg/reward/http_scorer.h"
+#include "rpg/reward/python_pool.h"
 #include "rpg/reward/registry.h"
+#include "reward_server.h"
 #include "rpg/tokenizer/tokenizer.h"
 #include "test_util.h"
 #include "tiny_tokenizer.h"
@@ -46,6 +50,50 @@ TEST(Threads, ScoreBatchWith8ThreadsEqualsOneThread) {
   }
   EXPECT_GT(correct, 0) << "no request scored right: the batch does not exercise both outcomes";
   EXPECT_LT(correct, 800);
+}
+
+// Each thread scores its own batch through one shared scorer; every result must be the
+// function's own for that thread's requests.
+void score_from_threads(reward::RewardScorer& scorer, const std::function<double(const std::string&)>& expected) {
+  std::vector<std::vector<std::string>> texts(kThreads);
+  std::vector<std::vector<reward::RewardScores>> got(kThreads);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < 12; ++i) texts[t].push_back(std::string(static_cast<size_t>(t + i), 'a') + "7");
+    pool.emplace_back([&, t] {
+      std::vector<reward::ScoreRequest> requests;
+      for (const auto& s : texts[t]) requests.push_back({"any", s, "7"});
+      for (int round = 0; round < 3; ++round) got[t].push_back(scorer.score(requests));
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < kThreads; ++t)
+    for (const auto& r : got[t]) {
+      ASSERT_EQ(r.results.size(), texts[t].size());
+      for (size_t i = 0; i < texts[t].size(); ++i) EXPECT_EQ(r.results[i].score, expected(texts[t][i])) << t << " " << i;
+    }
+}
+
+TEST(Threads, PythonRewardPoolSharedBy8Threads) {
+  test::TempDir dir;
+  test::write_text(dir / "r.py", "def compute_score(ds, s, gt, extra_info=None):\n    return len(s)\n");
+  reward::PythonRewardOptions o;
+  o.path = (dir / "r.py").string();
+  o.python = test::python().string();
+  o.num_workers = 3;
+  auto scorer = reward::make_python_scorer(o);
+  score_from_threads(*scorer, [](const std::string& s) { return static_cast<double>(s.size()); });
+}
+
+TEST(Threads, RewardServiceClientSharedBy8Threads) {
+  test::RewardServer server;
+  reward::HttpRewardOptions o;
+  o.url = server.url();
+  o.batch_size = 5;
+  o.max_concurrency = 3;
+  auto scorer = reward::make_http_scorer(o);
+  // The test server: 1 when the stripped response equals the ground truth, else 0.
+  score_from_threads(*scorer, [](const std::string& s) { return s == "7" ? 1.0 : 0.0; });
 }
 
 TEST(Threads, BatchEncodeWith8ThreadsEqualsOneThread) {

@@ -54,7 +54,8 @@ double accuracy(const rollout::Policy& policy, const std::vector<data::Row>& row
   sp.n = n;
   sp.max_new_tokens = o.max_response_tokens;
   sp.seed = o.seed;
-  auto result = eval::evaluate(policy, rows, sp, {64, 0}, reward::builtin_scorers(), progress);
+  auto scorer = reward::make_builtin_scorer(reward::builtin_scorers());
+  auto result = eval::evaluate(policy, rows, sp, {64, 0}, *scorer, progress);
   return result.metrics.at("math_dapo").at(str("acc/mean@", n));
 }
 

@@ -13,6 +13,7 @@
 #include "rpg/core/log.h"
 #include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/reward/reward_spec.h"
 #include "rpg/train/checkpoint.h"
 #include "rpg/train/data_parallel.h"
 #include "rpg/train/trainer.h"
@@ -74,6 +75,8 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
 
 int run_eval(const std::string& full_name, const std::vector<std::string>& args) {
   std::string model, output, responses, dtype = "auto", device = "auto", template_kwargs, scored_output;
+  std::string reward_fn, reward_url;
+  reward::RewardSpec reward_spec;
   std::vector<std::string> files;
   rollout::SamplingParams sampling;
   rollout::EngineOptions engine;
@@ -102,10 +105,34 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
               "(e.g. '{\"enable_thinking\": false}' for Qwen3)", "JSON")
       .option("--scored-output", &scored_output,
               "write every response with its score, acc and extracted prediction here (JSON lines)", "FILE")
+      .option("--reward-fn", &reward_fn,
+              "score with this Python file's function instead of the data_source's rule (verl's "
+              "custom_reward_function; NAME defaults to compute_score)", "FILE[:NAME]")
+      .option("--reward-url", &reward_url, "score with this reward service (docs/rewards.md)", "URL")
+      .option("--reward-python", &reward_spec.python.python, "the Python that runs --reward-fn (default python3)", "PY")
+      .option("--reward-workers", &reward_spec.python.num_workers,
+              "--reward-fn worker processes / --reward-url requests in flight (default: one per core)", "N")
+      .option("--reward-timeout", &reward_spec.python.timeout_s,
+              "seconds per response (--reward-fn) or request (--reward-url) before it scores 0 (default 10)", "S")
       .option("--dtype", &dtype, "auto | float32 | bfloat16 | float16", "TYPE")
       .option("--device", &device, "auto | cpu | cuda", "DEV")
       .flag("--no-progress", &no_progress, "no progress bar");
   if (!parser.parse(args)) return 0;
+  if (!reward_fn.empty()) {
+    // FILE:NAME, where a ':' followed by a '/' is part of the path rather than a NAME.
+    const size_t colon = reward_fn.rfind(':');
+    const bool has_name = colon != std::string::npos && reward_fn.find('/', colon) == std::string::npos;
+    reward_spec.python.path = has_name ? reward_fn.substr(0, colon) : reward_fn;
+    if (has_name) reward_spec.python.name = reward_fn.substr(colon + 1);
+    if (reward_spec.python.name.empty()) throw UsageError(str(full_name, ": --reward-fn ", reward_fn, ": empty NAME"));
+  }
+  if (reward_spec.python.num_workers < 0) throw UsageError(str(full_name, ": --reward-workers must be >= 0"));
+  if (!(reward_spec.python.timeout_s > 0)) throw UsageError(str(full_name, ": --reward-timeout must be > 0"));
+  if (!reward_url.empty() && !reward_fn.empty())
+    throw UsageError(str(full_name, ": --reward-fn and --reward-url are both given: score with one of them"));
+  reward_spec.http.url = reward_url;
+  if (reward_spec.python.num_workers > 0) reward_spec.http.max_concurrency = reward_spec.python.num_workers;
+  reward_spec.http.timeout_s = reward_spec.python.timeout_s;
   {
     std::vector<NamedPath> inputs{{"--model", model}, {"--responses", responses}};
     for (const auto& f : files) inputs.push_back({"--data", f});
@@ -114,6 +141,11 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   }
   reward::ScorerOptions so;
   so.strict_box_verify = strict_box;
+  auto report_timeouts = [&](const eval::EvalResult& result) {
+    if (result.reward_timeouts > 0)
+      log_warn(str(result.reward_timeouts, " responses were not scored within ", reward_spec.python.timeout_s,
+                   " s and count as 0 (--reward-timeout)"));
+  };
   auto write_output = [&](const eval::MetricTable& metrics) {
     std::cout << eval::format_metrics(metrics);
     if (!output.empty()) write_file_atomic(output, nlohmann::json(metrics).dump(2) + "\n");
@@ -123,7 +155,9 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       throw UsageError(str(full_name, ": --responses scores a file; do not also give --model or --data"));
     if (!template_kwargs.empty())
       throw UsageError(str(full_name, ": --chat-template-kwargs renders prompts; --responses does not generate"));
-    auto result = eval::evaluate_responses(responses, reward::builtin_scorers(so));
+    auto scorer = reward::make_reward_scorer(reward_spec, reward::builtin_scorers(so));
+    auto result = eval::evaluate_responses(responses, *scorer);
+    report_timeouts(result);
     write_output(result.metrics);
     if (!scored_output.empty()) eval::write_scored_responses(scored_output, result);
     return 0;
@@ -137,9 +171,10 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
     auto part = data::read_prompt_rows(f, "--data");
     rows.insert(rows.end(), part.begin(), part.end());
   }
+  auto scorer = reward::make_reward_scorer(reward_spec, reward::builtin_scorers(so));
   auto policy = rollout::load_policy(model, dtype, device);
-  auto result = eval::evaluate(policy, rows, sampling, engine, reward::builtin_scorers(so), !no_progress,
-                               /*chat_template=*/true, kwargs);
+  auto result = eval::evaluate(policy, rows, sampling, engine, *scorer, !no_progress, /*chat_template=*/true, kwargs);
+  report_timeouts(result);
   write_output(result.metrics);
   if (!scored_output.empty()) eval::write_scored_responses(scored_output, result);
   log_info(str("evaluated ", rows.size(), " rows x ", sampling.n, " responses: ", result.stats.generated_tokens,

@@ -51,6 +51,8 @@ struct Row {
 // file and the column (e.g. "reward_model.ground_truth") with the expected type when a
 // column is missing or mistyped, or the file and row when a required value is null.
 std::vector<Row> read_parquet(const std::filesystem::path& path);
+// extra_info as the JSON object verl hands a reward function ({"index", "raw_problem", "split"}).
+std::string extra_info_json(const ExtraInfo& info);
 
 // read_parquet for the prompts a command samples from (train, validation, eval, generate):
 // a file without rows, or a row whose prompt holds no message, is a FormatError naming

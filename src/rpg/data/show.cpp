@@ -51,3 +51,13 @@ std::string show_dataset(const std::filesystem::path& path, int64_t n, int64_t m
 }
 
 }  // namespace rpg::data
+
+namespace rpg::data {
+
+std::string extra_info_json(const ExtraInfo& info) {
+  nlohmann::ordered_json j{{"index", info.index}, {"raw_problem", info.raw_problem}};
+  j["split"] = info.split ? nlohmann::ordered_json(*info.split) : nlohmann::ordered_json(nullptr);
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace rpg::data

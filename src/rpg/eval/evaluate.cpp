@@ -14,9 +14,9 @@ namespace rpg::eval {
 
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling_in, const rollout::EngineOptions& engine_options,
-                    const reward::ScorerRegistry& scorers, bool progress, bool chat_template,
+                    reward::RewardScorer& scorer, bool progress, bool chat_template,
                     const tok::ChatTemplateKwargs& chat_template_kwargs) {
-  for (const auto& r : rows) (void)scorers.find(r.data_source);  // unknown data_source: fail before generating
+  for (const auto& r : rows) scorer.check_data_source(r.data_source);  // unknown data_source: fail before generating
   const rollout::SamplingParams sampling = rollout::with_stop_tokens(sampling_in, policy);
 
   std::vector<std::vector<int64_t>> prompts;
@@ -47,11 +47,15 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
     std::vector<tok::TokenId> ids(r.token_ids.begin(), r.token_ids.end());
     out.texts.push_back(policy.tokenizer.decode(ids, /*skip_special_tokens=*/true));
   }
+  std::vector<std::string> extra_info;
+  for (const auto& row : rows) extra_info.push_back(data::extra_info_json(row.extra_info));
   for (size_t i = 0; i < responses.size(); ++i) {
-    const auto& row = rows[static_cast<size_t>(responses[i].prompt_index)];
-    requests.push_back({row.data_source, out.texts[i], row.reward_model.ground_truth});
+    const size_t row = static_cast<size_t>(responses[i].prompt_index);
+    requests.push_back({rows[row].data_source, out.texts[i], rows[row].reward_model.ground_truth, extra_info[row]});
   }
-  auto scores = reward::score_batch(scorers, requests);
+  auto scored = scorer.score(requests);
+  out.reward_timeouts = scored.timeouts;
+  const auto& scores = scored.results;
   for (size_t i = 0; i < responses.size(); ++i) {
     const auto& row = rows[static_cast<size_t>(responses[i].prompt_index)];
     ScoredResponse s;
@@ -88,7 +92,7 @@ void write_scored_responses(const std::filesystem::path& path, const EvalResult&
   write_file_atomic(path, text);
 }
 
-EvalResult evaluate_responses(const std::filesystem::path& path, const reward::ScorerRegistry& scorers) {
+EvalResult evaluate_responses(const std::filesystem::path& path, reward::RewardScorer& scorer) {
   struct Line {
     std::string data_source, ground_truth, prompt, response;
   };
@@ -106,8 +110,10 @@ EvalResult evaluate_responses(const std::filesystem::path& path, const reward::S
   if (lines.empty()) throw FormatError(str(path.string(), ": no responses"));
   std::vector<reward::ScoreRequest> requests;
   for (const auto& l : lines) requests.push_back({l.data_source, l.response, l.ground_truth});
-  auto scores = reward::score_batch(scorers, requests);
+  auto scored = scorer.score(requests);
+  const auto& scores = scored.results;
   EvalResult out;
+  out.reward_timeouts = scored.timeouts;
   for (size_t i = 0; i < lines.size(); ++i) {
     ScoredResponse s;
     s.data_source = lines[i].data_source;

@@ -23,6 +23,7 @@ struct EvalResult {
   std::vector<std::string> texts;  // decoded responses, in the order of `responses`
   std::vector<std::string> ground_truths;  // in the order of `responses`
   std::vector<int64_t> sources;    // per response: its row (evaluate) or input line (evaluate_responses), 0-based
+  int64_t reward_timeouts = 0;     // responses scored reward_model.timeout_score (custom / HTTP scorers)
 };
 
 // For people reading results: one JSON line per response of `result`, in order, with
@@ -35,14 +36,14 @@ void write_scored_responses(const std::filesystem::path& path, const EvalResult&
 // data_source before generating anything.
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling, const rollout::EngineOptions& engine,
-                    const reward::ScorerRegistry& scorers, bool progress = true, bool chat_template = true,
+                    reward::RewardScorer& scorer, bool progress = true, bool chat_template = true,
                     const tok::ChatTemplateKwargs& chat_template_kwargs = {});
 
 // Scores a responses file written by `rpg generate` (JSON lines with data_source,
 // ground_truth, prompt and response) without generating: the same metrics as evaluate().
 // Responses with the same data_source and prompt form one problem. Throws IoError /
 // FormatError naming the file and line, ValueError for an unknown data_source.
-EvalResult evaluate_responses(const std::filesystem::path& path, const reward::ScorerRegistry& scorers);
+EvalResult evaluate_responses(const std::filesystem::path& path, reward::RewardScorer& scorer);
 
 // "aime2024/acc/mean@32: 0.4375" lines, sorted.
 std::string format_metrics(const MetricTable& metrics);

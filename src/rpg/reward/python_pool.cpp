@@ -16,6 +16,7 @@
 #include <deque>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -80,6 +81,8 @@ class PythonPool final : public RewardScorer {
   std::string describe() const override { return str("custom_reward_function ", o_.path, ":", o_.name); }
 
   RewardScores score(std::span<const ScoreRequest> requests) override {
+    // The workers serve one batch at a time; callers on other threads wait their turn.
+    std::lock_guard lock(mutex_);
     if (broken_) throw ValueError(str(describe(), ": the worker pool stopped after an earlier error"));
     try {
       return score_all(requests);
@@ -338,6 +341,7 @@ class PythonPool final : public RewardScorer {
   }
 
   PythonRewardOptions o_;
+  std::mutex mutex_;
   std::vector<Worker> workers_;
   bool broken_ = false;
   // State of the score() call in progress.

@@ -79,4 +79,23 @@ void ConfigWriter::operator()<tok::ChatTemplateKwargs>(std::string_view key, con
   add(key, to_node(field.json()));
 }
 
+template <>
+void ConfigLoader::operator()<JsonMapping>(std::string_view key, JsonMapping& field, std::string_view) {
+  std::string full = config_detail::join_key(prefix_, key);
+  state_->leaves.push_back(full);
+  const ConfigNode* child = child_of(key);
+  if (!child) return;
+  if (child->is_null()) {
+    field = JsonMapping{};
+    return;
+  }
+  if (child->kind != ConfigNode::Kind::Map) config_detail::throw_type_error(*child, full, "a mapping");
+  field.json = to_json(*child).dump();
+}
+
+template <>
+void ConfigWriter::operator()<JsonMapping>(std::string_view key, const JsonMapping& field, std::string_view) {
+  add(key, to_node(nlohmann::ordered_json::parse(field.json)));
+}
+
 }  // namespace rpg

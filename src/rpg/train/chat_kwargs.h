@@ -7,12 +7,26 @@
 // nlohmann/json.hpp.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "rpg/core/config.h"
 #include "rpg/tokenizer/tokenizer.h"
 
 namespace rpg {
+
+// A free-form mapping passed on as JSON (custom_reward_function.reward_kwargs: the reward
+// function's **kwargs). `json` is an object's JSON text; the loader refuses a non-mapping.
+struct JsonMapping {
+  std::string json = "{}";
+  bool operator==(const JsonMapping&) const = default;
+};
+
+template <>
+void ConfigLoader::operator()<JsonMapping>(std::string_view key, JsonMapping& field, std::string_view);
+
+template <>
+void ConfigWriter::operator()<JsonMapping>(std::string_view key, const JsonMapping& field, std::string_view);
 
 template <>
 void ConfigLoader::operator()<tok::ChatTemplateKwargs>(std::string_view key, tok::ChatTemplateKwargs& field,

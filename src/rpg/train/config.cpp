@@ -1,7 +1,7 @@
 #include "rpg/train/config.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <sstream>
 
@@ -209,6 +209,27 @@ void TrainConfig::validate() const {
           "reward_model.overlong_buffer.len", "must be > 0 when the overlong buffer is enabled");
   require(!reward_model.overlong_buffer.enable || reward_model.overlong_buffer.len < data.max_response_length,
           "reward_model.overlong_buffer.len", "must be < data.max_response_length");
+  // verl's batch manager calls the function once with lists; rpg's scorers take one response each.
+  require(reward_model.reward_manager != "batch", "reward_model.reward_manager",
+          "batch (one call with lists) is not supported: rpg calls custom_reward_function once per response; use "
+          "naive");
+  require_one_of(reward_model.reward_manager, {"naive", "dapo", "prime", "rpg"}, "reward_model.reward_manager");
+  {
+    const auto& u = reward_model.url;
+    require(!u || u->starts_with("http://") || u->starts_with("https://"), "reward_model.url",
+            str("must start with http:// or https://, got '", u.value_or(""), "'"));
+    require(!(u && custom_reward_function.path), "reward_model.url",
+            "and custom_reward_function.path are both set: score with one of them");
+    require(!custom_reward_function.path || !custom_reward_function.path->empty(), "custom_reward_function.path",
+            "empty (null for the built-in rules)");
+    require(!custom_reward_function.name.empty(), "custom_reward_function.name", "empty");
+    require(!custom_reward_function.python.empty(), "custom_reward_function.python", "empty");
+    at_least<int64_t>(reward_model.num_workers, 0, "reward_model.num_workers");
+    require(reward_model.timeout_s > 0 && std::isfinite(reward_model.timeout_s), "reward_model.timeout_s",
+            str("must be > 0, got ", reward_model.timeout_s));
+    require(std::isfinite(reward_model.timeout_score), "reward_model.timeout_score", "must be finite");
+    at_least<int64_t>(reward_model.request_batch_size, 1, "reward_model.request_batch_size");
+  }
   require_one_of(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
   require(trainer.resume_mode != "resume_path" || trainer.resume_path, "trainer.resume_path",
           "required when trainer.resume_mode=resume_path");

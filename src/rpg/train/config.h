@@ -423,15 +423,51 @@ struct RewardModelConfig {
   OverlongBufferConfig overlong_buffer;
   std::string reward_manager = "dapo";
   RewardKwargsConfig reward_kwargs;
+  std::optional<std::string> url;  // a reward service instead of the built-in rules
+  int64_t num_workers = 0;
+  double timeout_s = 10.0;
+  double timeout_score = 0.0;
+  int64_t request_batch_size = 64;
 
   template <class V>
   void visit(V& v) {
     v.section("overlong_buffer", overlong_buffer);
-    v("reward_manager", reward_manager, "naive | dapo | rpg (rule-based scorers only; rpg = the authors' fork)");
+    v("reward_manager", reward_manager,
+      "naive | dapo | prime | rpg: each response scored on its own (rpg = the authors' fork; prime's process "
+      "pool is custom_reward_function's); batch is refused");
     v.section("reward_kwargs", reward_kwargs, "reward manager options");
+    v("url", url,
+      "reward service: POST [{data_source, solution_str, ground_truth, extra_info}] -> [{score, ...}] "
+      "(docs/rewards.md); null: custom_reward_function or the built-in rules");
+    v("num_workers", num_workers,
+      "Python reward worker processes (custom_reward_function) or requests in flight (url); 0: one per core");
+    v("timeout_s", timeout_s,
+      "a response (Python) or request (url) not scored within this many seconds scores timeout_score "
+      "(reward/timeouts)");
+    v("timeout_score", timeout_score, "the score of a response whose scorer timed out");
+    v("request_batch_size", request_batch_size, "responses per request to reward_model.url");
     v.ignored("enable", "rpg scores with rules, not a reward model");
     v.ignored("model", "rpg scores with rules, not a reward model");
     v.ignored("max_length", "rpg scores with rules, not a reward model");
+  }
+};
+
+// verl's custom_reward_function: a Python file's function scores every response instead of
+// the built-in rules (reward/python_pool.h).
+struct CustomRewardFunctionConfig {
+  std::optional<std::string> path;
+  std::string name = "compute_score";
+  std::string python = "python3";
+  JsonMapping reward_kwargs;
+
+  template <class V>
+  void visit(V& v) {
+    v("path", path,
+      "Python file with compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> "
+      "number | {score, ...}; null: the built-in rules by data_source");
+    v("name", name, "the function's name in that file");
+    v("python", python, "the Python that runs it (searched on PATH without a '/'); rpg's worker needs no package");
+    v("reward_kwargs", reward_kwargs, "keyword arguments passed to the function");
   }
 };
 
@@ -532,6 +568,7 @@ struct TrainConfig {
   ActorRolloutRefConfig actor_rollout_ref;
   AlgorithmConfig algorithm;
   RewardModelConfig reward_model;
+  CustomRewardFunctionConfig custom_reward_function;
   TrainerConfig trainer;
   DistConfig dist;  // rpg: data-parallel settings
   RpgConfig rpg;
@@ -544,13 +581,13 @@ struct TrainConfig {
     v.section("actor_rollout_ref", actor_rollout_ref);
     v.section("algorithm", algorithm);
     v.section("reward_model", reward_model);
+    v.section("custom_reward_function", custom_reward_function, "a Python reward function (verl's)");
     v.section("trainer", trainer);
     v.section("dist", dist);
     v.section("rpg", rpg, "rpg's own settings");
     v.ignored("critic", "rpg trains no critic");
     v.ignored("ray_init", "no Ray");
     v.ignored("ray_kwargs", "no Ray");
-    v.ignored("custom_reward_function", "rule-based scorers are chosen by data_source");
     v.ignored("global_profiler", "use RPG_PROFILE");
   }
   void validate() const;

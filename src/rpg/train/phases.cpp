@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <mutex>
 #include <numeric>
 
@@ -176,10 +177,18 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
   }
   for (size_t i = 0; i < r.responses.size(); ++i) {
     const Prompt* p = r.prompts[static_cast<size_t>(r.responses[i].prompt_index)];
-    requests.push_back({p->data_source, texts[i], p->ground_truth});
+    requests.push_back({p->data_source, texts[i], p->ground_truth, p->extra_info});
   }
   const auto t_reward = Clock::now();
-  r.results = reward::score_batch(scorers, requests);
+  reward::RewardScores scored = reward->score(requests);
+  r.results = std::move(scored.results);
+  gen.reward_timeouts += scored.timeouts;
+  for (auto& [key, values] : scored.extra) {
+    // A key first seen in a later round has no values for the responses before it.
+    auto& all = gen.reward_extra[key];
+    all.resize(gen.all_scores.size(), std::numeric_limits<double>::quiet_NaN());
+    all.insert(all.end(), values.begin(), values.end());
+  }
   gen.reward_seconds += seconds_since(t_reward);
   for (size_t i = 0; i < r.responses.size() && static_cast<int64_t>(gen.samples.size()) < cfg.trainer.sample_log_count;
        ++i) {
@@ -503,6 +512,14 @@ void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, con
   }
   m["acc/mean"] = mean_of(gen.all_acc);
   m["acc/generated_score_mean"] = mean_of(gen.all_scores);
+  if (cfg.custom_reward_function.path || cfg.reward_model.url) m["reward/timeouts"] = static_cast<double>(gen.reward_timeouts);
+  for (const auto& [key, values] : gen.reward_extra) {
+    double sum = 0;
+    int64_t count = 0;
+    for (double v : values)
+      if (!std::isnan(v)) sum += v, ++count;
+    if (count > 0) m["reward/extra/" + key + "/mean"] = sum / static_cast<double>(count);
+  }
   m["response_length/mean"] = sb.lengths.to(at::kDouble).mean().item<double>();
   m["response_length/max"] = sb.lengths.max().item<double>();
   m["response_length/clip_ratio"] = static_cast<double>(sb.finished_by_length) / static_cast<double>(sb.batch.rows());

@@ -27,10 +27,12 @@
 #include "rpg/core/rng.h"
 #include "rpg/core/signals.h"
 #include "rpg/data/dataset.h"
+#include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
 #include "rpg/train/data_parallel.h"
 #include "rpg/eval/report.h"
 #include "rpg/reward/overlong.h"
+#include "rpg/reward/reward_spec.h"
 #include "rpg/rollout/batch.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
@@ -94,9 +96,43 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
   return coef * (1.0 + error * static_cast<double>(n) / static_cast<double>(horizon));
 }
 
+namespace {
+
+reward::RewardSpec reward_spec(const TrainConfig& cfg) {
+  reward::RewardSpec spec;
+  const auto& fn = cfg.custom_reward_function;
+  const auto& rm = cfg.reward_model;
+  if (fn.path) {
+    spec.python.path = *fn.path;
+    spec.python.name = fn.name;
+    spec.python.python = fn.python;
+    spec.python.kwargs_json = fn.reward_kwargs.json;
+    spec.python.num_workers = rm.num_workers;
+    spec.python.timeout_s = rm.timeout_s;
+    spec.python.timeout_score = rm.timeout_score;
+  }
+  if (rm.url) {
+    spec.http.url = *rm.url;
+    spec.http.batch_size = rm.request_batch_size;
+    if (rm.num_workers > 0) spec.http.max_concurrency = rm.num_workers;
+    spec.http.timeout_s = rm.timeout_s;
+    spec.http.timeout_score = rm.timeout_score;
+  }
+  // Every rank scores the all-gathered responses; a function or service that times out on
+  // one rank and not another would give the ranks different batches.
+  const auto* world = dist::world();
+  if ((fn.path || rm.url) && world && world->size() > 1)
+    throw ConfigError(str(fn.path ? "custom_reward_function.path" : "reward_model.url",
+                          ": not supported in data-parallel runs yet (every rank scores the gathered responses); run "
+                          "one process"));
+  return spec;
+}
+
+}  // namespace
+
 Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
     : cfg(std::move(c)),
-      scorers(std::move(s)),
+      reward(reward::make_reward_scorer(reward_spec(cfg), std::move(s))),
       // dist.shard_master_weights: the policy holds bf16 weights (no fp32 copy of its own; the
       // masters are the sharded optimizer's), else fp32 weights that are the master.
       policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, cfg.dist.shard_master_weights ? "bfloat16" : "float32",
@@ -342,7 +378,7 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
 void Trainer::Impl::load_data() {
   std::vector<std::string> where;
   auto rows = read_rows(cfg.data.train_files, cfg.data.train_max_samples, "data.train_files", &where);
-  for (const auto& r : rows) (void)scorers.find(r.data_source);
+  for (const auto& r : rows) reward->check_data_source(r.data_source);
   for (size_t i = 0; i < rows.size(); ++i) {
     Prompt p;
     try {
@@ -354,6 +390,7 @@ void Trainer::Impl::load_data() {
     }
     p.data_source = rows[i].data_source;
     p.ground_truth = rows[i].reward_model.ground_truth;
+    p.extra_info = data::extra_info_json(rows[i].extra_info);
     const int64_t len = static_cast<int64_t>(p.ids.size()), max_len = cfg.data.max_prompt_length;
     if (len > max_len) {
       if (cfg.data.filter_overlong_prompts) continue;
@@ -640,7 +677,7 @@ Metrics Trainer::validate() {
   const auto t_testing = Clock::now();
   s.rules->use_export_weights(*s.optimizer);
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), s.engine_options(s.policy.model),
-                               s.scorers, /*progress=*/false, /*chat_template=*/true,
+                               *s.reward, /*progress=*/false, /*chat_template=*/true,
                                s.cfg.data.apply_chat_template_kwargs);
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)

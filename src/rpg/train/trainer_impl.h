@@ -18,6 +18,7 @@
 #include "rpg/core/metrics.h"
 #include "rpg/data/dataset.h"
 #include "rpg/reward/registry.h"
+#include "rpg/reward/scorer.h"
 #include "rpg/rollout/batch.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
@@ -37,6 +38,7 @@ inline double seconds_since(Clock::time_point t) { return std::chrono::duration<
 struct Prompt {
   std::vector<int64_t> ids;
   std::string data_source, ground_truth;
+  std::string extra_info;  // the row's extra_info as JSON, for custom reward functions
 };
 
 double mean_of(const std::vector<double>& v);
@@ -60,6 +62,8 @@ struct Generation {
   double gen_seconds = 0, reward_seconds = 0;
   double gen_cpu_seconds = 0;  // process CPU time (user + sys, all threads) of generation
   std::vector<double> all_scores, all_acc;  // every generated response, kept or not
+  int64_t reward_timeouts = 0;               // responses scored reward_model.timeout_score
+  std::map<std::string, std::vector<double>> reward_extra;  // a custom reward's other keys, NaN where absent
   std::vector<nlohmann::json> samples;      // this step's lines of samples.jsonl
 };
 
@@ -109,7 +113,8 @@ struct UpdateStats {
 
 struct Trainer::Impl {
   TrainConfig cfg;
-  reward::ScorerRegistry scorers;
+  // The built-in rules, or what custom_reward_function / reward_model.url ask for.
+  std::unique_ptr<reward::RewardScorer> reward;
   rollout::Policy policy;
   std::unique_ptr<model::CausalLM> reference;  // for KL-to-reference losses (grpo)
   // compute_dtype=bfloat16: the bf16 working copy that runs forward/backward; the optimizer
