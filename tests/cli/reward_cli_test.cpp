@@ -4,6 +4,7 @@
 // and a broken function stops the run before anything is written; `rpg eval --reward-fn`
 // scores as the function called directly in Python (tests/oracles/reward_custom_direct.py).
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -98,6 +99,37 @@ TEST_F(RewardCli, ACustomFunctionThatScoresDifferentlyIsWhatTrains) {
   const std::string config = read_file(run / "config.yaml");
   EXPECT_NE(config.find("by_length.py"), std::string::npos);
   EXPECT_NE(config.find("scale: 0.5"), std::string::npos) << config;
+}
+
+TEST_F(RewardCli, AFunctionThatHangsOnSomeResponsesCostsTheirTimeoutsNotTheRun) {
+  const fs::path marks = shared_->path() / "hang_marks";
+  fs::create_directories(marks);
+  const std::string dir = nlohmann::json(marks.string()).dump();
+  const std::string file = reward_file("hangs.py",
+                                       "import os, time, uuid\n"
+                                       "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                       "    open(os.path.join(" + dir + ", f'pid-{os.getpid()}'), 'w').close()\n"
+                                       "    if len(solution_str) % 2:\n"
+                                       "        open(os.path.join(" + dir + ", f'hang-{uuid.uuid4()}'), 'w').close()\n"
+                                       "        while True: time.sleep(60)\n"
+                                       "    return 1.0\n");
+  const fs::path run = shared_->path() / "hangs";
+  auto r = train(run, {"custom_reward_function.path=" + file, "reward_model.num_workers=2",
+                       "reward_model.timeout_s=1", "reward_model.timeout_score=-1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  double timeouts = 0;
+  for (const auto& m : test::step_metrics(run / "metrics.jsonl")) timeouts += m.at("reward/timeouts");
+  size_t hangs = 0, pids = 0;
+  for (const auto& e : fs::directory_iterator(marks)) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("hang-")) ++hangs;
+    if (name.starts_with("pid-")) {
+      ++pids;
+      EXPECT_NE(::kill(std::stoi(name.substr(4)), 0), 0) << name << ": a reward worker outlived rpg train";
+    }
+  }
+  EXPECT_EQ(timeouts, static_cast<double>(hangs)) << "every hung call is one timeout, and nothing else is";
+  EXPECT_GE(pids, 2u);
 }
 
 TEST_F(RewardCli, ABrokenFunctionStopsTheRunBeforeAnythingIsWritten) {
