@@ -357,6 +357,35 @@ TEST_F(DataParallelTrain, ZeroTwoWithClippingActiveEqualsOneRank) {
             0u);
 }
 
+// custom_reward_function on 2 ranks: rank 0 alone runs the Python workers and sends every
+// rank the same scores, so the run equals one process's with the same function.
+TEST_F(DataParallelTrain, CustomRewardFunctionOnTwoRanksEqualsOneRank) {
+  const fs::path marks_one = *dir_ / "reward_pids_one", marks_two = *dir_ / "reward_pids_two";
+  auto reward = [&](const fs::path& marks) {
+    fs::create_directories(marks);
+    const fs::path file = marks / "by_length.py";
+    test::write_text(file, "import os\n"
+                           "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                           "    open(os.path.join(os.path.dirname(__file__), f'pid-{os.getpid()}'), 'w').close()\n"
+                           "    return {'score': float(len(solution_str) % 3) - 1.0, 'chars': len(solution_str)}\n");
+    return std::vector<std::string>{"custom_reward_function.path=" + file.string(),
+                                    "custom_reward_function.python=" + test::python().string(),
+                                    "reward_model.num_workers=1"};
+  };
+  const fs::path one = *dir_ / "reward_one", two = *dir_ / "reward_two";
+  auto a = run_process(test::dp_train_argv(fixture_, data_, {}, one, 3, reward(marks_one)), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto b = run_process(test::dp_train_argv(fixture_, data_, {"--nproc", "2"}, two, 3, reward(marks_two)));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const auto metrics = step_metrics(one / "metrics.jsonl");
+  ASSERT_TRUE(metrics.front().count("reward/extra/chars/mean"));
+  EXPECT_NE(metrics.front().at("critic/score/mean"), -1.0) << "the function, not the built-in rule, must score";
+  expect_equal_runs(one, two, 3);
+  size_t workers = 0;
+  for (const auto& e : fs::directory_iterator(marks_two)) workers += e.path().filename().string().starts_with("pid-");
+  EXPECT_EQ(workers, 1u) << "one worker for the whole 2-rank run (rank 0's), not one per rank";
+}
+
 // A ZeRO-0 run's checkpoint is sharded as well: each rank writes its slice of the (replicated)
 // optimizer state, so saving is spread over the ranks.
 TEST_F(DataParallelTrain, ZeroZeroCheckpointIsShardedToo) {

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,7 @@
 
 #include "rpg/dist/layout.h"
 #include "rpg/dist/plan.h"
+#include "rpg/reward/scorer.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/train/optim.h"
 
@@ -113,6 +115,14 @@ OptimizerState local_state(const Optimizer& optimizer);
 // train::clip_grad_norm on the optimizer's gradients; under ZeRO-2 on the global norm of the
 // gradient shards (collective).
 double clip_grad_norm(Optimizer& optimizer, double max_norm);
+
+// The reward scorer of a data-parallel run. The built-in rules are deterministic and run on
+// every rank. A scorer that calls out (custom_reward_function, reward_model.url) is made by
+// `make` on rank 0 only (one pool of Python workers per run, not per rank) and its results,
+// timeouts and errors included, are sent to every rank: a timeout on one rank alone would
+// otherwise give the ranks different batches. One process: make() itself.
+std::unique_ptr<reward::RewardScorer> reward_scorer(bool calls_out,
+                                                    const std::function<std::unique_ptr<reward::RewardScorer>()>& make);
 
 // engine.generate(ids, sp), shared out over the ranks; the responses of every rank in
 // prompt order, with prompt_index relative to `ids` as in a one-process call.

@@ -27,7 +27,6 @@
 #include "rpg/core/rng.h"
 #include "rpg/core/signals.h"
 #include "rpg/data/dataset.h"
-#include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
 #include "rpg/train/data_parallel.h"
 #include "rpg/eval/report.h"
@@ -118,13 +117,6 @@ reward::RewardSpec reward_spec(const TrainConfig& cfg) {
     spec.http.timeout_s = rm.timeout_s;
     spec.http.timeout_score = rm.timeout_score;
   }
-  // Every rank scores the all-gathered responses; a function or service that times out on
-  // one rank and not another would give the ranks different batches.
-  const auto* world = dist::world();
-  if ((fn.path || rm.url) && world && world->size() > 1)
-    throw ConfigError(str(fn.path ? "custom_reward_function.path" : "reward_model.url",
-                          ": not supported in data-parallel runs yet (every rank scores the gathered responses); run "
-                          "one process"));
   return spec;
 }
 
@@ -132,7 +124,8 @@ reward::RewardSpec reward_spec(const TrainConfig& cfg) {
 
 Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
     : cfg(std::move(c)),
-      reward(reward::make_reward_scorer(reward_spec(cfg), std::move(s))),
+      reward(dp::reward_scorer(cfg.custom_reward_function.path || cfg.reward_model.url,
+                               [&] { return reward::make_reward_scorer(reward_spec(cfg), std::move(s)); })),
       // dist.shard_master_weights: the policy holds bf16 weights (no fp32 copy of its own; the
       // masters are the sharded optimizer's), else fp32 weights that are the master.
       policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, cfg.dist.shard_master_weights ? "bfloat16" : "float32",
