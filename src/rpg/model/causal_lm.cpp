@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -36,6 +37,29 @@ std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
   }
   for (at::Tensor* t : {&w.post_norm, &w.gate_w, &w.up_w, &w.down_w}) s.push_back(t);
   return s;
+}
+
+// A layer's LoRA adapters in lora_module_names() order (A, B per module), undefined included.
+std::vector<std::pair<std::string, LoraPair*>> lora_slots(LayerWeights& w) {
+  return {{"self_attn.q_proj", &w.q_lora}, {"self_attn.k_proj", &w.k_lora}, {"self_attn.v_proj", &w.v_lora},
+          {"self_attn.o_proj", &w.o_lora}, {"mlp.gate_proj", &w.gate_lora},   {"mlp.up_proj", &w.up_lora},
+          {"mlp.down_proj", &w.down_lora}};
+}
+
+// What a checkpointed layer saves and differentiates: its weights, then its adapters.
+std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
+  auto s = layer_slots(w, c);
+  for (auto& [name, pair] : lora_slots(w))
+    if (pair->a.defined()) s.insert(s.end(), {&pair->a, &pair->b});
+  return s;
+}
+
+// A projection: x W^T + b, plus LoRA's (x A^T) B^T * scale in PEFT's order of operations.
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
+                   double scale) {
+  at::Tensor y = at::linear(x, weight, bias);
+  if (scale != 0 && lora.a.defined()) y = y + at::linear(at::linear(x, lora.a), lora.b) * scale;
+  return y;
 }
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
@@ -99,9 +123,9 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
   const int64_t B = x.size(0), T = x.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim;
   Qkv r;
-  if (with_q) r.q = at::linear(x, w.q_w, w.q_b).view({B, T, H, D});
-  r.k = at::linear(x, w.k_w, w.k_b).view({B, T, Hkv, D});
-  r.v = at::linear(x, w.v_w, w.v_b).view({B, T, Hkv, D});
+  if (with_q) r.q = project(x, w.q_w, w.q_b, w.q_lora, w.lora_scale).view({B, T, H, D});
+  r.k = project(x, w.k_w, w.k_b, w.k_lora, w.lora_scale).view({B, T, Hkv, D});
+  r.v = project(x, w.v_w, w.v_b, w.v_lora, w.lora_scale).view({B, T, Hkv, D});
   if (c.qk_norm) {
     if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
@@ -127,10 +151,10 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
     } else if (cache->read == CacheStep::Read::kDense) {
       const int64_t S = cache->k->size(0);
       at::Tensor o = attend(c, at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q), k, v, a);
-      return at::linear(o.index_select(0, rows), w.o_w);
+      return project(o.index_select(0, rows), w.o_w, {}, w.o_lora, w.lora_scale);
     }
   }
-  return at::linear(attend(c, q, k, v, a), w.o_w);
+  return project(attend(c, q, k, v, a), w.o_w, {}, w.o_lora, w.lora_scale);
 }
 
 // The SDPA kernel each kind of attention call gets ("cuda/bf16/causal" -> "flash_attention"),
@@ -217,7 +241,9 @@ at::Tensor make_mask(const at::Tensor& mask, const ModelConfig& c) {
 // The MLP half of a layer on the attention block's output h: h + down(silu(gate(n)) * up(n)).
 at::Tensor mlp_block(const LayerWeights& w, const ModelConfig& c, const at::Tensor& h) {
   at::Tensor n = rms_norm(h, w.post_norm, c.rms_norm_eps);
-  return h + at::linear(at::silu(at::linear(n, w.gate_w)) * at::linear(n, w.up_w), w.down_w);
+  const double r = w.lora_scale;
+  return h + project(at::silu(project(n, w.gate_w, {}, w.gate_lora, r)) * project(n, w.up_w, {}, w.up_lora, r), w.down_w,
+                     {}, w.down_lora, r);
 }
 
 at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
@@ -243,7 +269,7 @@ variable_list recompute_layer_gradients(
     if (acts.back().requires_grad()) inputs.push_back(acts.back()), where.push_back(i);
   }
   LayerWeights w = impl.layers[layer];
-  auto ws = layer_slots(w, impl.config);
+  auto ws = compute_slots(w, impl.config);
   for (size_t i = 0; i < ws.size(); ++i) {
     const at::Tensor& p = saved_params[i];
     *ws[i] = p.detach().requires_grad_(p.requires_grad());
@@ -397,7 +423,7 @@ at::Tensor decoder_stack(const CausalLM::Impl& m, at::Tensor x, const AttnInputs
     if (checkpoint) {
       LayerWeights w = m.layers[l];
       std::vector<at::Tensor> params;
-      for (at::Tensor* p : layer_slots(w, m.config)) params.push_back(*p);
+      for (at::Tensor* p : compute_slots(w, m.config)) params.push_back(*p);
       x = CheckpointedLayer::apply(x, at::TensorList(params), a.cos, a.sin,
                                    a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, a.is_causal,
                                    a.seq_lens, static_cast<int64_t>(l), &m);
@@ -422,11 +448,11 @@ std::pair<at::Tensor, at::Tensor> split_layer(const LayerWeights& w, const Model
                                               const at::Tensor& x, const SplitInputs& in, bool last) {
   Qkv p = project_qkv(w, c, rms_norm(xp, w.input_norm, c.rms_norm_eps), in.prefix.cos, in.prefix.sin, !last);
   at::Tensor xp_out;
-  if (!last) xp_out = mlp_block(w, c, xp + at::linear(attend(c, p.q, p.k, p.v, in.prefix), w.o_w));
+  if (!last) xp_out = mlp_block(w, c, xp + project(attend(c, p.q, p.k, p.v, in.prefix), w.o_w, {}, w.o_lora, w.lora_scale));
   Qkv s = project_qkv(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), in.suffix.cos, in.suffix.sin);
   at::Tensor k = at::cat({p.k.index_select(0, in.row_of), s.k}, 1);
   at::Tensor v = at::cat({p.v.index_select(0, in.row_of), s.v}, 1);
-  return {xp_out, mlp_block(w, c, x + at::linear(attend(c, s.q, k, v, in.suffix), w.o_w))};
+  return {xp_out, mlp_block(w, c, x + project(attend(c, s.q, k, v, in.suffix), w.o_w, {}, w.o_lora, w.lora_scale))};
 }
 
 // split_layer under activation checkpointing (as CheckpointedLayer: the forward keeps only
@@ -519,7 +545,7 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
     if (checkpoint) {
       LayerWeights w = m.layers[l];
       std::vector<at::Tensor> params;
-      for (at::Tensor* p : layer_slots(w, c)) params.push_back(*p);
+      for (at::Tensor* p : compute_slots(w, c)) params.push_back(*p);
       auto out = CheckpointedSplitLayer::apply(xp, x, at::TensorList(params), static_cast<int64_t>(l), last, &m, &in);
       x = out[0];
       if (!last) xp = out[1];
@@ -647,6 +673,70 @@ void CausalLM::copy_parameters_from(const CausalLM& other) {
   if (a != b) throw ValueError("copy_parameters_from: the two models have different architectures");
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < mine.size(); ++i) mine[i]->copy_(*theirs[i]);
+}
+
+double LoraConfig::scale() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+}
+
+const std::vector<std::string>& lora_module_names() {
+  static const std::vector<std::string> names = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  return names;
+}
+
+void CausalLM::attach_lora(const LoraConfig& config) {
+  Impl& m = *impl_;
+  if (m.lora) throw ValueError("attach_lora: the model already has LoRA adapters");
+  if (config.rank < 1) throw ValueError(str("LoRA rank: must be >= 1, got ", config.rank));
+  if (!std::isfinite(config.alpha)) throw ValueError("LoRA alpha: must be finite");
+  if (config.target_modules.empty()) throw ValueError("LoRA target_modules: empty");
+  const auto& known = lora_module_names();
+  for (const auto& t : config.target_modules)
+    if (std::find(known.begin(), known.end(), t) == known.end())
+      throw ValueError(str("LoRA target_modules: unknown module '", t,
+                           "'; expected all-linear or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
+  at::NoGradGuard no_grad;
+  const at::TensorOptions opt = at::TensorOptions().dtype(m.dtype).device(m.device);
+  for (auto& w : m.layers) {
+    auto slots = lora_slots(w);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (std::find(config.target_modules.begin(), config.target_modules.end(), known[i]) ==
+          config.target_modules.end())
+        continue;
+      const at::Tensor& base = *std::vector<const at::Tensor*>{&w.q_w, &w.k_w, &w.v_w, &w.o_w, &w.gate_w, &w.up_w,
+                                                                &w.down_w}[i];
+      const int64_t out = base.size(0), in = base.size(1);
+      // PEFT: kaiming_uniform_(A, a=sqrt(5)), whose bound gain * sqrt(3 / fan_in) is 1 / sqrt(in).
+      const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+      slots[i].second->a = at::empty({config.rank, in}, opt).uniform_(-bound, bound).requires_grad_(true);
+      slots[i].second->b = at::zeros({out, config.rank}, opt).requires_grad_(true);
+    }
+  }
+  m.lora = config;
+  set_lora_enabled(true);
+}
+
+const std::optional<LoraConfig>& CausalLM::lora() const { return impl_->lora; }
+
+void CausalLM::set_lora_enabled(bool enabled) {
+  Impl& m = *impl_;
+  m.lora_enabled = enabled;
+  const double scale = m.lora && enabled ? m.lora->scale() : 0.0;
+  for (auto& w : m.layers) w.lora_scale = scale;
+}
+
+bool CausalLM::lora_enabled() const { return impl_->lora && impl_->lora_enabled; }
+
+std::vector<std::pair<std::string, at::Tensor>> CausalLM::lora_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t l = 0; l < impl_->layers.size(); ++l)
+    for (auto& [module, pair] : lora_slots(impl_->layers[l])) {
+      if (!pair->a.defined()) continue;
+      const std::string prefix = str("base_model.model.model.layers.", l, ".", module);
+      out.emplace_back(prefix + ".lora_A.weight", pair->a);
+      out.emplace_back(prefix + ".lora_B.weight", pair->b);
+    }
+  return out;
 }
 
 void CausalLM::set_gradient_checkpointing(bool enabled) { impl_->checkpointing = enabled; }

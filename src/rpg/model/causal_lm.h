@@ -44,6 +44,23 @@ struct SaveOptions {
   std::filesystem::path copy_files_from;
 };
 
+// LoRA as PEFT computes it: on each targeted projection y = W x + b + B (A x) * scale with
+// A [r, in], B [out, r] and scale = alpha / r (alpha / sqrt(r) with use_rslora). model/lora.h
+// reads and writes PEFT's adapter directories.
+struct LoraConfig {
+  int64_t rank = 8;
+  double alpha = 16;
+  // Projection names (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj), every layer.
+  std::vector<std::string> target_modules;
+  bool use_rslora = false;
+  double scale() const;
+  bool operator==(const LoraConfig&) const = default;
+};
+
+// The projections LoRA can target, in layer order; "all-linear" means all of them (PEFT:
+// every linear layer but the output head).
+const std::vector<std::string>& lora_module_names();
+
 struct LogProbOptions {
   double temperature = 1.0;   // logits are divided by this before the softmax (as verl does)
   bool with_entropy = false;  // also return the entropy of each position's distribution
@@ -135,6 +152,20 @@ class CausalLM {
   // Copies values from a model of the same architecture (any dtype / device), e.g. fp32
   // master weights into a bf16 copy.
   void copy_parameters_from(const CausalLM& other);
+
+  // LoRA adapters on config.target_modules of every layer, in the model's dtype and device
+  // and requiring gradients: A Kaiming-uniform as PEFT (U(-1/sqrt(in), 1/sqrt(in)), torch's
+  // global RNG), B zeros, so the model computes what it did before until B moves. ValueError
+  // for rank < 1, an unknown module, or adapters already attached.
+  void attach_lora(const LoraConfig& config);
+  const std::optional<LoraConfig>& lora() const;
+  // Off: every forward (training, log-probs, decode) computes the base model exactly -- the
+  // reference policy of a LoRA run without a second copy of the weights. On by default.
+  void set_lora_enabled(bool enabled);
+  bool lora_enabled() const;
+  // The adapters under PEFT's saved names, layer by layer in lora_module_names() order:
+  // "base_model.model.model.layers.<i>.self_attn.q_proj.lora_A.weight", then lora_B.
+  std::vector<std::pair<std::string, at::Tensor>> lora_parameters() const;
 
   // Recompute each decoder layer in the backward pass instead of keeping its activations.
   // Backward then needs this model alive (it holds the layer's weights).

@@ -4,12 +4,18 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "rpg/model/causal_lm.h"
 
 namespace rpg::model {
+
+// A LoRA adapter on one projection: lora_A [r, in], lora_B [out, r] (PEFT's shapes).
+struct LoraPair {
+  at::Tensor a, b;
+};
 
 struct LayerWeights {
   at::Tensor input_norm;                    // [C]
@@ -18,6 +24,10 @@ struct LayerWeights {
   at::Tensor q_norm, k_norm;                // [D], qwen3 only
   at::Tensor post_norm;                     // [C]
   at::Tensor gate_w, up_w, down_w;          // [I, C], [I, C], [C, I]
+  // LoRA adapters (attach_lora); undefined on projections without one. lora_scale is
+  // alpha / r while the adapters are enabled, 0 when off (the base model exactly).
+  LoraPair q_lora, k_lora, v_lora, o_lora, gate_lora, up_lora, down_lora;
+  double lora_scale = 0;
 };
 
 struct CausalLM::Impl {
@@ -30,6 +40,8 @@ struct CausalLM::Impl {
   at::Tensor lm_head;     // [V, C]; the same tensor as embed when tied
   at::Tensor inv_freq;    // [D/2] fp32 RoPE frequencies (after llama3 scaling)
   bool checkpointing = false;
+  std::optional<LoraConfig> lora;  // the attached adapters' configuration
+  bool lora_enabled = true;
 
   // Pointers to the parameter members in ModelConfig::parameter_shapes() order.
   std::vector<at::Tensor*> slots();
