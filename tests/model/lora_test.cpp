@@ -225,3 +225,44 @@ TEST(LoraParity, AdapterFilesRpgCannotComputeAreOneLineFormatErrors) {
 
 }  // namespace
 }  // namespace rpg::model
+
+namespace rpg::model {
+namespace {
+
+// `rpg model merge` on PEFT's own adapter: the weights of PEFT's merge_and_unload(), and a
+// directory transformers loads (model_hf.py logits fails on a missing or unexpected weight)
+// computing the adapted model's logits.
+TEST(LoraCli, ModelMergeEqualsPeftsMergeAndLoadsInTransformers) {
+  const fs::path& dir = oracle_dir();
+  rpg::test::TempDir out;
+  const std::string name = "qwen2_fp32";
+  const fs::path merged = out / "merged";
+  auto r = rpg::test::run_process({rpg::test::rpg_binary().string(), "model", "merge", (dir / "models" / name).string(),
+                                   (dir / (name + ".all")).string(), merged.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const CausalLM ours = CausalLM::from_pretrained(merged), peft = CausalLM::from_pretrained(dir / (name + ".all.merged"));
+  EXPECT_FALSE(ours.lora());
+  const auto a = ours.named_parameters(), b = peft.named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double scale = std::max(1.0, b[i].second.abs().max().item<double>());
+    EXPECT_LE((a[i].second - b[i].second).abs().max().item<double>(), 1e-6 * scale) << a[i].first;
+  }
+  const fs::path ref = dir / "models" / (name + ".ref.safetensors"), logits = out / "logits.safetensors";
+  auto t = rpg::test::run_oracle("model_hf.py", {"logits", merged.string(), ref.string(), logits.string()});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_LE(max_abs_diff_masked(read_tensors(logits).at("logits"),
+                                read_tensors(dir / (name + ".all.ref.safetensors")).at("logits"),
+                                read_tensors(ref).at("attention_mask")),
+            1e-5);
+  // An adapter that does not fit the base is one line naming the file, and nothing is written.
+  auto bad = rpg::test::run_process({rpg::test::rpg_binary().string(), "model", "merge",
+                                     (dir / "models" / "qwen3_fp32").string(), (dir / (name + ".all")).string(),
+                                     (out / "never").string()});
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_NE(bad.err.find("adapter_model.safetensors"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(out / "never"));
+}
+
+}  // namespace
+}  // namespace rpg::model

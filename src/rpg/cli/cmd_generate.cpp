@@ -14,7 +14,7 @@ namespace rpg::cli {
 
 int run_generate(const std::string& full_name, const std::vector<std::string>& args) {
   eval::GenerateOptions o;
-  std::string model, data, output, template_kwargs;
+  std::string model, data, output, template_kwargs, adapter;
   int64_t seed = 0;
   bool no_chat_template = false, no_progress = false;
   ArgParser parser(full_name,
@@ -22,6 +22,7 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
                    "(the model's chat template, KV cache, continuous batching) and writes one JSON line per\n"
                    "response: prompt, response text and ids, finish reason, data_source and ground truth.");
   parser.option("--model", &model, "Hugging Face model directory (weights, config, tokenizer)", "DIR")
+      .option("--adapter", &adapter, "a LoRA adapter directory (PEFT's format, e.g. a LoRA run's checkpoint) on top", "DIR")
       .option("--data", &data, "Parquet dataset in the paper's schema", "FILE")
       .option_list("--prompt", &o.prompts, "a user message (repeatable; used without --data)", "TEXT")
       .option("--output", &output, "write JSON lines here (.jsonl) instead of stdout", "FILE")
@@ -62,9 +63,10 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
     throw UsageError(str(full_name, ": --temperature must be a finite number >= 0, got ", o.sampling.temperature));
   if (!(o.sampling.top_p > 0.0 && o.sampling.top_p <= 1.0))
     throw UsageError(str(full_name, ": --top-p must be in (0, 1], got ", o.sampling.top_p));
-  if (!data.empty()) check_output_apart({"--output", output}, {{"--data", data}, {"--model", model}});
-  else check_output_apart({"--output", output}, {{"--model", model}});
+  if (!data.empty()) check_output_apart({"--output", output}, {{"--data", data}, {"--model", model}, {"--adapter", adapter}});
+  else check_output_apart({"--output", output}, {{"--model", model}, {"--adapter", adapter}});
   o.model_dir = model;
+  o.adapter = adapter;
   o.data = data;
   o.output = output;
   o.sampling.seed = static_cast<uint64_t>(seed);

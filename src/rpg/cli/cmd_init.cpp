@@ -1,11 +1,13 @@
-// `rpg model init`: argument parsing only; the work is in rpg/model/init.
+// `rpg model init` and `rpg model merge`: argument parsing only; the work is in rpg/model.
 #include <iostream>
 
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/model/causal_lm.h"
 #include "rpg/model/config.h"
+#include "rpg/model/lora.h"
 #include "rpg/model/init.h"
 #include "rpg/tokenizer/tokenizer.h"
 
@@ -45,6 +47,40 @@ int run_model_init(const std::string& full_name, const std::vector<std::string>&
   model::VocabInfo vocab{static_cast<int64_t>(tok.vocab_size()), *eos, pad ? *pad : *eos};
   model::init_model_dir(o, vocab, tokenizer_dir, output);
   std::cout << model::describe(model::ModelConfig::from_dir(output)) << "\n" << "written to " << output << "\n";
+  return 0;
+}
+
+int run_model_merge(const std::string& full_name, const std::vector<std::string>& args) {
+  std::string base, adapter, output;
+  ArgParser parser(full_name,
+                   "Folds a LoRA adapter directory (PEFT's adapter_config.json + adapter_model.safetensors, as\n"
+                   "`rpg train` checkpoints and PEFT write them) into its base model, as PEFT's\n"
+                   "merge_and_unload() does (in fp32), and writes a plain Hugging Face model directory in the\n"
+                   "base checkpoint's dtype, with the base's tokenizer and other files beside it.");
+  parser.positional("BASE", &base, "base model directory")
+      .positional("ADAPTER", &adapter, "LoRA adapter directory")
+      .positional("OUT", &output, "the merged model directory to write (replaced atomically)")
+      .epilog("example: rpg model merge models/qwen2.5-0.5b runs/lora/global_step_50/actor/adapter runs/merged");
+  if (!parser.parse(args)) return 0;
+  check_output_apart({"OUT", output}, {{"BASE", base}, {"ADAPTER", adapter}});
+  // The dtype config.json names (the weights' own when it names none).
+  const std::string named = model::ModelConfig::from_dir(base).dtype;
+  const at::ScalarType stored = named == "bfloat16" ? at::kBFloat16
+                                : named == "float16" ? at::kHalf
+                                : named.empty()      ? model::CausalLM::from_pretrained(base).dtype()
+                                                     : at::kFloat;
+  model::LoadOptions fp32;
+  fp32.dtype = at::kFloat;
+  model::CausalLM m = model::CausalLM::from_pretrained(base, fp32);
+  model::load_lora_adapter(m, adapter);
+  const auto lora = *m.lora();
+  m.merge_lora();
+  model::SaveOptions so;
+  so.dtype = stored;
+  so.copy_files_from = base;
+  m.save_pretrained(output, so);
+  std::cout << "merged rank-" << lora.rank << " LoRA (" << lora.target_modules.size() << " modules per layer, scale "
+            << lora.scale() << ") into " << output << "\n";
   return 0;
 }
 

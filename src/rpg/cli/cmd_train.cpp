@@ -13,6 +13,7 @@
 #include "rpg/core/log.h"
 #include "rpg/dist/world.h"
 #include "rpg/eval/evaluate.h"
+#include "rpg/model/lora.h"
 #include "rpg/reward/reward_spec.h"
 #include "rpg/train/checkpoint.h"
 #include "rpg/train/data_parallel.h"
@@ -75,7 +76,7 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
 
 int run_eval(const std::string& full_name, const std::vector<std::string>& args) {
   std::string model, output, responses, dtype = "auto", device = "auto", template_kwargs, scored_output;
-  std::string reward_fn, reward_url;
+  std::string reward_fn, reward_url, adapter;
   reward::RewardSpec reward_spec;
   std::vector<std::string> files;
   rollout::SamplingParams sampling;
@@ -89,6 +90,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
                    "data_source's rule (DAPO for math_dapo / aime* / amc*), reported as mean@n, pass@k and maj@n\n"
                    "per data_source, as verl's validation does.");
   parser.option("--model", &model, "Hugging Face model directory", "DIR")
+      .option("--adapter", &adapter, "a LoRA adapter directory (PEFT's format, e.g. a LoRA run's checkpoint) on top", "DIR")
       .option_list("--data", &files, "Parquet dataset (repeatable)", "FILE")
       .option("--responses", &responses, "score this `rpg generate` output instead of generating", "FILE")
       .option("--n", &sampling.n, "responses per row (default 1)", "N")
@@ -134,7 +136,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   if (reward_spec.python.num_workers > 0) reward_spec.http.max_concurrency = reward_spec.python.num_workers;
   reward_spec.http.timeout_s = reward_spec.python.timeout_s;
   {
-    std::vector<NamedPath> inputs{{"--model", model}, {"--responses", responses}};
+    std::vector<NamedPath> inputs{{"--model", model}, {"--responses", responses}, {"--adapter", adapter}};
     for (const auto& f : files) inputs.push_back({"--data", f});
     check_output_apart({"--output", output}, inputs);
     check_output_apart({"--scored-output", scored_output}, inputs);
@@ -173,6 +175,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   }
   auto scorer = reward::make_reward_scorer(reward_spec, reward::builtin_scorers(so));
   auto policy = rollout::load_policy(model, dtype, device);
+  if (!adapter.empty()) rpg::model::load_lora_adapter(policy.model, adapter);
   auto result = eval::evaluate(policy, rows, sampling, engine, *scorer, !no_progress, /*chat_template=*/true, kwargs);
   report_timeouts(result);
   write_output(result.metrics);

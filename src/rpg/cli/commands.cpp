@@ -20,6 +20,7 @@ const std::vector<Command>& commands() {
       {"data synth", "seeded synthetic math problems (splits in Parquet + SFT JSONL) for the demo", run_data_synth},
       {"tokenizer train", "train a byte-level BPE tokenizer (Qwen2 style) on text; writes HF tokenizer files", run_tokenizer_train},
       {"model init", "a freshly initialised Qwen2 model directory (HF format) for a tokenizer, from a seed", RPG_TORCH_COMMAND(run_model_init)},
+      {"model merge", "a LoRA adapter (PEFT's format) folded into its base model: a plain HF model directory", RPG_TORCH_COMMAND(run_model_merge)},
       {"generate", "sample responses from a model for a dataset or prompts (JSON lines)", RPG_TORCH_COMMAND(run_generate)},
       {"eval", "mean@n / pass@k / maj@n of a model on Parquet datasets, scored like verl", RPG_TORCH_COMMAND(run_eval)},
       {"demo", "a real RL run on the CPU from scratch: SFT warm start, RPG-REINFORCE, held-out eval", RPG_TORCH_COMMAND(run_demo)},

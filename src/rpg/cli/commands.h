@@ -45,6 +45,7 @@ int run_data_show(const std::string& full_name, const std::vector<std::string>& 
 int run_data_synth(const std::string& full_name, const std::vector<std::string>& args);    // cmd_data.cpp
 int run_tokenizer_train(const std::string& full_name, const std::vector<std::string>& args);  // cmd_tokenizer.cpp
 int run_model_init(const std::string& full_name, const std::vector<std::string>& args);       // cmd_init.cpp
+int run_model_merge(const std::string& full_name, const std::vector<std::string>& args);      // cmd_init.cpp
 int run_launch(const std::string& full_name, const std::vector<std::string>& args);           // cmd_launch.cpp
 int run_plan(const std::string& full_name, const std::vector<std::string>& args);             // cmd_plan.cpp
 

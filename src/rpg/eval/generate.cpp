@@ -1,4 +1,5 @@
 #include "rpg/eval/generate.h"
+#include "rpg/model/lora.h"
 
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -45,6 +46,7 @@ GenerateSummary run_generate(const GenerateOptions& o) {
   }
 
   rollout::Policy policy = rollout::load_policy(o.model_dir, o.dtype, o.device);
+  if (!o.adapter.empty()) model::load_lora_adapter(policy.model, o.adapter);
   std::vector<std::vector<int64_t>> prompt_ids;
   std::vector<std::string> prompt_texts;
   for (const auto& r : rows) {

@@ -16,6 +16,7 @@ namespace rpg::eval {
 
 struct GenerateOptions {
   std::filesystem::path model_dir;
+  std::filesystem::path adapter;  // a LoRA adapter directory (PEFT's format) applied on top; empty: none
   std::filesystem::path data;        // Parquet in the paper's schema, or empty
   std::vector<std::string> prompts;  // user messages, used when `data` is empty
   std::filesystem::path output;      // .jsonl; empty: JSONL on stdout

@@ -739,6 +739,25 @@ std::vector<std::pair<std::string, at::Tensor>> CausalLM::lora_parameters() cons
   return out;
 }
 
+void CausalLM::merge_lora() {
+  Impl& m = *impl_;
+  if (!m.lora) throw ValueError("merge_lora: the model has no LoRA adapters");
+  const double scale = m.lora->scale();
+  at::NoGradGuard no_grad;
+  for (auto& w : m.layers) {
+    const std::vector<at::Tensor*> weights = {&w.q_w, &w.k_w, &w.v_w, &w.o_w, &w.gate_w, &w.up_w, &w.down_w};
+    auto slots = lora_slots(w);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      LoraPair& pair = *slots[i].second;
+      if (!pair.a.defined()) continue;
+      weights[i]->add_(at::matmul(pair.b, pair.a) * scale);
+      pair = LoraPair{};
+    }
+    w.lora_scale = 0;
+  }
+  m.lora.reset();
+}
+
 void CausalLM::set_gradient_checkpointing(bool enabled) { impl_->checkpointing = enabled; }
 bool CausalLM::gradient_checkpointing() const { return impl_->checkpointing; }
 

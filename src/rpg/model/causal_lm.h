@@ -166,6 +166,9 @@ class CausalLM {
   // The adapters under PEFT's saved names, layer by layer in lora_module_names() order:
   // "base_model.model.model.layers.<i>.self_attn.q_proj.lora_A.weight", then lora_B.
   std::vector<std::pair<std::string, at::Tensor>> lora_parameters() const;
+  // Folds the adapters into the weights as PEFT's merge_and_unload() does (W += B A * scale,
+  // in the weights' dtype) and removes them: the plain model computing the adapted outputs.
+  void merge_lora();
 
   // Recompute each decoder layer in the backward pass instead of keeping its activations.
   // Backward then needs this model alive (it holds the layer's weights).
