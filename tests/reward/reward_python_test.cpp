@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rpg/core/error.h"
@@ -47,7 +48,14 @@ struct Owned {
   }
 };
 
-bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+// Running: exists and is not a zombie (an orphan's zombie lingers where PID 1 does not reap).
+bool alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t paren = text.rfind(')');
+  return paren == std::string::npos || paren + 2 >= text.size() || text[paren + 2] != 'Z';
+}
 
 std::vector<pid_t> recorded_pids(const fs::path& dir) {
   std::vector<pid_t> pids;
@@ -206,6 +214,33 @@ void expect_one_line_error(const std::function<void()>& f, const std::vector<std
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
     for (const auto& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' missing from: " << m;
   }
+}
+
+TEST(RewardPython, ProcessesAHungFunctionStartedDieWithItsWorker) {
+  TempDir dir;
+  const fs::path file = dir / "spawns.py";
+  const std::string marks = nlohmann::json(dir.path().string()).dump();
+  write_text(file,
+             "import os, subprocess, time\n"
+             "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+             "    child = subprocess.Popen(['sleep', '300'])\n"
+             "    open(os.path.join(" + marks + ", f'pid-{child.pid}'), 'w').close()\n"
+             "    while True: time.sleep(60)\n");
+  Owned q;
+  q.add("any", "x", "");
+  auto o = options(file, 1);
+  o.timeout_s = 1.0;
+  auto scorer = reward::make_python_scorer(o);
+  EXPECT_EQ(scorer->score(q.requests()).timeouts, 1);
+  const auto children = recorded_pids(dir.path());
+  ASSERT_EQ(children.size(), 1u);
+  // Killed with the worker's process group; give init a moment to reap the orphan.
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = !alive(children[0]);
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << "the function's own child process " << children[0] << " outlived its killed worker";
 }
 
 TEST(RewardPython, BrokenFunctionsAreOneLineErrorsNamingFileFunctionAndException) {

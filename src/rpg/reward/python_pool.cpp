@@ -140,11 +140,13 @@ class PythonPool final : public RewardScorer {
     w.deadline = Clock::now() + seconds(o_.start_timeout_s);
   }
 
-  // Kills and reaps one worker; returns its wait status.
+  // Kills and reaps one worker; returns its wait status. The whole process group goes: a
+  // function that started processes of its own (a sandbox, a verifier binary) leaves none.
   static int stop(Worker& w) {
     int status = 0;
     if (w.fd >= 0) ::close(w.fd);
     if (w.pid > 0) {
+      ::kill(-w.pid, SIGKILL);
       ::kill(w.pid, SIGKILL);
       while (::waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
       }
