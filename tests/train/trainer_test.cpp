@@ -1004,6 +1004,50 @@ TEST_F(TrainerTest, NonFiniteUpdatesAreSkippedThenStop) {
   }
 }
 
+// A run that could not learn fails after saving: every optimizer step skipped always, some
+// skipped beyond trainer.max_skipped_steps (default 10% of the steps) too.
+TEST_F(TrainerTest, RunsWithTooManySkippedStepsFailAfterTheirCheckpoint) {
+  // NaN rewards on the first `nan_steps` generation rounds (one round per step here).
+  auto scorer = [](int nan_steps) {
+    reward::ScorerRegistry r;
+    auto calls = std::make_shared<int>(0);
+    auto seen = std::make_shared<std::string>();
+    r.add("letters", "NaN first", [calls, nan_steps](std::string_view, std::string_view) {
+      reward::ScoreResult out;
+      out.score = *calls < nan_steps * 16 ? std::nan("") : 1.0;  // 4 prompts x n=4 per round
+      ++*calls;
+      return out;
+    });
+    return r;
+  };
+  struct Case {
+    std::string name;
+    int nan_steps;
+    std::optional<int64_t> max_skipped;
+    std::string error;  // empty: the run succeeds
+  };
+  for (const Case& k : std::vector<Case>{{"all", 2, 10, "4 of 4 optimizer steps were skipped"},
+                                         {"half_default", 1, std::nullopt, "2 of 4 optimizer steps were skipped"},
+                                         {"half_allowed", 1, 2, ""}}) {
+    SCOPED_TRACE(k.name);
+    TrainConfig c = config("skips_" + k.name);
+    c.trainer.total_training_steps = 2;
+    c.trainer.max_consecutive_skips = 100;
+    c.trainer.max_skipped_steps = k.max_skipped;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+    Trainer t(c, scorer(k.nan_steps));
+    try {
+      t.fit();
+      EXPECT_TRUE(k.error.empty()) << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(k.error), std::string::npos) << e.what();
+      EXPECT_FALSE(k.error.empty()) << e.what();
+    }
+    EXPECT_TRUE(fs::exists(fs::path(c.trainer.default_local_dir) / "global_step_2" / "train_state.json"))
+        << "the run saves what it has before failing";
+  }
+}
+
 // Every recipe of the paper's matrix, shrunk to the tiny model, runs a full step with
 // finite metrics.
 TEST_F(TrainerTest, OneStepOfEveryRecipe) {

@@ -235,6 +235,7 @@ void TrainConfig::validate() const {
           "required when trainer.resume_mode=resume_path");
   require_one_of(trainer.device, {"auto", "cpu", "cuda"}, "trainer.device");
   at_least<int64_t>(trainer.max_consecutive_skips, 1, "trainer.max_consecutive_skips");
+  if (trainer.max_skipped_steps) at_least<int64_t>(*trainer.max_skipped_steps, 0, "trainer.max_skipped_steps");
   at_least<int64_t>(trainer.total_epochs, 1, "trainer.total_epochs");
   at_least<int64_t>(trainer.total_training_steps, 1, "trainer.total_training_steps");
   at_least<int64_t>(trainer.test_freq, -1, "trainer.test_freq");

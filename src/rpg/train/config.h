@@ -487,6 +487,7 @@ struct TrainerConfig {
   std::string experiment_name = "run";
   std::string device = "auto";  // auto | cpu | cuda
   int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
+  std::optional<int64_t> max_skipped_steps;  // rpg: null = 10% of the optimizer steps taken
   int64_t sample_log_freq = 10;        // rpg: log sample generations every this many steps (0: never)
   int64_t sample_log_count = 4;        // rpg: how many responses each time
   // verl's cluster shape; null: not checked (1). Checked against the launcher's (torchrun/srun/rpg
@@ -511,6 +512,9 @@ struct TrainerConfig {
     v("experiment_name", experiment_name, "experiment name in logs");
     v("device", device, "auto | cpu | cuda");
     v("max_consecutive_skips", max_consecutive_skips, "stop after this many skipped (non-finite) updates in a row");
+    v("max_skipped_steps", max_skipped_steps,
+      "exit 1 (after the final checkpoint) when more optimizer steps than this were skipped for a non-finite loss "
+      "or gradient in this process; null: 10% of its optimizer steps; a run whose every step was skipped always fails");
     v("sample_log_freq", sample_log_freq, "write sample generations to samples.jsonl every N steps (0: never)");
     v("sample_log_count", sample_log_count, "responses per sample log");
     v("nnodes", nnodes, "nodes launched (checked against the launcher when set and more than one process runs)");

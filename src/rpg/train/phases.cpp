@@ -424,6 +424,7 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const MiniBat
   }
   const double norm = dp::clip_grad_norm(*optimizer, actor.grad_clip);  // ZeRO-2: the shards' global norm
   stats.grad_norms.push_back(norm);
+  ++optimizer_steps_total;
   if (std::isfinite(norm)) {
     stats.lrs.push_back(optimizer->lr_of_next_step(stats.scheduled_lr));
     optimizer->step(stats.scheduled_lr);
@@ -437,6 +438,7 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const MiniBat
   } else {
     // A non-finite loss or gradient: the update is skipped, the weights stay as they were.
     ++stats.skipped;
+    ++skipped_total;
     ++consecutive_skips;
     log_warn(str("step ", step + 1, ": non-finite gradient norm, optimizer step skipped"));
   }

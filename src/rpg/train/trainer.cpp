@@ -762,6 +762,13 @@ void Trainer::fit(const ValidationStop& stop) {
     s.logger->flush(/*durable=*/true);
   }
   s.write_report();
+  // A run that could not learn is not a success, though what it saved stays.
+  const int64_t limit = t.max_skipped_steps.value_or(s.optimizer_steps_total / 10);
+  if (s.skipped_total > 0 && (s.skipped_total > limit || s.skipped_total == s.optimizer_steps_total))
+    throw Error(str(s.skipped_total, " of ", s.optimizer_steps_total,
+                    " optimizer steps were skipped for a non-finite loss or gradient (trainer.max_skipped_steps=",
+                    limit, t.max_skipped_steps ? "" : ", 10% of the steps", "): the run did not train as configured; "
+                    "its checkpoints in ", s.run_dir.root().string(), " hold what it did"));
 }
 
 }  // namespace rpg::train

@@ -150,6 +150,7 @@ struct Trainer::Impl {
   bool recompute_old = true;     // old log-probs: a trainer forward pass, else the rollout's
   bool filter_by_acc = true;     // dynamic sampling metric: acc, else score
   bool adaptive_kl_ctrl = false;  // algorithm.kl_ctrl.type adaptive
+  int64_t skipped_total = 0, optimizer_steps_total = 0;  // this process's, for trainer.max_skipped_steps
   int64_t consecutive_skips = 0;   // optimizer steps skipped in a row for a non-finite gradient
   // Data position: epoch and cursor in that epoch's order.
   int64_t epoch = 0, cursor = 0;
