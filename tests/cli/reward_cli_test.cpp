@@ -184,6 +184,35 @@ TEST_F(RewardCli, TrainingWithARewardServiceLogsItsExtraKeys) {
   EXPECT_NE(errors[0].find(url), std::string::npos) << errors[0];
 }
 
+TEST_F(RewardCli, EvalWithRewardUrlScoresAsTheService) {
+  test::RewardServer server;
+  std::string responses;
+  for (int i = 0; i < 30; ++i)
+    responses += nlohmann::json{{"data_source", "any"}, {"ground_truth", std::to_string(i % 4)},
+                                {"prompt", "p" + std::to_string(i % 6)}, {"response", " " + std::to_string(i % 3) + " "}}
+                     .dump() +
+                 "\n";
+  const fs::path in = shared_->path() / "url_responses.jsonl", scored = shared_->path() / "url_scored.jsonl";
+  test::write_text(in, responses);
+  auto r = test::run_process({test::rpg_binary().string(), "eval", "--responses", in.string(), "--reward-url",
+                              server.url(), "--scored-output", scored.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The service (tests/oracles/reward_http_server.py) scores 1 when the stripped response is
+  // the ground truth, and reports it as pred.
+  std::istringstream lines(read_file(scored));
+  std::string line;
+  int n = 0, right = 0;
+  for (; std::getline(lines, line); ++n) {
+    const auto j = nlohmann::json::parse(line);
+    const double want = std::to_string(n % 3) == std::to_string(n % 4) ? 1.0 : 0.0;
+    EXPECT_EQ(j["score"].get<double>(), want) << n;
+    EXPECT_EQ(j["pred"].get<std::string>(), std::to_string(n % 3)) << n;
+    right += want > 0;
+  }
+  EXPECT_EQ(n, 30);
+  EXPECT_GT(right, 0);
+}
+
 TEST_F(RewardCli, BadRewardKeysAreOneLineConfigErrors) {
   const fs::path run = shared_->path() / "bad_keys";
   for (const auto& [override_, expect] : std::vector<std::pair<std::string, std::string>>{
