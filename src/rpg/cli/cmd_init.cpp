@@ -1,5 +1,6 @@
 // `rpg model init` and `rpg model merge`: argument parsing only; the work is in rpg/model.
 #include <iostream>
+#include <optional>
 
 #include "rpg/cli/commands.h"
 #include "rpg/core/args.h"
@@ -63,22 +64,27 @@ int run_model_merge(const std::string& full_name, const std::vector<std::string>
       .epilog("example: rpg model merge models/qwen2.5-0.5b runs/lora/global_step_50/actor/adapter runs/merged");
   if (!parser.parse(args)) return 0;
   check_output_apart({"OUT", output}, {{"BASE", base}, {"ADAPTER", adapter}});
-  // The dtype config.json names (the weights' own when it names none).
-  const std::string named = model::ModelConfig::from_dir(base).dtype;
-  const at::ScalarType stored = named == "bfloat16" ? at::kBFloat16
-                                : named == "float16" ? at::kHalf
-                                : named.empty()      ? model::CausalLM::from_pretrained(base).dtype()
-                                                     : at::kFloat;
-  model::LoadOptions fp32;
-  fp32.dtype = at::kFloat;
-  model::CausalLM m = model::CausalLM::from_pretrained(base, fp32);
-  model::load_lora_adapter(m, adapter);
-  const auto lora = *m.lora();
-  m.merge_lora();
+  // Merged in fp32 (PEFT merges in the weights' dtype: the same for fp32 bases), written back
+  // in the checkpoint's own dtype.
+  at::ScalarType dtype;
+  std::optional<model::CausalLM> m;
+  {
+    model::CausalLM stored = model::CausalLM::from_pretrained(base);
+    dtype = stored.dtype();
+    if (dtype == at::kFloat) {
+      m.emplace(std::move(stored));
+    } else {
+      m.emplace(stored.config(), at::kFloat);
+      m->copy_parameters_from(stored);
+    }
+  }
+  model::load_lora_adapter(*m, adapter);
+  const auto lora = *m->lora();
+  m->merge_lora();
   model::SaveOptions so;
-  so.dtype = stored;
+  so.dtype = dtype;
   so.copy_files_from = base;
-  m.save_pretrained(output, so);
+  m->save_pretrained(output, so);
   std::cout << "merged rank-" << lora.rank << " LoRA (" << lora.target_modules.size() << " modules per layer, scale "
             << lora.scale() << ") into " << output << "\n";
   return 0;

@@ -39,18 +39,24 @@ std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
   return s;
 }
 
-// A layer's LoRA adapters in lora_module_names() order (A, B per module), undefined included.
-std::vector<std::pair<std::string, LoraPair*>> lora_slots(LayerWeights& w) {
-  return {{"self_attn.q_proj", &w.q_lora}, {"self_attn.k_proj", &w.k_lora}, {"self_attn.v_proj", &w.v_lora},
-          {"self_attn.o_proj", &w.o_lora}, {"mlp.gate_proj", &w.gate_lora},   {"mlp.up_proj", &w.up_lora},
-          {"mlp.down_proj", &w.down_lora}};
+// A layer's LoRA adapters in lora_module_names() order, each with the weight it adapts.
+struct LoraSlot {
+  const char* module;  // PEFT's module path inside a layer
+  at::Tensor* weight;
+  LoraPair* lora;
+};
+std::vector<LoraSlot> lora_slots(LayerWeights& w) {
+  return {{"self_attn.q_proj", &w.q_w, &w.q_lora},     {"self_attn.k_proj", &w.k_w, &w.k_lora},
+          {"self_attn.v_proj", &w.v_w, &w.v_lora},     {"self_attn.o_proj", &w.o_w, &w.o_lora},
+          {"mlp.gate_proj", &w.gate_w, &w.gate_lora}, {"mlp.up_proj", &w.up_w, &w.up_lora},
+          {"mlp.down_proj", &w.down_w, &w.down_lora}};
 }
 
 // What a checkpointed layer saves and differentiates: its weights, then its adapters.
 std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
   auto s = layer_slots(w, c);
-  for (auto& [name, pair] : lora_slots(w))
-    if (pair->a.defined()) s.insert(s.end(), {&pair->a, &pair->b});
+  for (const LoraSlot& slot : lora_slots(w))
+    if (slot.lora->a.defined()) s.insert(s.end(), {&slot.lora->a, &slot.lora->b});
   return s;
 }
 
@@ -698,18 +704,16 @@ void CausalLM::attach_lora(const LoraConfig& config) {
   at::NoGradGuard no_grad;
   const at::TensorOptions opt = at::TensorOptions().dtype(m.dtype).device(m.device);
   for (auto& w : m.layers) {
-    auto slots = lora_slots(w);
+    const auto slots = lora_slots(w);
     for (size_t i = 0; i < slots.size(); ++i) {
       if (std::find(config.target_modules.begin(), config.target_modules.end(), known[i]) ==
           config.target_modules.end())
         continue;
-      const at::Tensor& base = *std::vector<const at::Tensor*>{&w.q_w, &w.k_w, &w.v_w, &w.o_w, &w.gate_w, &w.up_w,
-                                                                &w.down_w}[i];
-      const int64_t out = base.size(0), in = base.size(1);
+      const int64_t out = slots[i].weight->size(0), in = slots[i].weight->size(1);
       // PEFT: kaiming_uniform_(A, a=sqrt(5)), whose bound gain * sqrt(3 / fan_in) is 1 / sqrt(in).
       const double bound = 1.0 / std::sqrt(static_cast<double>(in));
-      slots[i].second->a = at::empty({config.rank, in}, opt).uniform_(-bound, bound).requires_grad_(true);
-      slots[i].second->b = at::zeros({out, config.rank}, opt).requires_grad_(true);
+      slots[i].lora->a = at::empty({config.rank, in}, opt).uniform_(-bound, bound).requires_grad_(true);
+      slots[i].lora->b = at::zeros({out, config.rank}, opt).requires_grad_(true);
     }
   }
   m.lora = config;
@@ -730,11 +734,11 @@ bool CausalLM::lora_enabled() const { return impl_->lora && impl_->lora_enabled;
 std::vector<std::pair<std::string, at::Tensor>> CausalLM::lora_parameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t l = 0; l < impl_->layers.size(); ++l)
-    for (auto& [module, pair] : lora_slots(impl_->layers[l])) {
-      if (!pair->a.defined()) continue;
-      const std::string prefix = str("base_model.model.model.layers.", l, ".", module);
-      out.emplace_back(prefix + ".lora_A.weight", pair->a);
-      out.emplace_back(prefix + ".lora_B.weight", pair->b);
+    for (const LoraSlot& slot : lora_slots(impl_->layers[l])) {
+      if (!slot.lora->a.defined()) continue;
+      const std::string prefix = str("base_model.model.model.layers.", l, ".", slot.module);
+      out.emplace_back(prefix + ".lora_A.weight", slot.lora->a);
+      out.emplace_back(prefix + ".lora_B.weight", slot.lora->b);
     }
   return out;
 }
@@ -745,13 +749,10 @@ void CausalLM::merge_lora() {
   const double scale = m.lora->scale();
   at::NoGradGuard no_grad;
   for (auto& w : m.layers) {
-    const std::vector<at::Tensor*> weights = {&w.q_w, &w.k_w, &w.v_w, &w.o_w, &w.gate_w, &w.up_w, &w.down_w};
-    auto slots = lora_slots(w);
-    for (size_t i = 0; i < slots.size(); ++i) {
-      LoraPair& pair = *slots[i].second;
-      if (!pair.a.defined()) continue;
-      weights[i]->add_(at::matmul(pair.b, pair.a) * scale);
-      pair = LoraPair{};
+    for (const LoraSlot& slot : lora_slots(w)) {
+      if (!slot.lora->a.defined()) continue;
+      slot.weight->add_(at::matmul(slot.lora->b, slot.lora->a) * scale);
+      *slot.lora = LoraPair{};
     }
     w.lora_scale = 0;
   }

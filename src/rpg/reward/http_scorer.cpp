@@ -86,16 +86,12 @@ const CurlApi& curl() {
     load(api.multi_strerror, "curl_multi_strerror");
     load(api.slist_append, "curl_slist_append");
     load(api.slist_free_all, "curl_slist_free_all");
+    if (!error.empty()) return;
+    if (const CURLcode status = api.global_init(CURL_GLOBAL_DEFAULT); status != CURLE_OK)
+      error = str("libcurl initialisation failed: ", api.easy_strerror(status));
   });
   if (!error.empty()) throw IoError(str("reward_model.url: ", error));
   return api;
-}
-
-void init_curl_once() {
-  static std::once_flag once;
-  static CURLcode status = CURLE_OK;
-  std::call_once(once, [] { status = curl().global_init(CURL_GLOBAL_DEFAULT); });
-  if (status != CURLE_OK) throw IoError(str("reward_model.url: libcurl initialisation failed: ", curl().easy_strerror(status)));
 }
 
 // Error messages are one line: a server's body or curl's text is cut at its first line
@@ -160,7 +156,6 @@ size_t on_reply_bytes(char* data, size_t size, size_t count, void* user) {
 class HttpScorer final : public RewardScorer {
  public:
   explicit HttpScorer(HttpRewardOptions options) : o_(std::move(options)), where_("reward_model.url " + o_.url + ": ") {
-    init_curl_once();
     multi_ = curl().multi_init();
     if (!multi_) throw IoError(where_ + "curl_multi_init failed");
     // One connection per POST in flight, all kept in the multi handle's cache so the next

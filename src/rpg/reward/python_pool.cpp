@@ -94,12 +94,10 @@ class PythonPool final : public RewardScorer {
   }
 
  private:
-  std::string who() const { return describe(); }
-
   void start(Worker& w) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      throw IoError(str(who(), ": socketpair: ", std::strerror(errno)));
+      throw IoError(str(describe(), ": socketpair: ", std::strerror(errno)));
     // posix_spawn's dup2 onto the same number would keep close-on-exec set.
     int child = sv[1];
     if (child == kChannelFd) {
@@ -178,14 +176,14 @@ class PythonPool final : public RewardScorer {
         owners.push_back(&w);
         if (w.state == Worker::State::kStarting || w.state == Worker::State::kBusy) next = std::min(next, w.deadline);
       }
-      if (fds.empty()) throw ValueError(str(who(), ": no worker is running"));
+      if (fds.empty()) throw ValueError(str(describe(), ": no worker is running"));
       int timeout_ms = -1;
       if (next != Clock::time_point::max()) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<int64_t>(left + 1, 0, 60'000));
       }
       const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
-      if (ready < 0 && errno != EINTR) throw IoError(str(who(), ": poll: ", std::strerror(errno)));
+      if (ready < 0 && errno != EINTR) throw IoError(str(describe(), ": poll: ", std::strerror(errno)));
       for (size_t i = 0; ready > 0 && i < fds.size(); ++i) {
         Worker& w = *owners[i];
         if (fds[i].revents & POLLOUT) write_some(w);
@@ -201,10 +199,7 @@ class PythonPool final : public RewardScorer {
   void write_some(Worker& w) {
     while (!w.to_send.empty()) {
       const ssize_t k = ::send(w.fd, w.to_send.data(), w.to_send.size(), MSG_NOSIGNAL);
-      if (k < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-        return;  // the worker is gone: the read side reports it
-      }
+      if (k < 0) return;  // full (EAGAIN): poll again; gone: the read side reports it
       w.to_send.erase(0, static_cast<size_t>(k));
     }
   }
@@ -235,17 +230,17 @@ class PythonPool final : public RewardScorer {
 
   void on_line(Worker& w, const std::string& line) {
     Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object()) throw FormatError(str(who(), ": the worker sent an unreadable line"));
+    if (!j.is_object()) throw FormatError(str(describe(), ": the worker sent an unreadable line"));
     if (w.state == Worker::State::kStarting) {
-      if (j.contains("fatal")) throw ConfigError(str(who(), ": ", j["fatal"].get<std::string>()));
+      if (j.contains("fatal")) throw ConfigError(str(describe(), ": ", j["fatal"].get<std::string>()));
       w.state = Worker::State::kIdle;
       return;
     }
     if (w.state != Worker::State::kBusy || w.done >= w.items.size())
-      throw FormatError(str(who(), ": the worker answered a request it was not sent"));
+      throw FormatError(str(describe(), ": the worker answered a request it was not sent"));
     const size_t i = w.items[w.done];
     if (j.contains("error"))
-      throw ValueError(str(who(), " ", j["error"].get<std::string>(), " (response ", i, ", data_source '",
+      throw ValueError(str(describe(), " ", j["error"].get<std::string>(), " (response ", i, ", data_source '",
                            (*requests_)[i].data_source, "')"));
     ScoreResult& r = out_->results[i];
     r.score = j.at("score").get<double>();
@@ -272,12 +267,12 @@ class PythonPool final : public RewardScorer {
     std::vector<size_t> unanswered(w.items.begin() + static_cast<std::ptrdiff_t>(w.done), w.items.end());
     const int status = stop(w);
     if (state == Worker::State::kStarting)
-      throw ConfigError(str(who(), ": the worker ", exit_description(status),
+      throw ConfigError(str(describe(), ": the worker ", exit_description(status),
                             " while importing the file (its output is above)"));
     if (!unanswered.empty()) {
       const size_t i = unanswered.front();
       if (++crashes_[i] >= o_.max_crashes)
-        throw ValueError(str(who(), ": the worker ", exit_description(status), " ", crashes_[i],
+        throw ValueError(str(describe(), ": the worker ", exit_description(status), " ", crashes_[i],
                              " times scoring response ", i, " (data_source '", (*requests_)[i].data_source,
                              "'; its output is above)"));
       requeue(unanswered);
@@ -287,7 +282,7 @@ class PythonPool final : public RewardScorer {
 
   void on_deadline(Worker& w) {
     if (w.state == Worker::State::kStarting)
-      throw ConfigError(str(who(), ": the worker did not finish importing the file within ", o_.start_timeout_s, " s"));
+      throw ConfigError(str(describe(), ": the worker did not finish importing the file within ", o_.start_timeout_s, " s"));
     const size_t i = w.items[w.done];
     out_->results[i] = ScoreResult{o_.timeout_score, false, std::nullopt};
     ++out_->timeouts;

@@ -595,6 +595,8 @@ struct TrainConfig {
     v.ignored("global_profiler", "use RPG_PROFILE");
   }
   void validate() const;
+  // A Python reward function or a reward service scores instead of the built-in rules.
+  bool reward_calls_out() const { return custom_reward_function.path || reward_model.url; }
   // Decides rpg.semantics (auto -> fork | paper). In paper semantics, rewrites aliases into the
   // canonical keys, so the resolved config shows what runs: the RPG
   // fork's kl_loss_type spellings (rpg_ufkl, rpg_rf_ufkl_clip_ppo, ...) into policy_loss,

@@ -514,7 +514,7 @@ void Trainer::Impl::step_metrics(const Generation& gen, const StepBatch& sb, con
   }
   m["acc/mean"] = mean_of(gen.all_acc);
   m["acc/generated_score_mean"] = mean_of(gen.all_scores);
-  if (cfg.custom_reward_function.path || cfg.reward_model.url) m["reward/timeouts"] = static_cast<double>(gen.reward_timeouts);
+  if (cfg.reward_calls_out()) m["reward/timeouts"] = static_cast<double>(gen.reward_timeouts);
   for (const auto& [key, values] : gen.reward_extra) {
     double sum = 0;
     int64_t count = 0;

@@ -124,7 +124,7 @@ reward::RewardSpec reward_spec(const TrainConfig& cfg) {
 
 Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
     : cfg(std::move(c)),
-      reward(dp::reward_scorer(cfg.custom_reward_function.path || cfg.reward_model.url,
+      reward(dp::reward_scorer(cfg.reward_calls_out(),
                                [&] { return reward::make_reward_scorer(reward_spec(cfg), std::move(s)); })),
       // dist.shard_master_weights: the policy holds bf16 weights (no fp32 copy of its own; the
       // masters are the sharded optimizer's), else fp32 weights that are the master.
