@@ -200,6 +200,10 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {"actor_rollout_ref.nccl_timeout", {"actor_rollout_ref.nccl_timeout", "0"}},
       {"dist.zero_stage", {"dist.zero_stage", "3"}},
       {"dist.reduce_bucket_mb", {"dist.reduce_bucket_mb", "0"}},
+      {"actor_rollout_ref.model.lora_rank", {"actor_rollout_ref.model.lora_rank", "-1"}},
+      {"actor_rollout_ref.model.lora_alpha", {"actor_rollout_ref.model.lora_alpha", "0"}},
+      {"actor_rollout_ref.model.lora_dropout", {"actor_rollout_ref.model.lora_dropout", "0.1"}},
+      {"actor_rollout_ref.model.lora_init_seed", {"actor_rollout_ref.model.lora_init_seed", "-1"}},
   };
   // Numeric keys every value of which means something.
   const std::set<std::string> unbounded = {
@@ -211,7 +215,8 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
   ProcessResult shown = rpg({"config", "show", "-", "data.gen_batch_size=1024", "data.val_batch_size=8", "data.seed=1",
                              a + "ppo_micro_batch_size_per_gpu=2", a + "ppo_micro_batch_size=2",
                              a + "clip_ratio_low=0.2", a + "clip_ratio_high=0.28", "trainer.total_training_steps=3",
-                             "trainer.max_actor_ckpt_to_keep=2", "trainer.nnodes=1", "trainer.n_gpus_per_node=1"});
+                             "trainer.max_actor_ckpt_to_keep=2", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
+                             "actor_rollout_ref.model.lora_init_seed=1"});
   ASSERT_EQ(shown.exit_code, 0) << shown.err;
   std::set<std::string> numeric;
   numeric_leaves(parse_yaml(shown.out, "config show"), "", numeric);

@@ -64,13 +64,13 @@ int run_and_maybe_kill(const std::vector<std::string>& args, int kill_after_ms) 
 }
 
 // No directory the loader would pick is incomplete, and the latest marker names one of them.
-// Returns the newest checkpoint's step.
-int expect_only_complete_checkpoints(const fs::path& run) {
+// Returns the newest checkpoint's step. `actor_file`: the weights file of actor/.
+int expect_only_complete_checkpoints(const fs::path& run, const std::string& actor_file) {
   const auto dirs = loadable_checkpoints(run);
   for (const auto& [n, dir] : dirs) {
     EXPECT_TRUE(fs::exists(dir / "train_state.json")) << dir;
     EXPECT_TRUE(complete_safetensors(dir / "train_state.safetensors")) << dir;
-    EXPECT_TRUE(complete_safetensors(dir / "actor" / "model.safetensors")) << dir;
+    EXPECT_TRUE(complete_safetensors(dir / "actor" / actor_file)) << dir;
   }
   if (dirs.empty()) return 0;
   // The marker is rewritten right after a checkpoint directory is published (as verl's is): a
@@ -104,7 +104,7 @@ class ResumeAfterKill : public ::testing::Test {
   // 24 steps over 8 prompts (6 epochs: reshuffles and epoch boundaries), a checkpoint every
   // step, two optimizer steps per training step (two mini-batches).
   std::vector<std::string> args_for(const fs::path& run) const {
-    return {"train", "-", "actor_rollout_ref.model.path=" + (fixture_ / "model").string(), "data.train_files=" + data_,
+    std::vector<std::string> a = {"train", "-", "actor_rollout_ref.model.path=" + (fixture_ / "model").string(), "data.train_files=" + data_,
             "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
             "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
             "actor_rollout_ref.actor.policy_loss=rpg_reinforce", "actor_rollout_ref.actor.optim.lr=1e-2",
@@ -112,28 +112,50 @@ class ResumeAfterKill : public ::testing::Test {
             "actor_rollout_ref.actor.kl_loss_coef=0.1", "algorithm.adv_estimator=rpg_batch",
             "trainer.total_training_steps=24", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=2",
             "trainer.device=cpu", "trainer.default_local_dir=" + run.string()};
+    a.insert(a.end(), extra_.begin(), extra_.end());
+    return a;
+  }
+  int expect_only_complete_checkpoints(const fs::path& run) const {
+    return rpg::expect_only_complete_checkpoints(run, actor_file_);
   }
 
   // Runs rpg train on the killed run dir with RPG_TEST_KILL_AT=`kill_at` ("" = none).
   test::ProcessResult run_killed(const std::string& kill_at) const {
     std::vector<std::string> argv = {test::rpg_binary().string()};
     for (const auto& a : args_for(killed_)) argv.push_back(a);
-    return test::run_process(argv, {"RPG_TEST_KILL_AT=" + kill_at});
+    // One thread, as run_and_maybe_kill's: the rollout's own log-probs (training/rollout_*
+    // metrics) depend on the thread count's GEMM blocking.
+    return test::run_process(argv, {"RPG_TEST_KILL_AT=" + kill_at, "OMP_NUM_THREADS=1"});
   }
+
+  // Kills inside a checkpoint's writing, during generation and inside an optimizer step
+  // (RPG_TEST_KILL_AT), then runs to the end: bit-identical to the uninterrupted run.
+  void kill_at_three_points_then_finish();
 
   // The killed-and-resumed run ended exactly as the uninterrupted one.
   void expect_identical_to_whole() const {
-    EXPECT_EQ(read_file(whole_ / "global_step_24" / "actor" / "model.safetensors"),
-              read_file(killed_ / "global_step_24" / "actor" / "model.safetensors"));
+    EXPECT_EQ(read_file(whole_ / "global_step_24" / "actor" / actor_file_),
+              read_file(killed_ / "global_step_24" / "actor" / actor_file_));
     EXPECT_EQ(read_file(whole_ / "global_step_24" / "train_state.safetensors"),
               read_file(killed_ / "global_step_24" / "train_state.safetensors"));
     const auto want = step_metrics(whole_ / "metrics.jsonl"), got = step_metrics(killed_ / "metrics.jsonl");
     EXPECT_EQ(want.size(), 24u);
-    EXPECT_EQ(got, want);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < want.size(); ++s) {  // key by key, so that a failure names what differs
+      EXPECT_EQ(got[s].size(), want[s].size()) << "step " << s + 1;
+      for (const auto& [k, v] : want[s]) {
+        auto it = got[s].find(k);
+        if (it == got[s].end()) ADD_FAILURE() << "step " << s + 1 << ": " << k << " missing";
+        else EXPECT_EQ(it->second, v) << "step " << s + 1 << ": " << k;
+      }
+    }
     for (const auto& e : fs::directory_iterator(killed_))
       EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left over: " << e.path();
   }
 
+  // Overrides after the run's own (a subclass's mode), and the weights file they make actor/ hold.
+  std::vector<std::string> extra_;
+  std::string actor_file_ = "model.safetensors";
   test::TempDir dir_;
   fs::path fixture_, whole_, killed_;
   std::string data_;
@@ -160,7 +182,27 @@ TEST_F(ResumeAfterKill, SigkillAtRandomMomentsThenResumeIsBitIdentical) {
   std::cerr << "killed " << kills << " times\n";
 }
 
+// LoRA adapters (KL in the reward to an iterative reference refreshed every 5 steps: the
+// adapter snapshot is part of what resumes), the same kills.
+class LoraResumeAfterKill : public ResumeAfterKill {
+ protected:
+  LoraResumeAfterKill() {
+    extra_ = {"actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+              "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.1",
+              "actor_rollout_ref.actor.use_iterative_ref_model=true", "actor_rollout_ref.actor.ref_update_freq=5"};
+    actor_file_ = "adapter_model.safetensors";
+  }
+};
+
 TEST_F(ResumeAfterKill, SigkillInsideCheckpointWritingGenerationAndOptimizerStepThenResumeIsBitIdentical) {
+  kill_at_three_points_then_finish();
+}
+
+TEST_F(LoraResumeAfterKill, SigkillInsideCheckpointWritingGenerationAndOptimizerStepThenResumeIsBitIdentical) {
+  kill_at_three_points_then_finish();
+}
+
+void ResumeAfterKill::kill_at_three_points_then_finish() {
   // 1. Inside the third checkpoint's writing: actor/ written, train_state.safetensors half
   //    written, nothing published.
   auto r = run_killed("checkpoint_write:3");
@@ -169,7 +211,7 @@ TEST_F(ResumeAfterKill, SigkillInsideCheckpointWritingGenerationAndOptimizerStep
   for (const auto& e : fs::directory_iterator(killed_))
     if (e.path().filename().string().rfind("global_step_3.tmp.", 0) == 0) partial.push_back(e.path());
   ASSERT_EQ(partial.size(), 1u) << "the kill did not land inside the writing of global_step_3";
-  EXPECT_TRUE(complete_safetensors(partial[0] / "actor" / "model.safetensors"));
+  EXPECT_TRUE(complete_safetensors(partial[0] / "actor" / actor_file_));
   EXPECT_TRUE(fs::exists(partial[0] / "train_state.safetensors"));
   EXPECT_FALSE(complete_safetensors(partial[0] / "train_state.safetensors")) << "expected a half-written file";
   EXPECT_FALSE(fs::exists(partial[0] / "train_state.json"));

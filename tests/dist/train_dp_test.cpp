@@ -57,7 +57,9 @@ class DataParallelTrain : public ::testing::Test {
     return test::dp_train_argv(fixture_, data_, launch, run, steps);
   }
 
-  static void expect_equal_runs(const fs::path& want, const fs::path& got, int steps) {
+  // `actor_file`: the weights file of a checkpoint's actor/ (adapter_model.safetensors for LoRA).
+  static void expect_equal_runs(const fs::path& want, const fs::path& got, int steps,
+                                const std::string& actor_file = "model.safetensors") {
     // Responses and rewards: identical.
     EXPECT_TRUE(read_file(want / "samples.jsonl") == read_file(got / "samples.jsonl"))
         << "samples.jsonl differs: " << want << " vs " << got;
@@ -77,7 +79,7 @@ class DataParallelTrain : public ::testing::Test {
         EXPECT_NEAR(gm[s].at(k), v, tol * std::max(1.0, std::abs(v))) << "step " << s + 1 << " " << k;
       }
     }
-    const std::string model = "global_step_" + std::to_string(steps) + "/actor/model.safetensors";
+    const std::string model = "global_step_" + std::to_string(steps) + "/actor/" + actor_file;
     expect_close_tensors(want / model, got / model);
   }
 
@@ -384,6 +386,26 @@ TEST_F(DataParallelTrain, CustomRewardFunctionOnTwoRanksEqualsOneRank) {
   size_t workers = 0;
   for (const auto& e : fs::directory_iterator(marks_two)) workers += e.path().filename().string().starts_with("pid-");
   EXPECT_EQ(workers, 1u) << "one worker for the whole 2-rank run (rank 0's), not one per rank";
+}
+
+// LoRA (rank 4 on every projection, KL in the reward to the base as reference) on 2 ZeRO-2
+// ranks equals 1 process: the adapters' gradients are reduced and their optimizer state
+// sharded like full weights'.
+TEST_F(DataParallelTrain, LoraOnTwoZeroTwoRanksEqualsOneRank) {
+  const std::vector<std::string> lora = {"actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                                         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.1",
+                                         "dist.zero_stage=2"};
+  const fs::path one = *dir_ / "lora_one", two = *dir_ / "lora_two";
+  auto a = run_process(test::dp_train_argv(fixture_, data_, {}, one, 3, lora), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  auto b = run_process(test::dp_train_argv(fixture_, data_, {"--nproc", "2"}, two, 3, lora));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  expect_equal_runs(one, two, 3, "adapter_model.safetensors");
+  EXPECT_GT(expect_close(one_process_optimizer(one / "global_step_3"), sharded_optimizer(two / "global_step_3", 2),
+                         "the ZeRO-2 shards of the adapters' state", "optim.base_model.model."),
+            0u);
+  const auto metrics = step_metrics(one / "metrics.jsonl");
+  EXPECT_GT(metrics.back().at("actor/reward_kl_penalty"), 0.0) << "the adapters moved the policy away from the base";
 }
 
 // A ZeRO-0 run's checkpoint is sharded as well: each rank writes its slice of the (replicated)

@@ -9,6 +9,7 @@
 #include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/error.h"
+#include "rpg/model/causal_lm.h"
 #include "rpg/reward/registry.h"
 
 namespace rpg::train {
@@ -255,6 +256,45 @@ void TrainConfig::validate() const {
               "): with fp32 compute the fp32 weights are the only copy"));
   require(!dist.shard_master_weights || dist.zero_stage >= 1, "dist.shard_master_weights",
           str("true needs dist.zero_stage=1 or 2 (got ", dist.zero_stage, "): the masters live in the sharded optimizer state"));
+  validate_lora();
+}
+
+void TrainConfig::validate_lora() const {
+  const auto& m = actor_rollout_ref.model;
+  const std::string p = "actor_rollout_ref.model.";
+  at_least<int64_t>(m.lora_rank, 0, p + "lora_rank");
+  require(m.lora_dropout == 0, p + "lora_dropout",
+          str("got ", m.lora_dropout, ": rpg computes LoRA without dropout (RL post-training uses 0)"));
+  if (m.lora_init_seed) at_least<int64_t>(*m.lora_init_seed, 0, p + "lora_init_seed");
+  require(m.lora_alpha > 0 && std::isfinite(m.lora_alpha), p + "lora_alpha", str("must be > 0, got ", m.lora_alpha));
+  (void)lora_config();  // target_modules, checked with or without adapters (a typo shows either way)
+  require(m.lora_rank == 0 || !dist.shard_master_weights, "dist.shard_master_weights",
+          "true has nothing to shard with actor_rollout_ref.model.lora_rank > 0: the base weights are frozen and "
+          "only the adapters have master weights");
+}
+
+model::LoraConfig TrainConfig::lora_config() const {
+  const auto& m = actor_rollout_ref.model;
+  model::LoraConfig c;
+  c.rank = m.lora_rank;
+  c.alpha = m.lora_alpha;
+  const auto& known = model::lora_module_names();
+  for (const auto& t : m.target_modules) {
+    if (t == "all-linear") {
+      require(m.target_modules.size() == 1, "actor_rollout_ref.model.target_modules",
+              "all-linear cannot be combined with other names");
+      c.target_modules = known;
+      continue;
+    }
+    require(std::find(known.begin(), known.end(), t) != known.end(), "actor_rollout_ref.model.target_modules",
+            str("unknown projection '", t, "'; valid: all-linear, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                "down_proj"));
+    require(std::find(c.target_modules.begin(), c.target_modules.end(), t) == c.target_modules.end(),
+            "actor_rollout_ref.model.target_modules", str("'", t, "' is listed twice"));
+    c.target_modules.push_back(t);
+  }
+  require(!c.target_modules.empty(), "actor_rollout_ref.model.target_modules", "empty");
+  return c;
 }
 
 namespace {

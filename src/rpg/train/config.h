@@ -11,6 +11,10 @@
 
 #include "rpg/train/chat_kwargs.h"
 
+namespace rpg::model {
+struct LoraConfig;
+}
+
 namespace rpg::train {
 
 // The string-valued keys as enums, converted once by TrainConfig::resolve(); code compares
@@ -281,6 +285,14 @@ struct ModelConfig {
   // (verl 0.9 defaults to true) so that runs without the key, the demo's included, keep
   // their numbers.
   bool use_remove_padding = false;
+  // LoRA (verl's keys): rank 0 trains every weight; > 0 trains adapters of this rank on
+  // target_modules with the base frozen, and the fixed reference is the base itself (adapters
+  // off: no second model, verl's ref_in_actor). docs/lora.md.
+  int64_t lora_rank = 0;
+  double lora_alpha = 16;
+  std::vector<std::string> target_modules = {"all-linear"};
+  double lora_dropout = 0.0;             // rpg computes LoRA without dropout: only 0 is accepted
+  std::optional<int64_t> lora_init_seed;  // seed of the adapters' A init; null: trainer.seed
 
   template <class V>
   void visit(V& v) {
@@ -288,9 +300,14 @@ struct ModelConfig {
     v("enable_gradient_checkpointing", enable_gradient_checkpointing, "recompute layer activations in backward");
     v("tokenizer_path", tokenizer_path, "tokenizer directory (model path when null)");
     v("use_remove_padding", use_remove_padding, "padding-free forward/backward: a micro-batch's real tokens packed");
+    v("lora_rank", lora_rank, "LoRA adapter rank; 0 trains every weight (no adapters)");
+    v("lora_alpha", lora_alpha, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank");
+    v("target_modules", target_modules,
+      "projections that get adapters: all-linear, or a list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj");
+    v("lora_dropout", lora_dropout, "LoRA dropout; only 0 (RL trains adapters without dropout)");
+    v("lora_init_seed", lora_init_seed, "seed of the adapters' initialisation; null: trainer.seed");
     for (const char* key : {"trust_remote_code", "external_lib",
-                            "enable_activation_offload", "use_shm", "use_liger", "use_fused_kernels",
-                            "lora_rank", "lora_alpha", "target_modules"})
+                            "enable_activation_offload", "use_shm", "use_liger", "use_fused_kernels"})
       v.ignored(key, "HF/FSDP loading option");
     v.ignored("override_config", "HF config overrides are not applied: rpg's models have no dropout, and dropout 0 "
                                  "(attention_dropout, embd_pdrop, resid_pdrop) is all the fork's scripts override");
@@ -611,6 +628,13 @@ struct TrainConfig {
   // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree
   // outside fork semantics.
   void check_trainable() const;
+  // actor_rollout_ref.model.lora_* as the model's adapter configuration (target_modules
+  // all-linear expanded); ConfigError naming the key for an unknown or repeated projection.
+  model::LoraConfig lora_config() const;
+  bool uses_lora() const { return actor_rollout_ref.model.lora_rank > 0; }
+
+ private:
+  void validate_lora() const;
 };
 
 }  // namespace rpg::train

@@ -33,8 +33,32 @@ double masked_mean(const at::Tensor& x, const at::Tensor& mask) {
   return ((x * m).sum() / m.sum().clamp_min(1)).item<double>();
 }
 
+std::vector<at::Tensor> Trainer::Impl::trainable_tensors(const model::CausalLM& m) const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : trainable(m)) out.push_back(t);
+  return out;
+}
+
+void Trainer::Impl::copy_trained(const model::CausalLM& from, model::CausalLM& to) const {
+  if (!lora) return to.copy_parameters_from(from);
+  c10::NoGradGuard no_grad;
+  const auto src = from.lora_parameters(), dst = to.lora_parameters();
+  for (size_t i = 0; i < dst.size(); ++i) dst[i].second.detach().copy_(src[i].second);
+}
+
+void Trainer::Impl::attach_adapters() {
+  if (!lora) return;
+  policy.model.set_requires_grad(false);
+  // The adapters' init draws from torch's global generator: seeded on its own, then the
+  // generator is put back where the run's seed left it.
+  const auto& m = cfg.actor_rollout_ref.model;
+  at::manual_seed(static_cast<uint64_t>(m.lora_init_seed.value_or(cfg.trainer.seed)));
+  policy.model.attach_lora(cfg.lora_config());
+  at::manual_seed(static_cast<uint64_t>(cfg.trainer.seed));
+}
+
 void Trainer::Impl::sync_compute_weights() {
-  if (compute) compute->copy_parameters_from(policy.model);
+  if (compute) copy_trained(policy.model, *compute);
 }
 
 // The rollout dtype "auto" resolves to: measured on the CPU machine (docs/benchmarks.md,
@@ -53,6 +77,11 @@ void Trainer::Impl::build_rollout_copy() {
   rollout_copy = std::make_unique<model::CausalLM>(
       model::CausalLM::from_pretrained(cfg.actor_rollout_ref.model.path, {want, policy.model.device()}));
   rollout_copy->set_requires_grad(false);
+  if (lora) {
+    rollout_copy->attach_lora(*policy.model.lora());
+    copy_trained(policy.model, *rollout_copy);
+    for (auto& [name, t] : rollout_copy->lora_parameters()) t.requires_grad_(false);
+  }
 }
 
 model::CausalLM& Trainer::Impl::rollout_model() {
@@ -76,13 +105,13 @@ rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& mode
 }
 
 void Trainer::Impl::refresh_rollout_weights() {
-  if (rollout_uses_copy) rollout_model().copy_parameters_from(policy.model);
+  if (rollout_uses_copy) copy_trained(policy.model, rollout_model());
 }
 
 void Trainer::Impl::move_compute_grads() {
   if (!compute) return;
   c10::NoGradGuard no_grad;
-  auto master = policy.model.parameters(), work = compute->parameters();
+  auto master = trainable_tensors(policy.model), work = trainable_tensors(*compute);
   for (size_t i = 0; i < master.size(); ++i) {
     if (!work[i].grad().defined()) continue;
     at::Tensor g = work[i].grad().to(at::kFloat);
@@ -142,6 +171,7 @@ Generation Trainer::Impl::generate_groups() {
     if (recording) {
       auto& w = sampling_weights.emplace_back();
       for (const auto& p : rollout_model().parameters()) w.push_back(p.detach().clone());
+      for (const auto& [name, p] : rollout_model().lora_parameters()) w.push_back(p.detach().clone());
     }
     ++gen.rounds;
     const ScoredRound round = generate_round(engine, next_prompts(gen_batch), gen);
@@ -281,7 +311,8 @@ PolicyLogProbs Trainer::Impl::old_and_ref_log_probs(const StepBatch& sb, Metrics
   const double cpu_ref = process_cpu_seconds();
   m["perf/cpu_s/old_log_prob"] = cpu_ref - cpu_old;
   auto t_ref = Clock::now();
-  if (reference) lp.ref_log_probs = log_probs_no_grad(*reference, sb.batch, temperature);
+  if (reference)
+    reference->with_model([&](const model::CausalLM& m) { lp.ref_log_probs = log_probs_no_grad(m, sb.batch, temperature); });
   else if (needs_reference) lp.ref_log_probs = lp.old_log_probs;
   lp.ref_seconds = seconds_since(t_ref);
   m["perf/cpu_s/ref"] = process_cpu_seconds() - cpu_ref;
@@ -386,7 +417,7 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const MiniBat
   UpdateRecord record;
   if (recording) {
     record.rows = mini_rows;
-    for (const auto& p : policy.model.parameters()) record.weights.push_back(p.detach().clone());
+    for (const auto& p : trainable_tensors(policy.model)) record.weights.push_back(p.detach().clone());
   }
   sync_compute_weights();
   const auto& micro = plan.micro;
@@ -415,10 +446,10 @@ void Trainer::Impl::update_mini_batch(const rollout::Batch& batch, const MiniBat
   for (const auto& [k, v] : loss_metrics) stats.loss_metrics[k].push_back(v.item<double>());
   for (const auto& [batch_rows, on_policy] : on_policy_rows)  // on the host, as the batch
     on_policy_old->index_copy_(0, at::tensor(batch_rows, at::kLong), on_policy.to(on_policy_old->device(), at::kFloat));
-  dp::reduce_update(*optimizer, policy.model.parameters(), stats.loss_metrics, metrics_before,
+  dp::reduce_update(*optimizer, trainable_tensors(policy.model), stats.loss_metrics, metrics_before,
                     micro.size());  // data-parallel: sum over ranks
   if (recording) {
-    for (const auto& p : policy.model.parameters())
+    for (const auto& p : trainable_tensors(policy.model))
       record.grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
     updates.push_back(std::move(record));
   }
@@ -488,7 +519,7 @@ void Trainer::Impl::refresh_reference(Metrics& m) {
   const bool by_count = actor.ref_update_freq > 0 && step % actor.ref_update_freq == 0;
   const bool by_kl = actor.ref_kl_target > 0 && ref_kl_running && *ref_kl_running > actor.ref_kl_target;
   if (by_count || by_kl) {
-    reference->copy_parameters_from(policy.model);  // the weights that sample, as pi_old
+    reference->refresh();  // the weights that sample, as pi_old
     ++ref_updates;
     ref_kl_running.reset();  // the KL to the new reference starts at zero
   }
@@ -606,6 +637,11 @@ void Trainer::Impl::perf_metrics(const StepBatch& sb, const PolicyLogProbs& lp, 
   std::map<std::string, double> mem;
   dp::memory_metrics(*optimizer, mem);  // bytes of gradients / optimizer state / weights (dist/memory.h)
   for (const auto& [k, v] : mem) m[k] = v;
+  if (lora) {  // weight_bytes are the adapters (what the optimizer trains); the base apart
+    int64_t frozen = 0;
+    for (const auto& p : policy.model.parameters()) frozen += static_cast<int64_t>(p.nbytes());
+    m["perf/memory/frozen_weight_bytes"] = static_cast<double>(frozen);
+  }
 }
 
 }  // namespace rpg::train

@@ -1,4 +1,5 @@
 #include "rpg/train/trainer.h"
+#include "rpg/model/lora.h"
 #include "rpg/train/perf_metrics.h"
 #include "rpg/train/trainer_impl.h"
 
@@ -131,6 +132,7 @@ Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
       policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, cfg.dist.shard_master_weights ? "bfloat16" : "float32",
                                   cfg.trainer.device)) {
   shard_master = cfg.dist.shard_master_weights;
+  lora = cfg.uses_lora();
   // The rollout samples with the bf16 policy itself unless another dtype is asked for
   // explicitly ("auto" would be an fp32 copy on the CPU: the 4 B/param the mode saves).
   if (shard_master && cfg.actor_rollout_ref.rollout.dtype == "auto") cfg.actor_rollout_ref.rollout.dtype = "bfloat16";
@@ -189,6 +191,10 @@ nlohmann::json Trainer::Impl::fingerprint_with_layout() const {
   nlohmann::json f = fingerprint();
   // Only when set, so that checkpoints written before the key existed still resume by default.
   if (shard_master) f["shard_master_weights"] = true;
+  if (lora) {
+    const model::LoraConfig& c = *policy.model.lora();
+    f["lora"] = {{"rank", c.rank}, {"alpha", c.alpha}, {"target_modules", c.target_modules}};
+  }
   return f;
 }
 
@@ -206,24 +212,21 @@ void Trainer::Impl::save_checkpoint() {
   const fs::path dir = dp::main_path(out ? out->path() : fs::path());
   rules->use_export_weights(*optimizer);
   dp::all_or_none("checkpoint", [&] {
-    if (!main) return;
-    model::SaveOptions so;
-    so.copy_files_from = cfg.actor_rollout_ref.model.path;
-    policy.model.save_pretrained(dir / "actor", so);
+    if (main) save_actor(dir / "actor");
   });
   optimizer->use_train_weights();
   nlohmann::json scalars, shard;
   dp::all_or_none("checkpoint", [&] {
     if (main) {
       std::map<std::string, at::Tensor> tensors;
-      for (const auto& [name, p] : policy.model.named_parameters()) tensors["param." + name] = p;
+      for (const auto& [name, p] : trainable(policy.model)) tensors["param." + name] = p;
       if (!sharded) {
         OptimizerState os = optimizer->state();
         for (const auto& [k, t] : os.tensors) tensors["optim." + k] = t;
         scalars = os.scalars;
       }
       if (reference)
-        for (const auto& [name, p] : reference->named_parameters()) tensors["ref." + name] = p;
+        for (const auto& [name, p] : reference->state()) tensors["ref." + name] = p;
       save_tensor_file(dir / "train_state.safetensors", tensors);
     }
     if (sharded) shard = dp::write_optimizer_shard(*optimizer, dir);
@@ -329,15 +332,15 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
     for (const auto& [key, value] : state["config"].items())
       if (!want.contains(key) && !value.is_null() && value != false) refuse(key, value, false);
     tensors = load_tensor_file(dir / "train_state.safetensors");
-    auto check = [&](const std::string& prefix, const model::CausalLM& m) {
-      for (const auto& [name, p] : m.named_parameters()) {
+    auto check = [&](const std::string& prefix, const NamedTensors& live) {
+      for (const auto& [name, p] : live) {
         auto it = tensors.find(prefix + name);
         if (it == tensors.end() || it->second.sizes() != p.sizes())
           throw FormatError(str(dir.string(), "/train_state.safetensors: missing or mis-shaped '", prefix, name, "'"));
       }
     };
-    check("param.", policy.model);
-    if (reference) check("ref.", *reference);
+    check("param.", trainable(policy.model));
+    if (reference) check("ref.", reference->state());
     if (state.contains("optimizer_shards")) {
       os = dp::read_optimizer_shards(dir, state["optimizer_shards"], *optimizer);  // any world size or stage
     } else {
@@ -348,11 +351,11 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
   });
   {
     c10::NoGradGuard no_grad;
-    auto copy_into = [&](const std::string& prefix, const model::CausalLM& m) {
-      for (const auto& [name, p] : m.named_parameters()) p.detach().copy_(tensors.at(prefix + name));
+    auto copy_into = [&](const std::string& prefix, const NamedTensors& live) {
+      for (const auto& [name, p] : live) p.detach().copy_(tensors.at(prefix + name));
     };
-    copy_into("param.", policy.model);
-    if (reference) copy_into("ref.", *reference);
+    copy_into("param.", trainable(policy.model));
+    if (reference) copy_into("ref.", reference->state());
   }
   optimizer->load_state(os);
   step = state["step"].get<int64_t>();
@@ -481,7 +484,8 @@ void Trainer::Impl::build_optimizer() {
     oo.scheduled_lr = true;
     oo.restore_exact_y = false;
   }
-  NamedTensors params = rules->optimizer_order(policy.model.named_parameters());
+  // With LoRA the adapters, in PEFT's order (the fork's FSDP order is of full weights).
+  NamedTensors params = lora ? policy.model.lora_parameters() : rules->optimizer_order(policy.model.named_parameters());
   // ZeRO-1/2: sharded. dist.shard_master_weights: the parameters are bf16, their fp32 masters
   // are the optimizer's (1/N per rank), and gradients accumulate in fp32 (data_parallel.h).
   optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,
@@ -496,10 +500,16 @@ void Trainer::Impl::build_models() {
   kl_in_reward_coef = cfg.algorithm.kl_ctrl.kl_coef;
   needs_reference = cfg.choices.kl_loss_uses_reference || cfg.algorithm.use_kl_in_reward;
   if (needs_reference && rules->reference_resident()) {
-    // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
-    reference = std::make_unique<model::CausalLM>(
-        model::CausalLM::from_pretrained(path, {shard_master ? at::kBFloat16 : at::kFloat, policy.model.device()}));
-    reference->set_requires_grad(false);
+    if (lora && cfg.actor_rollout_ref.actor.use_iterative_ref_model) {
+      reference = adapter_snapshot_reference(policy.model);
+    } else if (lora) {
+      reference = base_model_reference(policy.model);
+    } else {
+      // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
+      reference = resident_reference(std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
+                                         path, {shard_master ? at::kBFloat16 : at::kFloat, policy.model.device()})),
+                                     policy.model);
+    }
   }
   if (shard_master) {
     // The policy (bf16) runs forward/backward itself: no compute copy. The optimizer's fp32
@@ -510,11 +520,15 @@ void Trainer::Impl::build_models() {
   } else if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
     compute = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
-    compute->set_requires_grad(true);
+    compute->set_requires_grad(!lora);
+    if (lora) {
+      compute->attach_lora(*policy.model.lora());
+      copy_trained(policy.model, *compute);
+    }
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
     // ZeRO-2: its gradients go to the buckets, paired with the optimizer's parameters by
     // position, so in the optimizer's order.
-    const NamedTensors sources = rules->optimizer_order(compute->named_parameters());
+    const NamedTensors sources = lora ? compute->lora_parameters() : rules->optimizer_order(compute->named_parameters());
     std::vector<at::Tensor> source_tensors;
     for (auto& [name, tensor] : sources) source_tensors.push_back(tensor);
     dp::attach_gradient_sources(*optimizer, source_tensors);
@@ -556,6 +570,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   (void)algo::parse_kl_estimator(cfg.algorithm.kl_penalty);  // refused by name in either rule set
   s.rules = make_rules(cfg);  // the loss's string keys parsed and checked once
   s.load_data();
+  s.attach_adapters();
   s.build_optimizer();
   s.build_models();
   s.open_run_dir();
@@ -567,7 +582,7 @@ Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
 Trainer::~Trainer() = default;
 
 int64_t Trainer::global_step() const { return impl_->step; }
-bool Trainer::has_reference_model() const { return impl_->reference != nullptr; }
+bool Trainer::has_reference_model() const { return impl_->reference && impl_->reference->resident(); }
 int64_t Trainer::total_steps() const { return impl_->total_steps; }
 const model::CausalLM& Trainer::model() const { return impl_->policy.model; }
 const rollout::Batch& Trainer::last_batch() const { return impl_->last_batch; }
@@ -683,10 +698,23 @@ Metrics Trainer::validate() {
 void Trainer::save_model(const std::string& dir) {
   Impl& s = *impl_;
   s.rules->use_export_weights(*s.optimizer);
-  model::SaveOptions so;
-  so.copy_files_from = s.cfg.actor_rollout_ref.model.path;
-  s.policy.model.save_pretrained(dir, so);
+  if (s.lora) model::save_lora_adapter(s.policy.model, dir, s.cfg.actor_rollout_ref.model.path);
+  else s.save_actor(dir);
   s.optimizer->use_train_weights();
+}
+
+void Trainer::Impl::save_actor(const fs::path& dir) const {
+  const auto& path = cfg.actor_rollout_ref.model.path;
+  if (lora) {
+    // PEFT's adapter directory (peft.PeftModel.from_pretrained(base, dir) loads it); its
+    // base_model_name_or_path names the base.
+    fs::create_directories(dir);
+    model::write_lora_adapter(policy.model, dir, fs::absolute(path).string());
+    return;
+  }
+  model::SaveOptions so;
+  so.copy_files_from = path;
+  policy.model.save_pretrained(dir, so);
 }
 
 void Trainer::fit() { fit(ValidationStop{}); }

@@ -24,6 +24,7 @@
 #include "rpg/rollout/policy.h"
 #include "rpg/train/checkpoint.h"
 #include "rpg/train/optim.h"
+#include "rpg/train/reference.h"
 #include "rpg/train/rules.h"
 #include "rpg/train/trainer.h"
 #include "rpg/train/trainer_testing.h"
@@ -116,7 +117,12 @@ struct Trainer::Impl {
   // The built-in rules, or what custom_reward_function / reward_model.url ask for.
   std::unique_ptr<reward::RewardScorer> reward;
   rollout::Policy policy;
-  std::unique_ptr<model::CausalLM> reference;  // for KL-to-reference losses (grpo)
+  // actor_rollout_ref.model.lora_rank > 0: policy.model carries LoRA adapters, the only
+  // parameters trained (the base is frozen).
+  bool lora = false;
+  // pi_ref for KL-to-reference losses (grpo) and KL in the reward (reference.h); null when the
+  // reference is refreshed every step (pi_ref = pi_old) or not used.
+  std::unique_ptr<ReferencePolicy> reference;
   // compute_dtype=bfloat16: the bf16 working copy that runs forward/backward; the optimizer
   // owns the fp32 master weights in policy.model (which also generates).
   std::unique_ptr<model::CausalLM> compute;
@@ -164,6 +170,15 @@ struct Trainer::Impl {
   rollout::SamplingParams sampling(bool validation) const;
   // The model that runs the trainer's forward/backward passes: the bf16 copy or the master.
   model::CausalLM& compute_model() { return compute ? *compute : policy.model; }
+  // What the optimizer trains in `m`: the LoRA adapters (PEFT's names), else every parameter.
+  NamedTensors trainable(const model::CausalLM& m) const { return lora ? m.lora_parameters() : m.named_parameters(); }
+  std::vector<at::Tensor> trainable_tensors(const model::CausalLM& m) const;
+  // Copies the trained values of `from` into `to` (the adapters only with LoRA: the frozen
+  // base of every copy was loaded from the same files).
+  void copy_trained(const model::CausalLM& from, model::CausalLM& to) const;
+  // With LoRA: policy.model gets its adapters (actor_rollout_ref.model.lora_*) and its base
+  // weights stop requiring gradients.
+  void attach_adapters();
   // The model the rollout engine samples with: the master (fp32 rollouts), the bf16 compute
   // copy, or rollout_copy.
   model::CausalLM& rollout_model();
@@ -190,6 +205,9 @@ struct Trainer::Impl {
   // A checkpoint (layout: RunDir) written into a temporary directory and published by one
   // rename; latest_checkpointed_iteration.txt (verl's marker) is updated after it.
   void save_checkpoint();
+  // The checkpoint's actor/: a Hugging Face model directory, or with LoRA PEFT's adapter
+  // directory (its base is actor_rollout_ref.model.path).
+  void save_actor(const fs::path& dir) const;
   // report.html (eval/report.h) from the run directory's logs, by the rank that writes it.
   void write_report();
   // The checkpoints to resume from, best first (empty: start fresh).

@@ -14,7 +14,8 @@ namespace rpg::train {
 
 // One optimizer step as the trainer took it: the rows of Trainer::last_batch() in the
 // mini-batch, the fp32 master weights before the step, the summed micro-batch losses and the
-// accumulated fp32 gradients before clipping, in named_parameters() order.
+// accumulated fp32 gradients before clipping, in named_parameters() order (with LoRA: the
+// adapters, lora_parameters() order).
 struct UpdateRecord {
   std::vector<int64_t> rows;
   std::vector<at::Tensor> weights;
@@ -32,7 +33,8 @@ struct TrainerTesting {
   static void record_updates(Trainer& t, bool on);
   static const std::vector<UpdateRecord>& last_updates(const Trainer& t);
   // Recording on: the rollout model's weights in each generation round of the last step, and
-  // the weights its old log-probs were computed with (named_parameters() order, copies).
+  // the weights its old log-probs were computed with (named_parameters() order, copies; the
+  // sampling weights are followed by the rollout model's LoRA adapters, lora_parameters() order).
   static const std::vector<std::vector<at::Tensor>>& last_sampling_weights(const Trainer& t);
   static const std::vector<at::Tensor>& last_old_log_prob_weights(const Trainer& t);
   // The optimizer's whole state now (what a checkpoint holds of it).
