@@ -181,5 +181,56 @@ TEST(TrainDistConfig, PlanCountsParametersAndShardsTheOptimizer) {
   EXPECT_TRUE(has(bad.err, "--world-size must be >= 1, got 0")) << bad.err;
 }
 
+// With LoRA, rpg plan's adapter count is PEFT's trainable-parameter count for the same rank
+// and modules (live peft on the same model files), and the trained states are the adapters':
+// weights frozen, LoRA adapters 4 B, gradients 4 B and AdamW 8 B per adapter parameter; the
+// fixed reference is the base itself (0 bytes) and an iterative one a copy of the adapters.
+TEST(TrainDistConfig, PlanCountsLoraAdaptersAsPeftDoes) {
+  const auto model = test::oracle_output_dir("tiny_chat_model.py") / "model";
+  for (const std::string modules : {"all-linear", "q_proj,v_proj,down_proj"}) {
+    const std::string list = modules == "all-linear" ? "'all-linear'" : "['" + std::string("q_proj', 'v_proj', 'down_proj") + "']";
+    auto peft = run_process({test::python().string(), "-c",
+                             "import sys; from transformers import AutoModelForCausalLM as M; "
+                             "from peft import LoraConfig, get_peft_model; "
+                             "m = get_peft_model(M.from_pretrained(sys.argv[1]), LoraConfig(r=8, lora_alpha=16, "
+                             "target_modules=" + list + ")); print(m.get_nb_trainable_parameters()[0])",
+                             model.string()});
+    ASSERT_EQ(peft.exit_code, 0) << peft.err;
+    const int64_t adapters = std::stoll(peft.out);
+    const std::string targets = modules == "all-linear" ? "all-linear" : "[" + modules + "]";
+    auto plan = [&](const std::vector<std::string>& extra) {
+      std::vector<std::string> argv = {test::rpg_binary().string(), "plan", "-",
+                                       "actor_rollout_ref.model.path=" + model.string(),
+                                       "actor_rollout_ref.model.lora_rank=8",
+                                       "actor_rollout_ref.model.target_modules=" + targets};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      auto r = run_process(argv);
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+      return r.out;
+    };
+    auto bytes = [](const std::string& out, const std::string& row) {
+      const auto at = out.find("  " + row);
+      EXPECT_NE(at, std::string::npos) << row << " missing:\n" << out;
+      if (at == std::string::npos) return -1.0;
+      const auto line = out.substr(at + 2 + row.size(), out.find('\n', at) - at - 2 - row.size());
+      const double v = std::stod(line);
+      return v * (line.find("GiB") != std::string::npos ? 1024.0 * 1024 * 1024 : 1024.0 * 1024);
+    };
+    const std::string fixed_ref = plan({"actor_rollout_ref.actor.policy_loss=grpo", "actor_rollout_ref.actor.use_kl_loss=true"});
+    EXPECT_TRUE(has(fixed_ref, "(" + std::to_string(adapters) + " parameters: the only trained ones)")) << modules << "\n"
+                                                                                                         << fixed_ref;
+    const double a = static_cast<double>(adapters), mib = 1024.0 * 1024;
+    EXPECT_TRUE(has(fixed_ref, "(frozen)")) << fixed_ref;
+    EXPECT_NEAR(bytes(fixed_ref, "LoRA adapters (fp32)"), 4 * a, 0.06 * mib);
+    EXPECT_NEAR(bytes(fixed_ref, "gradients (fp32)"), 4 * a, 0.06 * mib);
+    EXPECT_NEAR(bytes(fixed_ref, "optimizer state (fp32)"), 8 * a, 0.06 * mib);
+    EXPECT_EQ(bytes(fixed_ref, "reference (the base)"), 0.0);
+    const std::string iterative =
+        plan({"algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_iterative_ref_model=true",
+              "actor_rollout_ref.actor.ref_update_freq=4"});
+    EXPECT_NEAR(bytes(iterative, "reference (adapter copy)"), 4 * a, 0.06 * mib) << iterative;
+  }
+}
+
 }  // namespace
 }  // namespace rpg::dist

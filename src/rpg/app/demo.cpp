@@ -27,6 +27,7 @@
 #include "rpg/eval/evaluate.h"
 #include "rpg/eval/report.h"
 #include "rpg/model/init.h"
+#include "rpg/model/lora.h"
 #include "rpg/reward/registry.h"
 #include "rpg/rollout/policy.h"
 #include "rpg/tokenizer/bpe_trainer.h"
@@ -59,9 +60,19 @@ double accuracy(const rollout::Policy& policy, const std::vector<data::Row>& row
   return result.metrics.at("math_dapo").at(str("acc/mean@", n));
 }
 
-double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const DemoOptions& o) {
-  return accuracy(rollout::load_policy(model_dir, "float32", "cpu"), data::read_parquet(test_file), o.eval_n, o,
-                  o.progress);
+// `adapter`: a LoRA adapter directory applied on top of `model_dir` (empty: none).
+double test_accuracy(const fs::path& model_dir, const fs::path& test_file, const DemoOptions& o,
+                     const fs::path& adapter = {}) {
+  rollout::Policy policy = rollout::load_policy(model_dir, "float32", "cpu");
+  if (!adapter.empty()) model::load_lora_adapter(policy.model, adapter);
+  return accuracy(policy, data::read_parquet(test_file), o.eval_n, o, o.progress);
+}
+
+// The RL run's final checkpoint on the test split: its actor/ is the model, or with LoRA the
+// adapter on top of `base`.
+double final_test_accuracy(const DemoOptions& o, const fs::path& base, const fs::path& final_actor,
+                           const fs::path& test_file) {
+  return o.rl_lora_rank > 0 ? test_accuracy(base, test_file, o, final_actor) : test_accuracy(final_actor, test_file, o);
 }
 
 void shrink_for_quick(DemoOptions& o) {
@@ -222,6 +233,10 @@ train::TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, co
   c.trainer.device = "cpu";
   c.trainer.seed = static_cast<int64_t>(o.seed);
   c.trainer.sample_log_freq = std::max<int64_t>(1, o.rl_steps / 5);
+  if (o.rl_lora_rank > 0) {
+    c.actor_rollout_ref.model.lora_rank = o.rl_lora_rank;
+    c.actor_rollout_ref.model.lora_alpha = o.rl_lora_alpha > 0 ? o.rl_lora_alpha : 2.0 * static_cast<double>(o.rl_lora_rank);
+  }
   return c;
 }
 
@@ -362,7 +377,7 @@ DemoResult run_pretrained_demo(const DemoOptions& o, const std::function<void(co
                            saturation_stop(o));
   stage("4/4 evaluation after RL");
   const fs::path final_model = rl_dir / str("global_step_", r.rl_steps) / "actor";
-  r.after = test_accuracy(final_model, data_dir / data::synth_parquet_name("test"), o);
+  r.after = final_test_accuracy(o, o.pretrained, final_model, data_dir / data::synth_parquet_name("test"));
   r.report = eval::write_report(rl_dir);
   write_summary(o, r, final_model, t0);
   return r;
@@ -408,7 +423,7 @@ DemoResult run_demo(DemoOptions o) {
 
   stage("7/7 evaluation after RL");
   const fs::path final_model = rl_dir / str("global_step_", r.rl_steps) / "actor";
-  r.after = test_accuracy(final_model, w.data_dir / data::synth_parquet_name("test"), o);
+  r.after = final_test_accuracy(o, w.sft_model, final_model, w.data_dir / data::synth_parquet_name("test"));
   r.report = eval::write_report(rl_dir);
   write_summary(o, r, final_model, t0);
   return r;

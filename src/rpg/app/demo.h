@@ -87,6 +87,11 @@ struct DemoOptions {
   int64_t rl_mini_batch = 8;   // prompts per optimizer step
   int64_t rl_n = 8;            // responses per prompt
   double rl_lr = 2e-4;
+  // RL trains LoRA adapters of this rank on every projection (0: every weight), scaled by
+  // rl_lora_alpha / rank (0: alpha = 2 x rank); the held-out evaluation then loads the base
+  // with the final checkpoint's adapter.
+  int64_t rl_lora_rank = 0;
+  double rl_lora_alpha = 0;
   // RL validates every rl_steps / 6 steps (mean@rl_val_n on the validation split) and stops
   // once that reaches rl_stop_validation (0: never). Near 100% accuracy almost every group is
   // all-correct, dynamic sampling then draws up to 16 generation batches per step for the few

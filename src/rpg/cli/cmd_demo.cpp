@@ -66,6 +66,8 @@ int run_demo(const std::string& full_name, const std::vector<std::string>& args)
             "(from scratch) stop after the SFT warm start (no test-split evaluation): for tuning it on the validation split")
       .option("--rl-steps", &o.rl_steps, str("RL steps (default ", o.rl_steps, ")"), "N")
       .option("--rl-lr", &o.rl_lr, str("RL learning rate (default ", o.rl_lr, ")"), "X")
+      .option("--rl-lora-rank", &o.rl_lora_rank, "RL trains LoRA adapters of this rank on every projection (default 0: every weight)", "R")
+      .option("--rl-lora-alpha", &o.rl_lora_alpha, "LoRA alpha (default 0: 2 x the rank)", "A")
       .option("--rl-stop-validation", &o.rl_stop_validation,
               str("stop RL when validation mean@", o.rl_val_n, " reaches this (0: run --rl-steps; default ",
                   o.rl_stop_validation, ")"),

@@ -61,7 +61,7 @@ int run_model_merge(const std::string& full_name, const std::vector<std::string>
   parser.positional("BASE", &base, "base model directory")
       .positional("ADAPTER", &adapter, "LoRA adapter directory")
       .positional("OUT", &output, "the merged model directory to write (replaced atomically)")
-      .epilog("example: rpg model merge models/qwen2.5-0.5b runs/lora/global_step_50/actor/adapter runs/merged");
+      .epilog("example: rpg model merge models/qwen2.5-0.5b runs/lora/global_step_50/actor runs/merged");
   if (!parser.parse(args)) return 0;
   check_output_apart({"OUT", output}, {{"BASE", base}, {"ADAPTER", adapter}});
   // Merged in fp32 (PEFT merges in the weights' dtype: the same for fp32 bases), written back

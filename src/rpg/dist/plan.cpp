@@ -114,6 +114,19 @@ ModelShape read_model_shape(const fs::path& dir) {
   return m;
 }
 
+int64_t lora_parameter_count(const ModelShape& m, int64_t rank, const std::vector<std::string>& target_modules) {
+  const int64_t q = m.heads * m.head_dim, kv = m.kv_heads * m.head_dim;
+  int64_t per_layer = 0;
+  for (const auto& t : target_modules) {
+    if (t == "q_proj") per_layer += m.hidden + q;
+    else if (t == "k_proj" || t == "v_proj") per_layer += m.hidden + kv;
+    else if (t == "o_proj") per_layer += q + m.hidden;
+    else if (t == "gate_proj" || t == "up_proj" || t == "down_proj") per_layer += m.hidden + m.intermediate;
+    else throw ValueError(str("LoRA target module '", t, "' is not a projection name"));
+  }
+  return rank * per_layer * m.layers;
+}
+
 MemoryPlan estimate(const PlanInput& in) {
   const ModelShape& m = in.model;
   MemoryPlan p;
@@ -128,10 +141,21 @@ MemoryPlan estimate(const PlanInput& in) {
   // shard: at its peak a rank holds the shard, the bucket in flight and the one being filled
   // (a tensor larger than a bucket is a bucket of its own), never more than the full gradient.
   const double bucket = std::max(in.bucket_bytes, 4.0 * m.largest_tensor());
-  p.grads = p.stage >= 2 ? std::min(4 * P, 4 * P / N + 2 * bucket) : 4 * P;
-  p.optimizer = 8 * P / shard;
-  p.reference = in.fixed_reference ? (sm ? 2 : 4) * P : 0;
-  p.states = p.weights + p.compute + p.master + p.grads + p.optimizer + p.reference;
+  if (in.lora_parameters > 0) {
+    // The trained parameters are the adapters (A): the base has no gradient and no state, the
+    // compute copy holds base and adapters in bf16, the reference costs at most a snapshot.
+    const double A = static_cast<double>(in.lora_parameters);
+    p.adapters = 4 * A;
+    p.compute = in.bf16_compute ? 2 * (P + A) : 0;
+    p.grads = p.stage >= 2 ? std::min(4 * A, 4 * A / N + 2 * in.bucket_bytes) : 4 * A;
+    p.optimizer = 8 * A / shard;
+    p.reference = in.iterative_reference ? 4 * A : 0;
+  } else {
+    p.grads = p.stage >= 2 ? std::min(4 * P, 4 * P / N + 2 * bucket) : 4 * P;
+    p.optimizer = 8 * P / shard;
+    p.reference = in.fixed_reference ? (sm ? 2 : 4) * P : 0;
+  }
+  p.states = p.weights + p.adapters + p.compute + p.master + p.grads + p.optimizer + p.reference;
   // One micro-batch of T tokens: each layer's input kept (checkpointing) plus one layer's
   // full set during recomputation; without checkpointing every layer's full set.
   const double T = in.micro_batch_tokens;
@@ -164,7 +188,11 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << ", MLP " << m.intermediate << "\n"
     << "per rank of " << in.world << ", ZeRO-" << p.stage << ", compute " << (in.bf16_compute ? "bf16" : "fp32") << ", "
     << in.optimizer << ":\n"
-    << (in.shard_master ? "  weights (bf16)            " : "  weights (fp32)            ") << gib(p.weights) << "\n";
+    << (in.shard_master ? "  weights (bf16)            " : "  weights (fp32)            ") << gib(p.weights)
+    << (in.lora_parameters > 0 ? " (frozen)" : "") << "\n";
+  if (in.lora_parameters > 0)
+    o << "  LoRA adapters (fp32)      " << gib(p.adapters) << " (" << in.lora_parameters
+      << " parameters: the only trained ones)\n";
   if (in.shard_master)
     o << "  master weights (fp32)     " << gib(p.master) << (p.stage >= 1 ? " (1/N, in the optimizer state)" : " (in the optimizer state)")
       << "\n";
@@ -173,7 +201,10 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
   o << "  gradients (fp32)          " << gib(p.grads)
     << (p.stage >= 2 ? " (1/N shard + 2 buckets in flight)" : "") << "\n"
     << "  optimizer state (fp32)    " << gib(p.optimizer) << (p.stage >= 1 ? " (1/N)" : "") << "\n"
-    << (in.shard_master ? "  fixed reference (bf16)    " : "  fixed reference (fp32)    ") << gib(p.reference) << "\n"
+    << (in.lora_parameters > 0 ? (in.iterative_reference ? "  reference (adapter copy)  " : "  reference (the base)      ")
+        : in.shard_master       ? "  fixed reference (bf16)    "
+                                : "  fixed reference (fp32)    ")
+    << gib(p.reference) << "\n"
     << "  states                    " << gib(p.states) << "\n"
     << "  activations               " << gib(p.activations) << " (" << static_cast<int64_t>(p.micro_batch_tokens)
     << " tokens per micro-batch, gradient checkpointing " << (in.gradient_checkpointing ? "on" : "off") << ")\n"

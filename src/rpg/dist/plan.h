@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace rpg::dist {
 
@@ -22,6 +23,9 @@ struct ModelShape {
     return std::max(static_cast<double>(vocab) * h, h * static_cast<double>(intermediate));
   }
 };
+// LoRA adapter parameters of rank `rank` on `target_modules` (projection names) of every
+// layer: rank x (in + out) per projection.
+int64_t lora_parameter_count(const ModelShape& m, int64_t rank, const std::vector<std::string>& target_modules);
 // Reads config.json and the safetensors headers (model.safetensors or the index's shards).
 // Throws IoError / FormatError naming the file.
 ModelShape read_model_shape(const std::filesystem::path& dir);
@@ -37,6 +41,12 @@ struct PlanInput {
   // reference and the rollout's KV cache are bf16.
   bool shard_master = false;
   bool fixed_reference = false;  // a resident fp32 reference model
+  // LoRA (actor_rollout_ref.model.lora_rank > 0): the adapters' parameter count, the only
+  // trained ones -- gradients and optimizer state are theirs, the base is frozen (no
+  // gradient, no state), the fixed reference is the base itself (no copy) and an iterative
+  // one a snapshot of the adapters (iterative_reference). 0: full fine-tuning.
+  int64_t lora_parameters = 0;
+  bool iterative_reference = false;  // with LoRA: a resident snapshot of the adapters
   bool gradient_checkpointing = false;
   int64_t sequence = 0;          // max prompt + max response tokens
   double micro_batch_tokens = 0;  // tokens per micro-batch
@@ -50,6 +60,7 @@ struct MemoryPlan {
   int64_t stage = 0;  // the effective ZeRO stage (0 alone)
   double weights = 0, compute = 0, grads = 0, optimizer = 0, reference = 0, states = 0;
   double master = 0;  // fp32 master weights held by the optimizer (shard_master only; else `weights` is the master)
+  double adapters = 0;  // LoRA: the fp32 adapters (`weights` is then the frozen base)
   double activations = 0, kv_cache = 0, total = 0;
   double micro_batch_tokens = 0, rollout_sequences = 0;
 };

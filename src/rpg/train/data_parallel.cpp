@@ -18,6 +18,7 @@
 #include "rpg/dist/memory.h"
 #include "rpg/dist/process_group.h"
 #include "rpg/dist/world.h"
+#include "rpg/model/causal_lm.h"
 #include "rpg/train/config.h"
 
 namespace rpg::train::dp {
@@ -107,6 +108,10 @@ dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
   in.rollout_sequences = cfg.data.train_batch_size * a.rollout.n;
   in.max_num_seqs = a.rollout.max_num_seqs;
   in.optimizer = a.actor.optim.optim_type;
+  if (cfg.uses_lora()) {
+    in.lora_parameters = dist::lora_parameter_count(in.model, a.model.lora_rank, cfg.lora_config().target_modules);
+    in.iterative_reference = in.fixed_reference && a.actor.use_iterative_ref_model;
+  }
   return in;
 }
 
