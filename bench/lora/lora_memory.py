@@ -7,9 +7,10 @@ estimate of the same configuration.
       [--rank 16] [--threads 2] [--modes full,lora]
 
 The model: transformers' Qwen2ForCausalLM with Qwen2.5-1.5B's config.json shapes (hidden 1536,
-28 layers, 12 heads / 2 KV heads, MLP 8960, vocab 151936, tied embeddings: 1.54 B parameters),
-randomly initialised (seed 0) and saved in fp32, with SmolLM2-135M-Instruct's tokenizer files
-(its ids are < 49152, inside the vocabulary). Data: 4 prompts "i+1?", 2 responses each, 32
+28 layers, 12 heads / 2 KV heads, MLP 8960, tied embeddings), randomly initialised (seed 0) and
+saved in fp32, with SmolLM2-135M-Instruct's tokenizer files and so its 49,152-token vocabulary:
+1.39 B parameters. (Qwen's 151,936 rows would add 0.16 B, but a random model samples every id
+of its vocabulary, and ids past the tokenizer's cannot be decoded.) Data: 4 prompts "i+1?", 2 responses each, 32
 new tokens; one mini-batch, fp32 compute, gradient checkpointing on, AdamW, GRPO with a KL
 loss to the fixed reference (what LoRA makes free: the base with the adapters off).
 
@@ -36,11 +37,13 @@ ap.add_argument("--work", default="/tmp/rpg-lora-bench")
 ap.add_argument("--limit-gib", type=float, default=22.0)
 ap.add_argument("--rank", type=int, default=16)
 ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--modes", default="full,lora")
+ap.add_argument("--modes", default="full,lora,lora_bf16",
+                help="full: every weight; lora: rank --rank adapters, fp32; *_bf16: compute_dtype=bfloat16 "
+                     "(with LoRA a bf16 base and fp32 adapters)")
 ap.add_argument("--tokenizer", default=os.path.expanduser("~/.cache/rpg/models/SmolLM2-135M-Instruct"))
 args = ap.parse_args()
 
-model_dir = os.path.join(args.work, "qwen2.5-1.5b-shape")
+model_dir = os.path.join(args.work, "qwen2.5-1.5b-shape-v49152")
 
 
 def make_model():
@@ -51,7 +54,7 @@ def make_model():
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
     cfg = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
+                      num_key_value_heads=2, vocab_size=49152, max_position_embeddings=32768, rope_theta=1e6,
                       rms_norm_eps=1e-6, tie_word_embeddings=True, torch_dtype="float32")
     with torch.no_grad():
         model = Qwen2ForCausalLM(cfg)
@@ -86,8 +89,10 @@ def train_args(data, run, mode):
          "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
          "algorithm.adv_estimator=grpo", "trainer.total_training_steps=1", "trainer.save_freq=-1",
          "trainer.device=cpu", "trainer.val_before_train=false", f"trainer.default_local_dir={run}"]
-    if mode == "lora":
+    if mode.startswith("lora"):
         a += [f"actor_rollout_ref.model.lora_rank={args.rank}", f"actor_rollout_ref.model.lora_alpha={2 * args.rank}"]
+    if mode.endswith("bf16"):
+        a += ["actor_rollout_ref.actor.compute_dtype=bfloat16"]
     return a
 
 

@@ -229,6 +229,10 @@ TEST(TrainDistConfig, PlanCountsLoraAdaptersAsPeftDoes) {
         plan({"algorithm.use_kl_in_reward=true", "actor_rollout_ref.actor.use_iterative_ref_model=true",
               "actor_rollout_ref.actor.ref_update_freq=4"});
     EXPECT_NEAR(bytes(iterative, "reference (adapter copy)"), 4 * a, 0.06 * mib) << iterative;
+    // bf16 compute: the frozen base is held once, in bf16 (no fp32 copy, no compute copy).
+    const std::string bf16 = plan({"actor_rollout_ref.actor.compute_dtype=bfloat16"});
+    EXPECT_NEAR(bytes(bf16, "weights (bf16)"), bytes(fixed_ref, "weights (fp32)") / 2, 0.06 * mib) << bf16;
+    EXPECT_EQ(bytes(bf16, "compute copy (bf16)"), 0.0) << bf16;
   }
 }
 

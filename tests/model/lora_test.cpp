@@ -15,6 +15,7 @@
 #include "model_test_util.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "tensor_file.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/lora.h"
 #include "test_util.h"
@@ -98,6 +99,48 @@ TEST(LoraParity, LogitsAndAdapterGradientsEqualPeft) {
       KVCache cache = m.new_cache(1, ids.size(1));
       at::Tensor decoded = m.decode(cache, {0}, ids.narrow(0, 0, 1));
       EXPECT_LE((decoded - ref.at("logits").narrow(0, 0, 1)).abs().max().item<double>(), 1e-5);
+    }
+  }
+}
+
+// A bf16 base with fp32 adapters (rpg train's LoRA with compute_dtype=bfloat16) computes as
+// PEFT does for a bf16 model by default (autocast_adapter_dtype: the adapter branch in fp32,
+// the sum rounded to bf16): logits within bf16's 2e-2 (as the bf16 HF parity tests), the
+// loss and every adapter gradient (fp32) within 2e-2 of their scale.
+TEST(LoraParity, Fp32AdaptersOnABf16BaseComputeAsPeft) {
+  const fs::path& dir = oracle_dir();
+  for (const std::string name : {"qwen2_fp32", "llama3_fp32"}) {
+    SCOPED_TRACE(name);
+    const fs::path ref_file = dir / "models" / (name + ".ref.safetensors"), out = dir / (name + ".bf16.safetensors");
+    // The make case's loss weight, beside the batch.
+    auto batch = read_tensors(ref_file);
+    batch["loss_weight"] = read_tensors(dir / (name + ".all.ref.safetensors")).at("loss_weight");
+    const fs::path with_weight = dir / (name + ".bf16_in.safetensors");
+    rpg::test::save_tensors(with_weight, batch);
+    auto r = rpg::test::run_oracle("model_lora_peft.py", {"bf16", (dir / "models" / name).string(),
+                                                          (dir / (name + ".all")).string(), with_weight.string(), out.string()});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto ref = read_tensors(out);
+    const at::Tensor &ids = batch.at("input_ids"), &mask = batch.at("attention_mask"), &pos = batch.at("position_ids");
+    CausalLM m = CausalLM::from_pretrained(dir / "models" / name, {at::kBFloat16, at::kCPU});
+    m.set_requires_grad(false);
+    load_lora_adapter(m, dir / (name + ".all"), at::kFloat);
+    const auto adapters = m.lora_parameters();
+    for (const auto& [n, p] : adapters) ASSERT_EQ(p.scalar_type(), at::kFloat) << n;
+    at::Tensor logits = m.forward(ids, mask, pos);
+    EXPECT_EQ(logits.scalar_type(), at::kBFloat16);
+    EXPECT_LE(max_abs_diff_masked(logits.to(at::kFloat), ref.at("logits"), mask), 2e-2);
+    at::Tensor loss = loss_of(logits, ids, mask, batch.at("loss_weight"));
+    EXPECT_NEAR(loss.item<double>(), ref.at("loss").item<double>(), 2e-2 * std::max(1.0, std::abs(loss.item<double>())));
+    std::vector<at::Tensor> params;
+    for (const auto& [n, p] : adapters) params.push_back(p);
+    auto grads = torch::autograd::grad({loss}, params);
+    ASSERT_EQ(adapters.size() + 2, ref.size());
+    for (size_t i = 0; i < adapters.size(); ++i) {
+      const at::Tensor& want = ref.at("grad." + adapters[i].first);
+      EXPECT_EQ(grads[i].scalar_type(), at::kFloat);
+      const double d = (grads[i] - want).abs().max().item<double>() / std::max(1e-6, want.abs().max().item<double>());
+      EXPECT_LE(d, 2e-2) << adapters[i].first;
     }
   }
 }

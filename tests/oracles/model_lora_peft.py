@@ -12,6 +12,11 @@
   model_lora_peft.py logits <base_dir> <adapter_dir> <ref.safetensors> <out.safetensors>
       Loads an adapter directory (e.g. one written by rpg) onto the base model with
       PeftModel.from_pretrained and writes the logits of the ref batch.
+  model_lora_peft.py bf16 <base_dir> <adapter_dir> <ref.safetensors> <out.safetensors>
+      The base loaded in bfloat16 and the adapter with PeftModel.from_pretrained's defaults,
+      which keep adapters of a bf16 model in fp32 (autocast_adapter_dtype): the logits of the
+      ref batch (as fp32), and the loss of make (with the ref file's loss_weight) and its
+      gradient for every adapter tensor.
 """
 import sys
 
@@ -79,10 +84,29 @@ def logits(base_dir, adapter_dir, ref_path, out_path):
     save_file({"logits": out.float().contiguous()}, out_path)
 
 
+def bf16(base_dir, adapter_dir, ref_path, out_path):
+    ids, mask, pos = batch(ref_path)
+    weight = load_file(ref_path)["loss_weight"]
+    base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.bfloat16)
+    model = PeftModel.from_pretrained(base, adapter_dir, is_trainable=True)
+    for n, p in model.named_parameters():
+        assert ("lora_" in n) == (p.dtype == torch.float32), (n, p.dtype)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    loss = loss_of(logits, ids, mask, weight)
+    loss.backward()
+    out = {"logits": logits.detach().float().contiguous(), "loss": loss.detach().float().reshape(1)}
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            out["grad." + n.replace(".default", "")] = p.grad.detach().float().contiguous()
+    save_file(out, out_path)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3], sys.argv[4:])
     elif sys.argv[1] == "logits":
         logits(*sys.argv[2:6])
+    elif sys.argv[1] == "bf16":
+        bf16(*sys.argv[2:6])
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

@@ -142,11 +142,13 @@ MemoryPlan estimate(const PlanInput& in) {
   // (a tensor larger than a bucket is a bucket of its own), never more than the full gradient.
   const double bucket = std::max(in.bucket_bytes, 4.0 * m.largest_tensor());
   if (in.lora_parameters > 0) {
-    // The trained parameters are the adapters (A): the base has no gradient and no state, the
-    // compute copy holds base and adapters in bf16, the reference costs at most a snapshot.
+    // The trained parameters are the fp32 adapters (A): the base has no gradient and no state
+    // and is held once, in the compute dtype (bf16 compute: a bf16 base, no copy); the
+    // reference costs at most a snapshot of the adapters.
     const double A = static_cast<double>(in.lora_parameters);
+    p.weights = in.bf16_compute ? 2 * P : 4 * P;
     p.adapters = 4 * A;
-    p.compute = in.bf16_compute ? 2 * (P + A) : 0;
+    p.compute = 0;
     p.grads = p.stage >= 2 ? std::min(4 * A, 4 * A / N + 2 * in.bucket_bytes) : 4 * A;
     p.optimizer = 8 * A / shard;
     p.reference = in.iterative_reference ? 4 * A : 0;
@@ -188,7 +190,9 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << ", MLP " << m.intermediate << "\n"
     << "per rank of " << in.world << ", ZeRO-" << p.stage << ", compute " << (in.bf16_compute ? "bf16" : "fp32") << ", "
     << in.optimizer << ":\n"
-    << (in.shard_master ? "  weights (bf16)            " : "  weights (fp32)            ") << gib(p.weights)
+    << (in.shard_master || (in.lora_parameters > 0 && in.bf16_compute) ? "  weights (bf16)            "
+                                                                       : "  weights (fp32)            ")
+    << gib(p.weights)
     << (in.lora_parameters > 0 ? " (frozen)" : "") << "\n";
   if (in.lora_parameters > 0)
     o << "  LoRA adapters (fp32)      " << gib(p.adapters) << " (" << in.lora_parameters

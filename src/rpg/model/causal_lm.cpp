@@ -61,11 +61,15 @@ std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
 }
 
 // A projection: x W^T + b, plus LoRA's (x A^T) B^T * scale in PEFT's order of operations.
+// Adapters in another dtype than the base (fp32 on a bf16 model, PEFT's autocast_adapter_dtype)
+// compute their branch in their dtype, and the sum is rounded to the base's, as PEFT does.
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
                    double scale) {
   at::Tensor y = at::linear(x, weight, bias);
-  if (scale != 0 && lora.a.defined()) y = y + at::linear(at::linear(x, lora.a), lora.b) * scale;
-  return y;
+  if (scale == 0 || !lora.a.defined()) return y;
+  if (lora.a.scalar_type() == x.scalar_type()) return y + at::linear(at::linear(x, lora.a), lora.b) * scale;
+  const at::Tensor delta = at::linear(at::linear(x.to(lora.a.scalar_type()), lora.a), lora.b) * scale;
+  return (y + delta).to(y.scalar_type());
 }
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
@@ -690,7 +694,7 @@ const std::vector<std::string>& lora_module_names() {
   return names;
 }
 
-void CausalLM::attach_lora(const LoraConfig& config) {
+void CausalLM::attach_lora(const LoraConfig& config, std::optional<at::ScalarType> adapter_dtype) {
   Impl& m = *impl_;
   if (m.lora) throw ValueError("attach_lora: the model already has LoRA adapters");
   if (config.rank < 1) throw ValueError(str("LoRA rank: must be >= 1, got ", config.rank));
@@ -702,7 +706,7 @@ void CausalLM::attach_lora(const LoraConfig& config) {
       throw ValueError(str("LoRA target_modules: unknown module '", t,
                            "'; expected all-linear or q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"));
   at::NoGradGuard no_grad;
-  const at::TensorOptions opt = at::TensorOptions().dtype(m.dtype).device(m.device);
+  const at::TensorOptions opt = at::TensorOptions().dtype(adapter_dtype.value_or(m.dtype)).device(m.device);
   for (auto& w : m.layers) {
     const auto slots = lora_slots(w);
     for (size_t i = 0; i < slots.size(); ++i) {
@@ -751,7 +755,7 @@ void CausalLM::merge_lora() {
   for (auto& w : m.layers) {
     for (const LoraSlot& slot : lora_slots(w)) {
       if (!slot.lora->a.defined()) continue;
-      slot.weight->add_(at::matmul(slot.lora->b, slot.lora->a) * scale);
+      slot.weight->add_((at::matmul(slot.lora->b, slot.lora->a) * scale).to(slot.weight->scalar_type()));
       *slot.lora = LoraPair{};
     }
     w.lora_scale = 0;

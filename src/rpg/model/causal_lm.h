@@ -153,11 +153,13 @@ class CausalLM {
   // master weights into a bf16 copy.
   void copy_parameters_from(const CausalLM& other);
 
-  // LoRA adapters on config.target_modules of every layer, in the model's dtype and device
-  // and requiring gradients: A Kaiming-uniform as PEFT (U(-1/sqrt(in), 1/sqrt(in)), torch's
-  // global RNG), B zeros, so the model computes what it did before until B moves. ValueError
-  // for rank < 1, an unknown module, or adapters already attached.
-  void attach_lora(const LoraConfig& config);
+  // LoRA adapters on config.target_modules of every layer, in `adapter_dtype` (default: the
+  // model's) on its device and requiring gradients: A Kaiming-uniform as PEFT (U(-1/sqrt(in),
+  // 1/sqrt(in)), torch's global RNG), B zeros, so the model computes what it did before until
+  // B moves. fp32 adapters on a bf16 model are PEFT's default for bf16 bases
+  // (autocast_adapter_dtype): the adapter branch runs in fp32, its sum with the base output is
+  // rounded to bf16. ValueError for rank < 1, an unknown module, or adapters already attached.
+  void attach_lora(const LoraConfig& config, std::optional<at::ScalarType> adapter_dtype = std::nullopt);
   const std::optional<LoraConfig>& lora() const;
   // Off: every forward (training, log-probs, decode) computes the base model exactly -- the
   // reference policy of a LoRA run without a second copy of the weights. On by default.

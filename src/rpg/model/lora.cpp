@@ -107,10 +107,10 @@ LoraConfig read_lora_config(const fs::path& dir, int64_t num_layers) {
   return c;
 }
 
-void load_lora_adapter(CausalLM& model, const fs::path& dir) {
+void load_lora_adapter(CausalLM& model, const fs::path& dir, std::optional<at::ScalarType> adapter_dtype) {
   const LoraConfig config = read_lora_config(dir, model.config().num_hidden_layers);
   if (!model.lora()) {
-    model.attach_lora(config);
+    model.attach_lora(config, adapter_dtype);
   } else if (!(*model.lora() == config)) {
     throw FormatError(str((dir / kConfigFile).string(), ": the model already has adapters of another configuration"));
   }
@@ -156,7 +156,9 @@ void write_lora_adapter(const CausalLM& model, const fs::path& dir, const std::s
   if (c.alpha == std::floor(c.alpha) && std::abs(c.alpha) < 1e15) j["lora_alpha"] = static_cast<int64_t>(c.alpha);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (auto& [name, p] : model.lora_parameters()) tensors.emplace_back(name, p.detach());
-  write_tensor_file(dir / kWeightsFile, tensors, {.metadata = {{"format", "pt"}}});
+  TensorFileOptions options;
+  options.metadata = {{"format", "pt"}};
+  write_tensor_file(dir / kWeightsFile, tensors, options);
   write_file_atomic(dir / kConfigFile, j.dump(2) + "\n");
 }
 

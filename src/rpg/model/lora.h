@@ -21,10 +21,11 @@ namespace rpg::model {
 // only is refused).
 LoraConfig read_lora_config(const std::filesystem::path& dir, int64_t num_layers);
 
-// Attaches the adapter of `dir` to `model` (or, when the model already has adapters of the
-// same configuration, overwrites their values). FormatError for a missing, extra or
-// mis-shaped tensor, naming it.
-void load_lora_adapter(CausalLM& model, const std::filesystem::path& dir);
+// Attaches the adapter of `dir` to `model` in `adapter_dtype` (default: the model's; see
+// CausalLM::attach_lora) or, when the model already has adapters of the same configuration,
+// overwrites their values. FormatError for a missing, extra or mis-shaped tensor, naming it.
+void load_lora_adapter(CausalLM& model, const std::filesystem::path& dir,
+                       std::optional<at::ScalarType> adapter_dtype = std::nullopt);
 
 // Writes adapter_config.json and adapter_model.safetensors (the adapters in `dtype`, default
 // their own) into the existing directory `dir` (plain writes: the caller publishes the

@@ -53,7 +53,9 @@ void Trainer::Impl::attach_adapters() {
   // generator is put back where the run's seed left it.
   const auto& m = cfg.actor_rollout_ref.model;
   at::manual_seed(static_cast<uint64_t>(m.lora_init_seed.value_or(cfg.trainer.seed)));
-  policy.model.attach_lora(cfg.lora_config());
+  // fp32 adapters whatever the base's dtype: on a bf16 base (compute_dtype=bfloat16) they
+  // are the fp32 masters the optimizer steps, computed as PEFT does (CausalLM::attach_lora).
+  policy.model.attach_lora(cfg.lora_config(), at::kFloat);
   at::manual_seed(static_cast<uint64_t>(cfg.trainer.seed));
 }
 
@@ -78,7 +80,7 @@ void Trainer::Impl::build_rollout_copy() {
       model::CausalLM::from_pretrained(cfg.actor_rollout_ref.model.path, {want, policy.model.device()}));
   rollout_copy->set_requires_grad(false);
   if (lora) {
-    rollout_copy->attach_lora(*policy.model.lora());
+    rollout_copy->attach_lora(*policy.model.lora(), policy.model.lora_parameters().front().second.scalar_type());
     copy_trained(policy.model, *rollout_copy);
     for (auto& [name, t] : rollout_copy->lora_parameters()) t.requires_grad_(false);
   }

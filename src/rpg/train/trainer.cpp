@@ -98,6 +98,13 @@ double adaptive_kl_coef(double coef, double current_kl, double target_kl, int64_
 
 namespace {
 
+// The policy's weights are bf16 (no fp32 copy of the model): dist.shard_master_weights (the
+// fp32 masters are the sharded optimizer's), or LoRA with bf16 compute (the base is frozen,
+// the fp32 adapters are the only masters).
+bool bf16_policy(const TrainConfig& cfg) {
+  return cfg.dist.shard_master_weights || (cfg.uses_lora() && cfg.choices.compute_dtype == ComputeDtype::kBFloat16);
+}
+
 reward::RewardSpec reward_spec(const TrainConfig& cfg) {
   reward::RewardSpec spec;
   const auto& fn = cfg.custom_reward_function;
@@ -127,15 +134,14 @@ Trainer::Impl::Impl(TrainConfig c, reward::ScorerRegistry s)
     : cfg(std::move(c)),
       reward(dp::reward_scorer(cfg.reward_calls_out(),
                                [&] { return reward::make_reward_scorer(reward_spec(cfg), std::move(s)); })),
-      // dist.shard_master_weights: the policy holds bf16 weights (no fp32 copy of its own; the
-      // masters are the sharded optimizer's), else fp32 weights that are the master.
-      policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, cfg.dist.shard_master_weights ? "bfloat16" : "float32",
+      // bf16 weights (bf16_policy), else fp32 weights that are the master.
+      policy(rollout::load_policy(cfg.actor_rollout_ref.model.path, bf16_policy(cfg) ? "bfloat16" : "float32",
                                   cfg.trainer.device)) {
   shard_master = cfg.dist.shard_master_weights;
   lora = cfg.uses_lora();
-  // The rollout samples with the bf16 policy itself unless another dtype is asked for
-  // explicitly ("auto" would be an fp32 copy on the CPU: the 4 B/param the mode saves).
-  if (shard_master && cfg.actor_rollout_ref.rollout.dtype == "auto") cfg.actor_rollout_ref.rollout.dtype = "bfloat16";
+  // A bf16 policy samples itself unless another dtype is asked for explicitly ("auto" would be
+  // an fp32 copy on the CPU: the 4 B/param the bf16 policy saves).
+  if (bf16_policy(cfg) && cfg.actor_rollout_ref.rollout.dtype == "auto") cfg.actor_rollout_ref.rollout.dtype = "bfloat16";
   recompute_old = cfg.choices.old_log_prob_source == OldLogProbSource::kRecompute;
   filter_by_acc = cfg.choices.filter_metric == FilterMetric::kAcc;
   adaptive_kl_ctrl = cfg.choices.kl_ctrl == KlControlType::kAdaptive;
@@ -517,18 +523,15 @@ void Trainer::Impl::build_models() {
     // rounding: read from the memory-mapped safetensors, each rank copying only its 1/N.
     ModelTensors fp32(path);
     dp::init_master_weights(*optimizer, [&](const std::string& name) { return fp32.get(name); });
-  } else if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16) {
+  } else if (cfg.choices.compute_dtype == ComputeDtype::kBFloat16 && !lora) {
+    // (LoRA: the bf16 policy with fp32 adapters computes itself, no copy.)
     compute = std::make_unique<model::CausalLM>(
         model::CausalLM::from_pretrained(path, {at::kBFloat16, policy.model.device()}));
-    compute->set_requires_grad(!lora);
-    if (lora) {
-      compute->attach_lora(*policy.model.lora());
-      copy_trained(policy.model, *compute);
-    }
+    compute->set_requires_grad(true);
     compute->set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
     // ZeRO-2: its gradients go to the buckets, paired with the optimizer's parameters by
     // position, so in the optimizer's order.
-    const NamedTensors sources = lora ? compute->lora_parameters() : rules->optimizer_order(compute->named_parameters());
+    const NamedTensors sources = rules->optimizer_order(compute->named_parameters());
     std::vector<at::Tensor> source_tensors;
     for (auto& [name, tensor] : sources) source_tensors.push_back(tensor);
     dp::attach_gradient_sources(*optimizer, source_tensors);
