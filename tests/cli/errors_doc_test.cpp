@@ -99,6 +99,7 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
     test::write_text(d / "bad.yaml", "trainer: [unclosed\n");
     test::write_text(d / "badtype.yaml", "trainer:\n  total_epochs: many\n");
     fs::create_directories(d / "empty_model");
+    test::write_text(d / "lora_actor" / "adapter_config.json", "{}\n");  // a LoRA run's actor/
     test::write_text(d / "model_badjson" / "config.json", "{\n");
     test::write_text(d / "model_noweights" / "config.json", read_file(m / "config.json"));
     for (const char* copy : {"model_badtok", "model_badst", "model_badtpl", "model_dupid"})

@@ -17,6 +17,7 @@
 #include "rpg/rollout/batch.h"
 #include "rpg/train/trainer.h"
 #include "rpg/train/trainer_testing.h"
+#include "letters_task.h"
 #include "tensor_file.h"
 #include "test_util.h"
 
@@ -30,32 +31,12 @@ class LoraTrainTest : public ::testing::Test {
   static void SetUpTestSuite() {
     fixture_ = test::oracle_output_dir("tiny_chat_model.py");
     dir_ = new test::TempDir();
-    std::vector<data::Row> rows;
-    for (int i = 0; i < 8; ++i) {
-      data::Row r;
-      r.data_source = "letters";
-      r.prompt = {{"Write a word number " + std::to_string(i), "user"}};
-      r.reward_model.ground_truth = "e";
-      rows.push_back(r);
-    }
-    data::write_parquet(dir_->path() / "train.parquet", rows);
+    test_task::write_letters_data(dir_->path() / "train.parquet");
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  // The fraction of the response's characters that are the ground-truth letter, in [-1, 1]:
-  // varied within every group, so every step has advantages and moves the adapters.
-  static reward::ScorerRegistry scorers() {
-    reward::ScorerRegistry r;
-    r.add("letters", "test: frequency of one letter", [](std::string_view response, std::string_view gt) {
-      double hits = 0;
-      for (char c : response) hits += c == gt[0];
-      reward::ScoreResult s;
-      s.score = response.empty() ? -1.0 : 2.0 * hits / static_cast<double>(response.size()) - 1.0;
-      s.acc = hits > 0;
-      return s;
-    });
-    return r;
-  }
+  // Varied within every group, so every step has advantages and moves the adapters.
+  static reward::ScorerRegistry scorers() { return test_task::letters_scorers(); }
 
   // GRPO with its KL loss to a fixed reference, LoRA rank 4 on every projection; 2 optimizer
   // steps per training step; lr high enough that the adapters move visibly.
@@ -311,6 +292,30 @@ TEST_F(LoraTrainTest, Bf16ComputeAndRolloutCopiesCarryTheAdapters) {
       EXPECT_TRUE(at::equal(sampled, updates.front().weights[i])) << run << " " << adapters[i].first;
     }
   }
+}
+
+// Schedule-free AdamW over the adapters (paper semantics; the fork's own optimizer): the base
+// stays bit-identical, every lora_B moves, the optimizer's state is the adapters' alone, and
+// the checkpoint holds a loadable adapter of the same tensors.
+TEST_F(LoraTrainTest, ScheduleFreeTrainsTheAdaptersOnly) {
+  TrainConfig c = config("schedule_free");
+  c.actor_rollout_ref.actor.optim.optim_type = "schedule_free_adamw";
+  Trainer t(c, scorers());
+  t.fit();
+  const model::CausalLM files = base();
+  const auto want = files.named_parameters(), got = t.model().named_parameters();
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i].second, want[i].second)) << got[i].first;
+  const auto adapters = t.model().lora_parameters();
+  for (const auto& [name, a] : adapters) {
+    if (name.find("lora_B") != std::string::npos) {
+      EXPECT_GT(a.abs().max().item<double>(), 0.0) << name;
+    }
+  }
+  for (const auto& [k, v] : TrainerTesting::optimizer_state(t).tensors)
+    EXPECT_EQ(k.rfind("base_model.model.", 0), 0u) << k << ": optimizer state of a non-adapter tensor";
+  const auto saved = adapted(dir_->path() / "schedule_free" / "global_step_2" / "actor").lora_parameters();
+  ASSERT_EQ(saved.size(), adapters.size());
+  for (size_t i = 0; i < saved.size(); ++i) EXPECT_EQ(saved[i].first, adapters[i].first);
 }
 
 // Invalid LoRA settings: one line naming the key.

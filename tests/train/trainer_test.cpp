@@ -23,6 +23,7 @@
 #include "rpg/data/dataset.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/rollout/batch.h"
+#include "letters_task.h"
 #include "tensor_file.h"
 #include "test_util.h"
 
@@ -36,32 +37,11 @@ class TrainerTest : public ::testing::Test {
   static void SetUpTestSuite() {
     fixture_ = test::oracle_output_dir("tiny_chat_model.py");
     dir_ = new test::TempDir();
-    std::vector<data::Row> rows;
-    for (int i = 0; i < 8; ++i) {
-      data::Row r;
-      r.data_source = "letters";
-      r.prompt = {{"Write a word number " + std::to_string(i), "user"}};
-      r.reward_model.ground_truth = "e";
-      rows.push_back(r);
-    }
-    data::write_parquet(dir_->path() / "train.parquet", rows);
+    test_task::write_letters_data(dir_->path() / "train.parquet");
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  // Reward: the fraction of the response's characters that are the ground-truth letter,
-  // scaled to [-1, 1] -- varied within every group, and learnable by a random model.
-  static reward::ScorerRegistry scorers() {
-    reward::ScorerRegistry r;
-    r.add("letters", "test: frequency of one letter", [](std::string_view response, std::string_view gt) {
-      double hits = 0;
-      for (char c : response) hits += c == gt[0];
-      reward::ScoreResult s;
-      s.score = response.empty() ? -1.0 : 2.0 * hits / static_cast<double>(response.size()) - 1.0;
-      s.acc = hits > 0;
-      return s;
-    });
-    return r;
-  }
+  static reward::ScorerRegistry scorers() { return test_task::letters_scorers(); }
 
   static TrainConfig config(const std::string& run) {
     TrainConfig c;

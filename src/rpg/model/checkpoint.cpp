@@ -18,6 +18,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/model/checkpoint_files.h"
 #include "rpg/model/impl.h"
 #include "rpg/model/safetensors.h"
 #include "rpg/model/tensor_file.h"
@@ -46,17 +47,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 constexpr uint64_t kSliceBytes = uint64_t{16} << 20;
 
-struct OpenFile {
-  std::unique_ptr<st::MappedFile> map;
-  st::Header header;
-};
-
-// A tensor found in a checkpoint: which file and where.
-struct Located {
-  const OpenFile* file;
-  const st::TensorInfo* info;
-};
-
 }  // namespace
 
 namespace {
@@ -79,58 +69,8 @@ bool all_finite(const at::Tensor& t) {
 CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& options) {
   ModelConfig config = ModelConfig::from_dir(dir);
 
-  // Which files hold the weights.
-  std::vector<std::string> names;
-  std::map<std::string, std::string> weight_map;  // tensor -> file, sharded checkpoints only
-  fs::path index = dir / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_file(index));
-    } catch (const nlohmann::json::exception& e) {
-      throw FormatError(str(index.string(), ": not valid JSON: ", e.what()));
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw FormatError(str(index.string(), ": missing the weight_map object"));
-    std::set<std::string> files;
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) throw FormatError(str(index.string(), ": weight_map['", it.key(), "'] is not a file name"));
-      std::string f = it.value().get<std::string>();
-      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
-        throw FormatError(str(index.string(), ": weight_map['", it.key(), "'] = '", f, "' is not a file in the directory"));
-      weight_map[it.key()] = f;
-      files.insert(f);
-    }
-    names.assign(files.begin(), files.end());
-  } else if (fs::exists(dir / "model.safetensors")) {
-    names.push_back("model.safetensors");
-  } else {
-    throw IoError(str(dir.string(), ": no model.safetensors or model.safetensors.index.json"));
-  }
-
-  std::vector<OpenFile> files(names.size());
-  std::map<std::string, Located> tensors;
-  for (size_t i = 0; i < names.size(); ++i) {
-    fs::path p = dir / names[i];
-    files[i].map = std::make_unique<st::MappedFile>(p);
-    files[i].header = st::parse(files[i].map->data(), files[i].map->size(), p.string());
-  }
-  for (size_t i = 0; i < names.size(); ++i) {
-    for (const auto& t : files[i].header.tensors) {
-      std::string where = (dir / names[i]).string();
-      if (!weight_map.empty()) {
-        auto w = weight_map.find(t.name);
-        if (w == weight_map.end() || w->second != names[i])
-          throw FormatError(str(where, ": tensor '", t.name, "' is not listed for this file in ", index.string()));
-      }
-      if (tensors.count(t.name))
-        throw FormatError(str(where, ": tensor '", t.name, "' also appears in ", tensors[t.name].file->map->path()));
-      tensors[t.name] = Located{&files[i], &t};
-    }
-  }
-  for (const auto& [name, file] : weight_map)
-    if (!tensors.count(name))
-      throw FormatError(str((dir / file).string(), ": tensor '", name, "' listed in the index is missing"));
+  CheckpointFiles files(dir);  // the index checked, every header parsed
+  const auto& tensors = files.tensors();
 
   // Every decoder layer has tensors of its own: a config asking for more layers than the
   // files hold tensors is refused before its parameter list (or model) is built.
@@ -138,21 +78,18 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
     throw FormatError(str((dir / "config.json").string(), ": num_hidden_layers is ", config.num_hidden_layers,
                           ", but the checkpoint holds only ", tensors.size(), " tensors"));
   auto shapes = config.parameter_shapes();
-  auto where_of = [&](const std::string& name) {
-    return weight_map.empty() ? (dir / "model.safetensors").string() : (dir / weight_map[name]).string();
-  };
   // Every parameter must be present with the shape the config implies, in a float dtype.
   for (const auto& [name, shape] : shapes) {
     auto it = tensors.find(name);
     if (it == tensors.end())
-      throw FormatError(str(where_of(name), ": tensor '", name, "' is missing (required by config.json for ",
+      throw FormatError(str(files.file_of(name), ": tensor '", name, "' is missing (required by config.json for ",
                             config.model_type, ")"));
     const st::TensorInfo& t = *it->second.info;
     if (t.shape != shape)
-      throw FormatError(str(it->second.file->map->path(), ": tensor '", name, "' has shape ", shape_str(t.shape),
+      throw FormatError(str(it->second.file->path(), ": tensor '", name, "' has shape ", shape_str(t.shape),
                             ", expected ", shape_str(shape), " from config.json"));
     if (!is_weight_dtype(t.dtype))
-      throw FormatError(str(it->second.file->map->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t.dtype),
+      throw FormatError(str(it->second.file->path(), ": tensor '", name, "' has dtype ", st::dtype_name(t.dtype),
                             ", expected F32, BF16 or F16"));
   }
   std::set<std::string> expected;
@@ -163,7 +100,7 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
     // old Llama exports stored although they are recomputed.
     if (name == "lm_head.weight" && config.tie_word_embeddings) continue;
     if (name.ends_with("rotary_emb.inv_freq")) continue;
-    throw FormatError(str(loc.file->map->path(), ": unexpected tensor '", name, "' for ", config.model_type,
+    throw FormatError(str(loc.file->path(), ": unexpected tensor '", name, "' for ", config.model_type,
                           " (", config.num_hidden_layers, " layers)"));
   }
 
@@ -172,7 +109,7 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
   auto ptrs = impl->slots();
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < ptrs.size(); ++i) {
-    const Located& loc = tensors.at(shapes[i].first);
+    const CheckpointFiles::Entry& loc = tensors.at(shapes[i].first);
     const st::TensorInfo& t = *loc.info;
     at::ScalarType src_type = *torch_dtype(t.dtype);
     const uint64_t item = st::dtype_size(t.dtype);
@@ -185,9 +122,9 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
       const int64_t n = std::min(step, rows - r);
       std::vector<int64_t> shape = t.shape.empty() ? std::vector<int64_t>{} : t.shape;
       if (!shape.empty()) shape[0] = n;
-      uint64_t offset = loc.file->header.data_start + t.begin + static_cast<uint64_t>(r) * row_bytes;
+      uint64_t offset = loc.data_start + t.begin + static_cast<uint64_t>(r) * row_bytes;
       uint64_t bytes = t.shape.empty() ? t.end - t.begin : static_cast<uint64_t>(n) * row_bytes;
-      void* ptr = const_cast<uint8_t*>(loc.file->map->data() + offset);
+      void* ptr = const_cast<uint8_t*>(loc.file->data() + offset);
       at::Tensor src;
       if (reinterpret_cast<uintptr_t>(ptr) % item == 0) {
         src = at::from_blob(ptr, shape, at::TensorOptions().dtype(src_type));
@@ -199,11 +136,11 @@ CausalLM CausalLM::from_pretrained(const fs::path& dir, const LoadOptions& optio
       // A NaN or Inf weight makes every output NaN: refused here, naming the tensor, instead
       // of generating "!!!!" or skipping every training step.
       if (!all_finite(src))
-        throw FormatError(str(loc.file->map->path(), ": tensor '", shapes[i].first, "' holds NaN or Inf values",
+        throw FormatError(str(loc.file->path(), ": tensor '", shapes[i].first, "' holds NaN or Inf values",
                               t.shape.empty() ? std::string() : str(" (in rows ", r, "..", r + n - 1, ")")));
       if (t.shape.empty()) ptrs[i]->copy_(src);
       else ptrs[i]->narrow(0, r, n).copy_(src);
-      loc.file->map->drop(offset, bytes);
+      loc.file->drop(offset, bytes);
     }
   }
   return CausalLM(std::move(impl));

@@ -197,6 +197,11 @@ ModelConfig ModelConfig::from_json(std::string_view text, const std::string& sou
 
 ModelConfig ModelConfig::from_dir(const std::filesystem::path& dir) {
   auto path = dir / "config.json";
+  // A LoRA run's checkpoint (actor/ of lora_rank > 0) is an adapter, not a model.
+  if (!std::filesystem::exists(path) && std::filesystem::exists(dir / "adapter_config.json"))
+    throw IoError(str(dir.string(), " is a LoRA adapter directory, not a model: use the base model with the adapter "
+                      "on top (--model BASE --adapter ", dir.string(), "), or merge them: rpg model merge BASE ",
+                      dir.string(), " OUT"));
   return from_json(read_file(path), path.string());
 }
 

@@ -1,5 +1,6 @@
 // Private to src/rpg/train (not an API): the trainer's state and the results of one step's
-// phases, shared by trainer.cpp (setup, run directory, resume, fit) and phases.cpp (one step).
+// phases, shared by trainer.cpp (setup, run directory, fit), trainer_checkpoint.cpp (save,
+// resume) and phases.cpp (one step).
 #pragma once
 
 #include <ATen/ATen.h>
