@@ -7,6 +7,7 @@
 
 #include <signal.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -29,6 +30,7 @@ struct Case {
   std::string expect;  // part of the one error line
   int timeout_s = 120;
   int memory_mb = 3072;
+  std::string warning = "";  // also in stderr when set (e.g. why a damaged checkpoint was skipped)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -73,6 +75,9 @@ TEST_P(HostileInput, RefusedWithOneLineAndNothingWritten) {
   EXPECT_EQ(r.exit_code, c.exit) << c.name << "\n" << r.err;
   ASSERT_EQ(errors.size(), 1u) << c.name << "\n" << r.err;
   EXPECT_NE(errors[0].find(c.expect), std::string::npos) << c.name << ": expected '" << c.expect << "' in\n" << errors[0];
+  if (!c.warning.empty()) {
+    EXPECT_NE(r.err.find(c.warning), std::string::npos) << c.name << ": expected '" << c.warning << "' in\n" << r.err;
+  }
   EXPECT_EQ(errors[0].find("internal:"), std::string::npos) << errors[0];
   EXPECT_EQ(errors[0].find("out of memory"), std::string::npos) << errors[0];
   const auto after = snapshot(dir.path());
@@ -248,8 +253,9 @@ std::vector<Case> cases() {
                train_with({"data.train_files=p.parquet", "actor_rollout_ref.rollout.temperature=0"}), 1,
                "actor_rollout_ref.rollout.temperature: must be > 0 for training"});
   // --- a checkpoint's train_state.json edited: resumed state is checked as a whole ---
-  auto edited_run = [with_data, train](const char* key, int64_t value) {
-    return [with_data, train, key, value](const fs::path& d, const fs::path& m) {
+  // Sets train_state.json's `key` (or key.sub) to `value`.
+  auto edited_run = [with_data, train](const char* key, double value, const char* sub = nullptr) {
+    return [with_data, train, key, value, sub](const fs::path& d, const fs::path& m) {
       with_data(d, m);
       // Run in the case's directory: the relative paths are those the refused command uses.
       std::string script = "cd " + quote(d.string()) + " && exec " + quote(test::rpg_binary().string());
@@ -261,7 +267,9 @@ std::vector<Case> cases() {
       ASSERT_EQ(r.exit_code, 0) << r.err;
       const fs::path f = d / "run" / "global_step_2" / "train_state.json";
       auto j = nlohmann::json::parse(read_file(f));
-      j[key] = value;
+      auto& field = sub ? j[key][sub] : j[key];
+      if (value == std::floor(value)) field = static_cast<int64_t>(value);
+      else field = value;
       write_file_atomic(f, j.dump());
     };
   };
@@ -276,6 +284,14 @@ std::vector<Case> cases() {
                "it is at step 2, beyond the 1 steps this config plans"});
   v.push_back({"resume_cursor_huge", edited_run("cursor", 1000000000), resume, 1, "no intact checkpoint in run"});
   v.push_back({"resume_epoch_negative", edited_run("epoch", -3), resume, 1, "no intact checkpoint in run"});
+  // The optimizer's step count (Adam's bias correction) beyond what 2 training steps take,
+  // negative, or fractional.
+  for (const auto& [name, value] : std::vector<std::pair<std::string, double>>{
+           {"resume_optimizer_step_huge", 1e12}, {"resume_optimizer_step_negative", -4}, {"resume_optimizer_step_fractional", 2.5}}) {
+    Case c{name, edited_run("optimizer", value, "step"), resume, 1, "no intact checkpoint in run"};
+    c.warning = "the optimizer's step count";
+    v.push_back(c);
+  }
   // --- config.json asking for a million layers the files do not hold ---
   v.push_back({"generate_config_million_layers",
                [](const fs::path& d, const fs::path& m) {

@@ -163,6 +163,21 @@ TEST_F(LoraTrainTest, MemoryMetricsCountTheAdaptersAsTheTrainedWeights) {
   EXPECT_LE(m.at("perf/memory/grad_bytes_max"), 4.0 * static_cast<double>(adapter)) << "a gradient of the base was kept";
 }
 
+// The rollout engine samples base + adapters (applied in its forward, nothing copied): after
+// the adapters have moved, its log-probs of the step's responses equal the trainer's
+// recomputed old log-probs within the engine's fp32 bound (tests/rollout/engine_test.cpp:
+// 1e-4), and those differ from the base model's.
+TEST_F(LoraTrainTest, RolloutLogProbsAreTheTrainersWithTheAdaptersOn) {
+  Trainer t(config("rollout"), scorers());
+  (void)t.train_step();
+  const Metrics m = t.train_step();
+  ASSERT_EQ(m.count("training/rollout_log_prob_diff_max"), 1u) << "the old log-probs were not recomputed";
+  EXPECT_LT(m.at("training/rollout_log_prob_diff_max"), 1e-4);
+  const rollout::Batch& b = t.last_batch();
+  EXPECT_GT(max_diff_on_responses(b.get("old_log_probs"), log_probs(base(), b), b.get("response_mask")), 1e-3)
+      << "the adapters did not change the policy";
+}
+
 // The iterative reference (KL in the reward, refreshed every 2 steps) at step 3 is the policy
 // of step 2: the base with step 2's adapters, read back from that checkpoint.
 TEST_F(LoraTrainTest, IterativeReferenceIsTheAdaptersOfItsLastRefresh) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -144,6 +145,21 @@ void Trainer::Impl::check_train_state(const fs::path& dir, const nlohmann::json&
                           "more steps, or use trainer.resume_mode=disable or another trainer.default_local_dir"));
 }
 
+void Trainer::Impl::check_optimizer_steps(const fs::path& dir, int64_t training_steps, const OptimizerState& os) const {
+  // Each training step takes at most ppo_epochs optimizer steps per response row (a
+  // mini-batch holds at least one row); a count beyond that, negative or fractional was not
+  // written by a run of this config and would skew Adam's bias correction and the schedule.
+  auto it = os.scalars.find("step");
+  if (it == os.scalars.end()) return;
+  const auto& c = cfg;
+  const double most = static_cast<double>(training_steps) * static_cast<double>(c.actor_rollout_ref.actor.ppo_epochs) *
+                      static_cast<double>(c.data.train_batch_size) * static_cast<double>(c.actor_rollout_ref.rollout.n);
+  const double s = it->second;
+  if (!(s >= 0 && s == std::floor(s) && s <= most))
+    throw FormatError(str((dir / "train_state.json").string(), ": the optimizer's step count ", s, " does not fit its ",
+                          training_steps, " training steps (at most ", most, " optimizer steps)"));
+}
+
 void Trainer::Impl::load_checkpoint(const fs::path& dir) {
   // Read on every rank, agreed (a rank that cannot read it makes every rank skip it), then
   // applied: the sharded optimizer's load_state is collective.
@@ -184,6 +200,7 @@ void Trainer::Impl::load_checkpoint(const fs::path& dir) {
         if (k.rfind("optim.", 0) == 0) os.tensors[k.substr(6)] = t;
       os.scalars = state["optimizer"].get<std::map<std::string, double>>();
     }
+    check_optimizer_steps(dir, state["step"].get<int64_t>(), os);
   });
   {
     c10::NoGradGuard no_grad;

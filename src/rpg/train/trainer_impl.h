@@ -221,6 +221,8 @@ struct Trainer::Impl {
   // run's data: FormatError (damaged: skipped for an older one) or, for a step beyond the
   // plan, ConfigError.
   void check_train_state(const fs::path& dir, const nlohmann::json& state) const;
+  // The optimizer's step count in a checkpoint fits its training steps (FormatError: damaged).
+  void check_optimizer_steps(const fs::path& dir, int64_t training_steps, const OptimizerState& os) const;
   // ---- construction -----------------------------------------------------------------------
   // Training prompts rendered like verl's RLHFDataset (over-long ones filtered or truncated),
   // validation rows, and the step count.
