@@ -213,7 +213,7 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
   };
   // Optional numeric keys print as null by default: set them so that the walk sees them.
   ProcessResult shown = rpg({"config", "show", "-", "data.gen_batch_size=1024", "data.val_batch_size=8", "data.seed=1",
-                             a + "ppo_micro_batch_size_per_gpu=2", a + "ppo_micro_batch_size=2",
+                             a + "ppo_micro_batch_size_per_gpu=2",
                              a + "clip_ratio_low=0.2", a + "clip_ratio_high=0.28", "trainer.total_training_steps=3",
                              "trainer.max_actor_ckpt_to_keep=2", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
                              "actor_rollout_ref.model.lora_init_seed=1"});
@@ -224,7 +224,8 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
   for (const auto& key : numeric)
     EXPECT_TRUE(bad.count(key) || unbounded.count(key)) << key << ": a numeric key with no out-of-range case here";
   for (const auto& [key, override_] : bad) {
-    EXPECT_TRUE(numeric.count(key)) << key << ": not a numeric key of the resolved config";
+    // The deprecated global micro-batch resolves into ppo_micro_batch_size_per_gpu.
+    EXPECT_TRUE(numeric.count(key) || key == a + "ppo_micro_batch_size") << key << ": not a numeric key of the resolved config";
     const ProcessResult e = rpg({"config", "show", "-", override_.first + "=" + override_.second});
     EXPECT_NE(e.exit_code, 0) << key << "=" << override_.second << " was accepted";
     EXPECT_EQ(count_lines(e.err), 1u) << e.err;
@@ -234,6 +235,26 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
   expect_one_line_error(rpg({"config", "show", (test::source_dir() / "recipes" / "grpo.yaml").string(),
                              a + "kl_loss_coef=-1"}),
                         1, "rpg: error: actor_rollout_ref.actor.kl_loss_coef: must be >= 0, got -1");
+}
+
+// verl's deprecated global actor.ppo_micro_batch_size is divided over the processes, as
+// verl's fsdp_workers.py does, into the per-GPU micro-batch (shown resolved, with a notice);
+// setting both is refused as verl refuses it.
+TEST(Cli, DeprecatedGlobalMicroBatchIsDividedOverTheProcesses) {
+  const std::string a = "actor_rollout_ref.actor.";
+  ProcessResult r = rpg({"config", "show", "-", a + "ppo_micro_batch_size=16", "trainer.n_gpus_per_node=8"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ppo_micro_batch_size_per_gpu: 2\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ppo_micro_batch_size: ~\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(a + "ppo_micro_batch_size=16 (deprecated) is " + a + "ppo_micro_batch_size_per_gpu=2 over 8 processes"),
+            std::string::npos)
+      << r.err;
+  expect_one_line_error(rpg({"config", "show", "-", a + "ppo_micro_batch_size=16", a + "ppo_micro_batch_size_per_gpu=4"}),
+                        1, "rpg: error: " + a + "ppo_micro_batch_size: set together with " + a +
+                               "ppo_micro_batch_size_per_gpu");
+  expect_one_line_error(rpg({"config", "show", "-", a + "ppo_micro_batch_size=4", "trainer.n_gpus_per_node=8"}), 1,
+                        "rpg: error: " + a + "ppo_micro_batch_size: 4 rows over trainer.nnodes x trainer.n_gpus_per_node "
+                        "= 8 processes leave none per process");
 }
 
 // Every recipe of the paper's matrix loads, validates, and keeps the paper's shared settings.

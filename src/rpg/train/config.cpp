@@ -409,6 +409,25 @@ std::vector<std::string> TrainConfig::resolve() {
     }
   }
   choices.semantics = rpg.semantics == "fork" ? Semantics::kFork : Semantics::kPaper;
+  // verl's deprecated global micro-batch (ray_trainer.py check_mutually_exclusive,
+  // fsdp_workers.py: ppo_micro_batch_size //= world size, then it is the per-GPU one), over
+  // trainer.nnodes x trainer.n_gpus_per_node processes (checked against the launch at start).
+  if (a.ppo_micro_batch_size) {
+    const std::string p = "actor_rollout_ref.actor.";
+    if (a.ppo_micro_batch_size_per_gpu)
+      throw ConfigError(str(p, "ppo_micro_batch_size: set together with ", p, "ppo_micro_batch_size_per_gpu; remove ",
+                            p, "ppo_micro_batch_size (the deprecated global form; verl refuses both too)"));
+    const int64_t world = trainer.nnodes.value_or(1) * trainer.n_gpus_per_node.value_or(1);
+    const int64_t global = *a.ppo_micro_batch_size;
+    if (global < world)
+      throw ConfigError(str(p, "ppo_micro_batch_size: ", global, " rows over trainer.nnodes x trainer.n_gpus_per_node = ",
+                            world, " processes leave none per process"));
+    a.ppo_micro_batch_size_per_gpu = global / world;
+    a.ppo_micro_batch_size.reset();
+    notices.push_back(str(p, "ppo_micro_batch_size=", global, " (deprecated) is ", p, "ppo_micro_batch_size_per_gpu=",
+                          *a.ppo_micro_batch_size_per_gpu, " over ", world, " process", world == 1 ? "" : "es",
+                          ", as verl divides it"));
+  }
   if (choices.semantics == Semantics::kFork) check_fork_semantics();
   // The RPG fork (complex-reasoning/RPG, verl/trainer/ppo/core_algos.py) selects its loss by
   // kl_loss_type: rpg_<kl> = the fully differentiable surrogate, rpg_rf_<kl> = REINFORCE

@@ -199,7 +199,7 @@ struct OptimConfig {
 struct ActorConfig {
   int64_t ppo_mini_batch_size = 256;  // prompts per optimizer step
   std::optional<int64_t> ppo_micro_batch_size_per_gpu;
-  std::optional<int64_t> ppo_micro_batch_size;  // deprecated global form
+  std::optional<int64_t> ppo_micro_batch_size;  // deprecated global form; resolve() divides it into the per-GPU one
   bool use_dynamic_bsz = false;
   int64_t ppo_max_token_len_per_gpu = 16384;
   int64_t ppo_epochs = 1;
@@ -239,7 +239,9 @@ struct ActorConfig {
   void visit(V& v) {
     v("ppo_mini_batch_size", ppo_mini_batch_size, "prompts per optimizer step");
     v("ppo_micro_batch_size_per_gpu", ppo_micro_batch_size_per_gpu, "rows per forward/backward");
-    v("ppo_micro_batch_size", ppo_micro_batch_size, "deprecated: rows per forward/backward over all GPUs");
+    v("ppo_micro_batch_size", ppo_micro_batch_size,
+      "deprecated: rows per forward/backward over all processes (divided by trainer.nnodes x n_gpus_per_node into "
+      "ppo_micro_batch_size_per_gpu, as verl)");
     v("use_dynamic_bsz", use_dynamic_bsz, "pack micro-batches by token budget");
     v("ppo_max_token_len_per_gpu", ppo_max_token_len_per_gpu, "token budget of one micro-batch");
     v("ppo_epochs", ppo_epochs, "passes over each batch");
