@@ -390,12 +390,13 @@ TEST_F(DataParallelTrain, CustomRewardFunctionOnTwoRanksEqualsOneRank) {
 
 // LoRA (rank 4 on every projection, KL in the reward to the base as reference) on 2 ZeRO-2
 // ranks equals 1 process: the adapters' gradients are reduced and their optimizer state
-// sharded like full weights'.
+// sharded like full weights'; also with a bf16 base (compute_dtype=bfloat16).
+
 TEST_F(DataParallelTrain, LoraOnTwoZeroTwoRanksEqualsOneRank) {
-  const std::vector<std::string> lora = {"actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-                                         "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.1",
-                                         "dist.zero_stage=2"};
   const fs::path one = *dir_ / "lora_one", two = *dir_ / "lora_two";
+  std::vector<std::string> lora = {"actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                                   "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.kl_coef=0.1",
+                                   "dist.zero_stage=2"};
   auto a = run_process(test::dp_train_argv(fixture_, data_, {}, one, 3, lora), {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(a.exit_code, 0) << a.err;
   auto b = run_process(test::dp_train_argv(fixture_, data_, {"--nproc", "2"}, two, 3, lora));
@@ -406,6 +407,15 @@ TEST_F(DataParallelTrain, LoraOnTwoZeroTwoRanksEqualsOneRank) {
             0u);
   const auto metrics = step_metrics(one / "metrics.jsonl");
   EXPECT_GT(metrics.back().at("actor/reward_kl_penalty"), 0.0) << "the adapters moved the policy away from the base";
+  // The same with compute_dtype=bfloat16: a bf16 base with fp32 adapters, no compute copy.
+  const fs::path one16 = *dir_ / "lora_one_bf16", two16 = *dir_ / "lora_two_bf16";
+  lora.push_back("actor_rollout_ref.actor.compute_dtype=bfloat16");
+  a = run_process(test::dp_train_argv(fixture_, data_, {}, one16, 3, lora), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  b = run_process(test::dp_train_argv(fixture_, data_, {"--nproc", "2"}, two16, 3, lora));
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  expect_equal_runs(one16, two16, 3, "adapter_model.safetensors");
+  EXPECT_GT(step_metrics(one16 / "metrics.jsonl").back().at("actor/reward_kl_penalty"), 0.0);
 }
 
 // A ZeRO-0 run's checkpoint is sharded as well: each rank writes its slice of the (replicated)
