@@ -100,6 +100,9 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
     test::write_text(d / "badtype.yaml", "trainer:\n  total_epochs: many\n");
     fs::create_directories(d / "empty_model");
     test::write_text(d / "lora_actor" / "adapter_config.json", "{}\n");  // a LoRA run's actor/
+    // One JSONL line over the 64 MiB budget (core/jsonl.h).
+    test::write_text(d / "long.jsonl",
+                     "{\"problem\": \"" + std::string((size_t{64} << 20) + 1, 'x') + "\", \"answer\": \"2\"}\n");
     test::write_text(d / "model_badjson" / "config.json", "{\n");
     test::write_text(d / "model_noweights" / "config.json", read_file(m / "config.json"));
     for (const char* copy : {"model_badtok", "model_badst", "model_badtpl", "model_dupid"})

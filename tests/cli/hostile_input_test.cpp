@@ -152,6 +152,13 @@ std::vector<Case> cases() {
   v.push_back({"model_init_beyond_memory", {},
                {"model", "init", "--tokenizer", "{model}", "--output", "m", "--hidden", "65536", "--intermediate",
                 "1048576"}, 1, "of memory available", 60, 2048});
+  // A JSONL line over the 64 MiB budget of one JSON line (its DOM would take ~10x).
+  v.push_back({"data_prepare_jsonl_line_over_budget",
+               [](auto& d, auto&) {
+                 write(d, "p.jsonl", "{\"problem\": \"" + std::string((size_t{64} << 20) + 1, 'x') + "\", \"answer\": \"2\"}\n");
+               },
+               {"data", "prepare", "p.jsonl", "o.parquet"}, 1, "p.jsonl:1: a line of 67108895 bytes is over the 64 MiB "
+               "budget of one JSON line", 60, 1024});
   v.push_back({"data_prepare_repeat_huge", [](auto& d, auto&) { write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n"); },
                {"data", "prepare", "p.jsonl", "o.parquet", "--repeat", "2147483648"}, 2, "--repeat", 60, 1024});
   v.push_back({"data_synth_train_huge", {}, {"data", "synth", "out", "--train", "9223372036854775807"}, 2, "--train",

@@ -54,6 +54,9 @@ void file_lines(const fs::path& path, Fn&& fn) {
 void parse_line(size_t number, std::string_view line, bool last, std::string_view source, const LineFn& fn,
                 const ReadOptions& options) {
   if (line.find_first_not_of(" \t") == std::string_view::npos) return;
+  if (line.size() > options.max_line_bytes)
+    throw FormatError(str(source, ":", number, ": a line of ", line.size(), " bytes is over the ",
+                          options.max_line_bytes >> 20, " MiB budget of one JSON line"));
   auto value = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   const bool bad = value.is_discarded() || (options.objects_only && !value.is_object());
   if (bad) {

@@ -19,6 +19,10 @@ struct ReadOptions {
   bool allow_torn_last_line = true;
   // Lines must be JSON objects (not arrays, strings or numbers).
   bool objects_only = true;
+  // A longer line is a FormatError naming the budget: its parsed form can take ~10x its bytes
+  // (a DOM node per value), and the chat template's 64 MiB string budget refuses such a
+  // prompt later anyway.
+  size_t max_line_bytes = size_t{64} << 20;
 };
 
 using LineFn = std::function<void(size_t, nlohmann::json&)>;
