@@ -6,7 +6,6 @@
 // metrics.jsonl and samples.jsonl without torn lines. Once more on a real full filesystem (a small tmpfs,
 // mounted when the test runs as root).
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <regex>
@@ -160,9 +159,11 @@ TEST_F(FailingWrites, EveryWriteOfDataPrepareAndModelInitFailsCleanly) {
   }
 }
 
-// A real full disk: a tmpfs big enough for the start of the run but not for its end.
+// A real full disk: a tmpfs big enough for the start of the run but not for its end. The
+// tmpfs is mounted inside a user + mount namespace (`unshare --user --map-root-user
+// --mount`), which needs no root: the runs happen in there, and the run directory is copied
+// out after each for the checks.
 TEST_F(FailingWrites, RealFullFilesystemFailsCleanlyAndTheRunFinishesOnceThereIsRoom) {
-  if (geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs (run as root to test a real full disk)";
   // How big a run of kSteps with every checkpoint kept is.
   const fs::path whole = dir_ / "whole";
   auto argv = test::tiny_train_argv(fixture_, data_, whole, kSteps, 1);
@@ -173,39 +174,51 @@ TEST_F(FailingWrites, RealFullFilesystemFailsCleanlyAndTheRunFinishesOnceThereIs
     if (e.is_regular_file()) total += e.file_size();
   for (const auto& e : fs::recursive_directory_iterator(whole / "global_step_1"))
     if (e.is_regular_file()) one += e.file_size();
-  const fs::path mnt = dir_ / "mnt";
+  const fs::path mnt = dir_ / "mnt", full = dir_ / "after_full", rerun = dir_ / "after_rerun";
   fs::create_directories(mnt);
   // Room for about two and a half checkpoints: the third (or the fourth) cannot be written.
   const uintmax_t size = (total - kSteps * one) + one * 5 / 2;
-  ASSERT_EQ(mount("tmpfs", mnt.c_str(), "tmpfs", 0, ("size=" + std::to_string(size)).c_str()), 0) << strerror(errno);
-  struct Unmount {
-    fs::path p;
-    ~Unmount() { umount2(p.c_str(), MNT_DETACH); }
-  } unmount{mnt};
   const fs::path run = mnt / "run";
   argv = test::tiny_train_argv(fixture_, data_, run, kSteps, 1);
   argv.push_back("trainer.max_actor_ckpt_to_keep=null");
-  auto r = test::run_process(argv);
-  EXPECT_EQ(r.exit_code, 1) << r.err;
-  const auto lines = test::lines_starting(r.err, "rpg: error: ");
-  ASSERT_EQ(lines.size(), 1u) << r.err;
+  auto q = [](const std::string& s) {
+    std::string out = "'";
+    for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+  };
+  std::string train;
+  for (const auto& arg : argv) train += " " + q(arg);
+  const fs::path d = dir_.path();
+  test::write_text(d / "full_disk.sh",
+                   "set -u\n"
+                   "mount -t tmpfs -o size=" + std::to_string(size) + " tmpfs " + q(mnt.string()) + " || exit 90\n" +
+                   train + " 2> " + q((d / "full.err").string()) + "; echo $? > " + q((d / "full.code").string()) + "\n" +
+                   "cp -a " + q(run.string()) + " " + q(full.string()) + " || exit 91\n" +
+                   "mount -o remount,size=" + std::to_string(total * 3) + " tmpfs " + q(mnt.string()) + " || exit 92\n" +
+                   train + " 2> " + q((d / "rerun.err").string()) + "; echo $? > " + q((d / "rerun.code").string()) + "\n" +
+                   "cp -a " + q(run.string()) + " " + q(rerun.string()) + " || exit 93\n");
+  const auto ns = test::run_process({"/usr/bin/unshare", "--user", "--map-root-user", "--mount", "/bin/sh", (d / "full_disk.sh").string()});
+  ASSERT_EQ(ns.exit_code, 0) << "the namespace with a small tmpfs could not be set up: " << ns.err;
+  const std::string full_err = read_file(d / "full.err");
+  EXPECT_EQ(std::stoi(read_file(d / "full.code")), 1) << full_err;
+  const auto lines = test::lines_starting(full_err, "rpg: error: ");
+  ASSERT_EQ(lines.size(), 1u) << full_err;
   EXPECT_NE(lines[0].find(run.string()), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("No space left on device (ENOSPC)"), std::string::npos) << lines[0];
-  EXPECT_EQ(test::temporaries(run), std::vector<std::string>{});
-  const int newest = test::expect_only_complete_checkpoints(run);
+  EXPECT_EQ(test::temporaries(full), std::vector<std::string>{});
+  const int newest = test::expect_only_complete_checkpoints(full);
   EXPECT_GE(newest, 1);
   EXPECT_LT(newest, kSteps);
   std::cerr << "tmpfs of " << size << " bytes: " << lines[0] << "; newest complete checkpoint " << newest << "\n";
   // More room, and the rerun finishes as an uninterrupted run.
-  ASSERT_EQ(mount("tmpfs", mnt.c_str(), "tmpfs", MS_REMOUNT, ("size=" + std::to_string(total * 3)).c_str()), 0)
-      << strerror(errno);
-  r = test::run_process(argv);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("resumed from " + run.string() + "/global_step_" + std::to_string(newest)), std::string::npos)
-      << r.err;
+  const std::string rerun_err = read_file(d / "rerun.err");
+  ASSERT_EQ(std::stoi(read_file(d / "rerun.code")), 0) << rerun_err;
+  EXPECT_NE(rerun_err.find("resumed from " + run.string() + "/global_step_" + std::to_string(newest)), std::string::npos)
+      << rerun_err;
   const std::string last = "global_step_" + std::to_string(kSteps);
-  EXPECT_EQ(read_file(run / last / "actor" / "model.safetensors"), read_file(whole / last / "actor" / "model.safetensors"));
-  EXPECT_EQ(test::step_metrics(run / "metrics.jsonl"), test::step_metrics(whole / "metrics.jsonl"));
+  EXPECT_EQ(read_file(rerun / last / "actor" / "model.safetensors"),
+            read_file(whole / last / "actor" / "model.safetensors"));
+  EXPECT_EQ(test::step_metrics(rerun / "metrics.jsonl"), test::step_metrics(whole / "metrics.jsonl"));
 }
 
 }  // namespace
