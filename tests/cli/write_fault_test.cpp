@@ -4,7 +4,7 @@
 // no temporary file or directory left, every loadable checkpoint complete; a rerun picks
 // the checkpoint the latest marker names (complete) and ends bit-identical to an uninterrupted run, with a
 // metrics.jsonl and samples.jsonl without torn lines. Once more on a real full filesystem (a small tmpfs,
-// mounted when the test runs as root).
+// mounted in a user + mount namespace: no root needed).
 #include <gtest/gtest.h>
 #include <unistd.h>
 

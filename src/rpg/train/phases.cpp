@@ -80,7 +80,7 @@ void Trainer::Impl::build_rollout_copy() {
       model::CausalLM::from_pretrained(cfg.actor_rollout_ref.model.path, {want, policy.model.device()}));
   rollout_copy->set_requires_grad(false);
   if (lora) {
-    rollout_copy->attach_lora(*policy.model.lora(), policy.model.lora_parameters().front().second.scalar_type());
+    rollout_copy->attach_lora(*policy.model.lora(), at::kFloat);  // fp32 adapters, as the policy's (attach_adapters)
     copy_trained(policy.model, *rollout_copy);
     for (auto& [name, t] : rollout_copy->lora_parameters()) t.requires_grad_(false);
   }
