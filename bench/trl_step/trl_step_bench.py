@@ -7,7 +7,13 @@ loaded machine: wall time there mostly measures the other processes.
   .venv/bin/python bench/trl_step/trl_step_bench.py [--rpg build/rpg] [--steps 4] [--rounds 2]
       [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64] [--packed]
       [--omp-wait-policy default|passive|active] [--work DIR [--only-inputs]] [--device cpu|cuda]
-      [--json]
+      [--json] [--model DIR] [--ignore-eos]
+
+--model DIR: a real checkpoint (its tokenizer and chat template) instead of the random tiny
+Qwen2, e.g. SmolLM2-135M-Instruct; the step is then also printed in model GFLOP/s and % of
+the machine's 2048^3 GEMM peak (bench/roofline's measure). --ignore-eos: responses of exactly
+--max-new-tokens on both sides (rpg rollout.ignore_eos, TRL min_new_tokens), so both do the
+same work whatever the model emits.
 
 --device cuda (scripts/gpu_check.sh): both sides on the GPU (rpg trainer.device=cuda, TRL
 without use_cpu), still fp32; --json adds one JSON line with the medians for a results file.
@@ -49,6 +55,8 @@ ap.add_argument("--work", help="keep the inputs and runs in this folder (made if
 ap.add_argument("--only-inputs", action="store_true", help="with --work: make the inputs and stop")
 ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
 ap.add_argument("--json", action="store_true", help="end with one JSON line of the medians")
+ap.add_argument("--model", help="a real model directory instead of the random tiny Qwen2")
+ap.add_argument("--ignore-eos", action="store_true", help="fixed-length responses on both sides")
 ap.add_argument("--trl-worker", nargs=2, metavar=("WORKDIR", "OUT"), help=argparse.SUPPRESS)
 args = ap.parse_args()
 
@@ -87,7 +95,8 @@ def trl_worker(work, out):
                      gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.max_new_tokens,
                      beta=1e-3, learning_rate=1e-6, max_steps=args.steps, logging_steps=1, report_to="none",
                      use_cpu=args.device == "cpu", bf16=False, save_strategy="no", temperature=1.0, num_iterations=1, seed=1,
-                     loss_type="grpo", gradient_checkpointing=False, dataloader_num_workers=0)
+                     loss_type="grpo", gradient_checkpointing=False, dataloader_num_workers=0,
+                     generation_kwargs={"min_new_tokens": args.max_new_tokens} if args.ignore_eos else None)
     times = StepTimes()
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=cfg, train_dataset=dataset, processing_class=tok,
                           callbacks=[times])
@@ -111,6 +120,10 @@ def run_checked(argv, env=None):
 def make_inputs(work):
     if os.path.exists(os.path.join(work, "p.parquet")):
         return
+    if args.model:
+        os.symlink(os.path.abspath(args.model), os.path.join(work, "model"))
+        write_prompts(work)
+        return
     sys.path.insert(0, os.path.join(REPO, "tests", "oracles"))
     run_checked([sys.executable, os.path.join(REPO, "tests", "oracles", "tiny_chat_model.py"), work])
     import torch
@@ -123,6 +136,10 @@ def make_inputs(work):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                       tie_word_embeddings=True)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)  # over the tiny one, tokenizer kept
+    write_prompts(work)
+
+
+def write_prompts(work):
     with open(os.path.join(work, "p.jsonl"), "w") as f:
         for i in range(args.prompts):
             f.write(json.dumps({"problem": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)}) + "\n")
@@ -153,7 +170,7 @@ def rpg_run(work, name, extra):
             "actor_rollout_ref.model.enable_gradient_checkpointing=false",
             f"trainer.total_training_steps={args.steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
             "trainer.val_before_train=false", f"trainer.device={args.device}", "trainer.seed=1",
-            f"trainer.default_local_dir={run}"] + extra
+            f"trainer.default_local_dir={run}"] + (["actor_rollout_ref.rollout.ignore_eos=true"] if args.ignore_eos else []) + extra
     run_checked(argv, env=child_env())
     return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl")) if "timing_s/step" in line]
 
@@ -183,7 +200,8 @@ with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as t
         out = os.path.join(work, f"trl_{r}.json")
         run_checked([sys.executable, __file__, "--threads", str(args.threads), "--steps", str(args.steps),
                      "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens),
-                     "--device", args.device, "--trl-worker", work, out], env=child_env())
+                     "--device", args.device] + (["--ignore-eos"] if args.ignore_eos else []) +
+                    ["--trl-worker", work, out], env=child_env())
         trl_run = json.load(open(out))
         trl_steps += trl_run["step_s"][1:]
         trl_cpu += trl_run["step_cpu_s"][1:]
@@ -195,6 +213,33 @@ print(f"{args.prompts} prompts x n={args.n}, {args.max_new_tokens} new tokens, {
       f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
 trl, trl_c = med(trl_steps), med(trl_cpu)
 print(f"TRL GRPOTrainer                wall {trl:7.2f} s  cpu {trl_c:7.2f} s")
+
+
+def step_model_flops(rows):
+    """Model FLOPs of one GRPO step from rpg's logged lengths: generation, the reference pass
+    (2 per weight per token each) and the update (6), every sequence's prompt + response (the
+    work both sides must do at least; rpg's shared-prompt saving is not subtracted)."""
+    if not args.model:
+        return None
+    c = json.load(open(os.path.join(args.model, "config.json")))
+    C, L, V, H = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], c["num_attention_heads"]
+    Hkv, I = c.get("num_key_value_heads", H), c["intermediate_size"]
+    D = c.get("head_dim") or C // H
+    weights = L * (2 * C * H * D + 2 * C * Hkv * D + 3 * C * I) + C * V
+    tokens = args.prompts * args.n * (med([x["prompt_length/mean"] for x in rows]) +
+                                      med([x["response_length/mean"] for x in rows]))
+    return 10 * weights * tokens
+
+
+def gemm_peak():
+    import torch
+    torch.set_num_threads(args.threads)
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    return 2 * 2048 ** 3 * 5 / (time.perf_counter() - t) / 1e9
 for name, rows in rpg_rows.items():
     step = med([x["timing_s/step"] for x in rows])
     cpu = {k: med([x.get(f"perf/cpu_s/{k}", 0.0) for x in rows]) for k in ("gen", "old_log_prob", "ref", "update_actor")}
@@ -202,6 +247,12 @@ for name, rows in rpg_rows.items():
                       for k in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor"))
     cpu_total = med([x["perf/cpu_s/step"] for x in rows])
     print(f"{name:30s} wall {step:7.2f} s ({phases})  ratio TRL/rpg {trl / step:.2f}x")
+    flops = step_model_flops(rows)
+    if flops:
+        peak = gemm_peak()
+        print(f"{'':30s} model {flops / 1e9:.0f} GFLOP per step: rpg {flops / step / 1e9:.1f} GFLOP/s "
+              f"({100 * flops / step / 1e9 / peak:.1f}% of the 2048^3 GEMM's {peak:.0f}), TRL {flops / trl / 1e9:.1f} "
+              f"({100 * flops / trl / 1e9 / peak:.1f}%)")
     print(f"{'':30s} cpu  {cpu_total:7.2f} s (" + " ".join(f"{k} {v:.2f}" for k, v in cpu.items()) +
           f")  ratio TRL/rpg {trl_c / cpu_total:.2f}x")
     if args.json:

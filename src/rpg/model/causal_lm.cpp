@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
+#include "rpg/model/decode_attention.h"
 #include "rpg/model/impl.h"
 
 namespace rpg::model {
@@ -79,24 +81,31 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
 }
 
-at::Tensor rotate_half(const at::Tensor& x) {
-  int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+// The two halves of the last dimension swapped: [x1, x2] -> [x2, x1]. With the sign of the
+// first half folded into the sine table (rope_tables), x * cos + swap_halves(x) * sin is
+// transformers' x * cos + rotate_half(x) * sin bit for bit (negation is exact), and its
+// backward is another swap: rotate_half's narrows each zero-fill a full-size gradient.
+at::Tensor swap_halves(const at::Tensor& x) {
+  std::vector<int64_t> halves(x.sizes().begin(), x.sizes().end() - 1);
+  halves.insert(halves.end(), {2, x.size(-1) / 2});
+  return x.reshape(halves).flip(-2).reshape(x.sizes());
 }
 
-// RoPE tables for positions [B, T] -> cos, sin [B, T, 1, D] in `dtype` (broadcast over heads).
+// RoPE tables for positions [B, T] -> cos, sin [B, T, 1, D] in `dtype` (broadcast over
+// heads); sin carries rotate_half's sign: [-sin, sin] (see swap_halves).
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, const at::Tensor& positions,
                                               at::ScalarType dtype) {
   at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(2);             // [B, T, 1, D]
-  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+  at::Tensor sin = freqs.sin();
+  return {at::cat({freqs, freqs}, -1).unsqueeze(2).cos().to(dtype), at::cat({-sin, sin}, -1).unsqueeze(2).to(dtype)};
 }
 
 // Where a layer's keys/values come from: the current tokens only (training forward) or a
 // KV cache the new tokens are appended to first (decode).
 struct CacheStep {
-  at::Tensor* k = nullptr;  // [S, capacity, Hkv, D]
-  at::Tensor* v = nullptr;
+  at::Tensor* k = nullptr;  // [S, Hkv, capacity, D], or [S, Hkv, D, capacity] when keys_transposed
+  at::Tensor* v = nullptr;  // [S, Hkv, capacity, D]
+  bool keys_transposed = false;
   at::Tensor slot_index;    // [N, 1] int64 on device
   at::Tensor write_pos;     // [N, T] int64 on device
   int64_t kv_len = 0;       // keys to attend: max over rows of (length + T)
@@ -107,6 +116,9 @@ struct CacheStep {
   //            cheaper than copying N rows of K/V out of it.
   //   kGather: few slots active: their K/V rows are gathered.
   enum class Read { kAll, kDense, kGather } read = Read::kGather;
+  // One token per row on the CPU: decode_attention() reads each row's slot in place (no
+  // gather, no dense scatter). Host int64 [N]: each row's slot and query position.
+  at::Tensor kernel_slots, kernel_positions;
 };
 
 // What every layer shares for one forward call.
@@ -140,8 +152,8 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
     if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
   }
-  if (with_q) r.q = r.q * cos + rotate_half(r.q) * sin;
-  r.k = r.k * cos + rotate_half(r.k) * sin;
+  if (with_q) r.q = r.q * cos + swap_halves(r.q) * sin;
+  r.k = r.k * cos + swap_halves(r.k) * sin;
   return r;
 }
 
@@ -150,19 +162,31 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
   const int64_t T = x.size(1), H = c.num_attention_heads, D = c.head_dim;
   auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin);
   if (cache) {
-    cache->k->index_put_({cache->slot_index, cache->write_pos}, k);
-    cache->v->index_put_({cache->slot_index, cache->write_pos}, v);
+    // The cache is heads-major; written through [S, capacity, Hkv, D] views.
+    const at::Tensor keys = cache->keys_transposed ? cache->k->transpose(2, 3) : *cache->k;  // [S, Hkv, cap, D]
+    keys.transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
+    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
+    if (cache->kernel_slots.defined())
+      return project(decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v, cache->kernel_slots,
+                                      cache->kernel_positions)
+                         .view({q.size(0), 1, H * D}),
+                     w.o_w, {}, w.o_lora, w.lora_scale);
     at::Tensor rows = cache->slot_index.view({-1});
-    k = cache->k->narrow(1, 0, cache->kv_len);
-    v = cache->v->narrow(1, 0, cache->kv_len);
+    k = keys.narrow(2, 0, cache->kv_len);  // [S, Hkv, L, D]
+    v = cache->v->narrow(2, 0, cache->kv_len);
     if (cache->read == CacheStep::Read::kGather) {
       k = k.index_select(0, rows);
       v = v.index_select(0, rows);
-    } else if (cache->read == CacheStep::Read::kDense) {
+    } else if (cache->keys_transposed) {
+      k = k.contiguous();  // a prefill over every slot (SDPA wants the last dim contiguous)
+    }
+    if (cache->read == CacheStep::Read::kDense) {
       const int64_t S = cache->k->size(0);
-      at::Tensor o = attend(c, at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q), k, v, a);
+      at::Tensor qs = at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q);
+      at::Tensor o = attend(c, qs, k.transpose(1, 2), v.transpose(1, 2), a);
       return project(o.index_select(0, rows), w.o_w, {}, w.o_lora, w.lora_scale);
     }
+    return project(attend(c, q, k.transpose(1, 2), v.transpose(1, 2), a), w.o_w, {}, w.o_lora, w.lora_scale);
   }
   return project(attend(c, q, k, v, a), w.o_w, {}, w.o_lora, w.lora_scale);
 }
@@ -910,8 +934,8 @@ void KVCache::copy_slot(int64_t from, int64_t to) {
   (void)length(to);
   if (from == to) return;
   for (size_t l = 0; l < k_.size(); ++l) {
-    k_[l][to].narrow(0, 0, n).copy_(k_[l][from].narrow(0, 0, n));
-    v_[l][to].narrow(0, 0, n).copy_(v_[l][from].narrow(0, 0, n));
+    k_[l][to].narrow(keys_transposed_ ? 2 : 1, 0, n).copy_(k_[l][from].narrow(keys_transposed_ ? 2 : 1, 0, n));
+    v_[l][to].narrow(1, 0, n).copy_(v_[l][from].narrow(1, 0, n));
   }
   lengths_[to] = n;
 }
@@ -924,9 +948,13 @@ KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   cache.capacity_ = capacity;
   cache.lengths_.assign(num_slots, 0);
   auto opt = at::TensorOptions().dtype(impl_->dtype).device(impl_->device);
+  // decode_attention() reads keys dimension-major; elsewhere SDPA reads them position-major.
+  cache.keys_transposed_ = decode_attention_supports(impl_->dtype, impl_->device);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    cache.k_.push_back(at::zeros({num_slots, capacity, c.num_key_value_heads, c.head_dim}, opt));
-    cache.v_.push_back(at::zeros({num_slots, capacity, c.num_key_value_heads, c.head_dim}, opt));
+    cache.k_.push_back(cache.keys_transposed_
+                           ? at::zeros({num_slots, c.num_key_value_heads, c.head_dim, capacity}, opt)
+                           : at::zeros({num_slots, c.num_key_value_heads, capacity, c.head_dim}, opt));
+    cache.v_.push_back(at::zeros({num_slots, c.num_key_value_heads, capacity, c.head_dim}, opt));
   }
   return cache;
 }
@@ -970,6 +998,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   AttnInputs a;
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
   CacheStep step;
+  step.keys_transposed = cache.keys_transposed_;
   step.slot_index = at::tensor(slots, at::kLong).to(m.device).unsqueeze(1);
   step.write_pos = pos;
   step.kv_len = kv_len;
@@ -983,6 +1012,10 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);
   a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= query_pos.unsqueeze(2)).unsqueeze(1),
                      m.config);  // [N or S, 1, T, L]
+  if (T == 1 && decode_attention_supports(m.dtype, m.device)) {
+    step.kernel_slots = at::tensor(slots, at::kLong);
+    step.kernel_positions = at::tensor(starts, at::kLong);
+  }
   at::Tensor x = at::embedding(m.embed, tokens.to(m.device, at::kLong));
   for (size_t l = 0; l < m.layers.size(); ++l) {
     step.k = &cache.k_[l];
@@ -1014,11 +1047,16 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
   AttnInputs a;
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
   CacheStep step;
+  step.keys_transposed = cache.keys_transposed_;
   step.slot_index = at::arange(S, long_opt).unsqueeze(1);
   step.write_pos = pos;
   step.kv_len = L;
   step.read = CacheStep::Read::kAll;
   a.mask = make_mask((at::arange(L, long_opt).view({1, 1, L}) <= pos.unsqueeze(2)).unsqueeze(1), m.config);
+  if (decode_attention_supports(m.dtype, m.device)) {
+    step.kernel_slots = at::arange(S, at::kLong);
+    step.kernel_positions = positions.cpu();
+  }
   at::Tensor x = at::embedding(m.embed, tokens);
   for (size_t l = 0; l < m.layers.size(); ++l) {
     step.k = &cache.k_[l];

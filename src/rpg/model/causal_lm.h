@@ -114,7 +114,10 @@ class KVCache {
 
  private:
   friend class CausalLM;
-  std::vector<at::Tensor> k_, v_;  // per layer [S, capacity, Hkv, D] in the model dtype
+  // Per layer, in the model dtype: values [S, Hkv, capacity, D]; keys the same, or
+  // [S, Hkv, D, capacity] when keys_transposed_ (the CPU decode kernel's layout).
+  std::vector<at::Tensor> k_, v_;
+  bool keys_transposed_ = false;
   std::vector<int64_t> lengths_;   // [S] on the host: shapes depend on it
   int64_t capacity_ = 0;
 };

@@ -1,0 +1,238 @@
+// rpg's side of the roofline benchmark (bench/roofline/roofline.py runs it, measures the
+// machine's peak and transformers on the same shapes, and turns seconds into FLOP/s and %
+// of peak; the FLOP model lives there, once, for both sides).
+//
+//   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update]
+//                  [--decode-seqs 1,8,64] [--new-tokens 64] [--prompt-len 128]
+//                  [--prefill-seqs 8] [--rows 16] [--response 128] [--group 1] [--repeats 3] [--ops 0]
+//                  [--dtype float32]
+//
+// Prints one JSON object per measurement (median seconds of --repeats after a warm-up):
+//   decode:  the engine's generate() for one prompt x n=S at fixed length (EOS ignored), with
+//            --new-tokens and with 1 new token; decode seconds = their difference, over
+//            (new_tokens - 1) steps of S sequences (the prefill cancels out).
+//   prefill: one decode() call over --prefill-seqs prompts of --prompt-len tokens (last-token logits).
+//   logprob: CausalLM::log_probs without autograd (old / reference log-probs) on --rows rows of
+//            prompt-len + response tokens, rows in groups of --group sharing a prompt.
+//   update:  the same with autograd, entropy, a GRPO-like loss and backward.
+// --ops K adds the K aten ops with the most self time in each measurement (Kineto), to
+// show where the time goes.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "rpg/core/args.h"
+#include "rpg/model/causal_lm.h"
+#include "rpg/rollout/engine.h"
+
+namespace {
+
+using rpg::model::CausalLM;
+namespace prof = torch::autograd::profiler;
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
+double seconds_of(const std::function<void()>& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double median_seconds(const std::function<void()>& f, int repeats) {
+  f();  // warm-up: allocator, MKL buffers, first-touch pages
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) t.push_back(seconds_of(f));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Self time per op name of one run of f: an event's duration minus its children's (events
+// nest on a thread by time), summed by name; the top k by self time.
+nlohmann::json op_profile(const std::function<void()>& f, int64_t k) {
+  const std::set<torch::profiler::impl::ActivityType> cpu{torch::profiler::impl::ActivityType::CPU};
+  prof::prepareProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO), cpu);
+  prof::enableProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO), cpu);
+  f();
+  auto result = prof::disableProfiler();
+  struct Ev {
+    uint64_t start, end, tid;
+    std::string name;
+  };
+  std::vector<Ev> evs;
+  for (const auto& e : result->events())
+    if (e.deviceType() == c10::DeviceType::CPU && e.durationNs() > 0)
+      evs.push_back({e.startNs(), e.endNs(), e.startThreadId(), e.name()});
+  std::sort(evs.begin(), evs.end(), [](const Ev& a, const Ev& b) {
+    return a.tid != b.tid ? a.tid < b.tid : a.start != b.start ? a.start < b.start : a.end > b.end;
+  });
+  std::map<std::string, std::pair<double, int64_t>> self;  // name -> (ms, calls)
+  std::vector<std::pair<size_t, double>> stack;            // (event, children ns)
+  auto pop = [&] {
+    const Ev& e = evs[stack.back().first];
+    const double own = static_cast<double>(e.end - e.start) - stack.back().second;
+    auto& s = self[e.name];
+    s.first += own * 1e-6;
+    s.second += 1;
+    const double dur = static_cast<double>(e.end - e.start);
+    stack.pop_back();
+    if (!stack.empty()) stack.back().second += dur;
+  };
+  for (size_t i = 0; i < evs.size(); ++i) {
+    while (!stack.empty() &&
+           (evs[stack.back().first].tid != evs[i].tid || evs[stack.back().first].end <= evs[i].start))
+      pop();
+    stack.push_back({i, 0.0});
+  }
+  while (!stack.empty()) pop();
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(self.begin(), self.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size() && static_cast<int64_t>(i) < k; ++i)
+    out.push_back({rows[i].first, rows[i].second.first, rows[i].second.second});
+  return out;
+}
+
+struct Bench {
+  CausalLM& model;
+  int repeats;
+  int64_t ops;
+
+  void emit(nlohmann::json j, const std::function<void()>& f, double seconds) {
+    j["seconds"] = seconds;
+    if (ops > 0) j["ops"] = op_profile(f, ops);
+    std::cout << j.dump() << std::endl;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string model_dir, phases = "decode,prefill,logprob,update", decode_seqs = "1,8,64", dtype = "float32";
+  int64_t threads = 2, new_tokens = 64, prompt_len = 128, prefill_seqs = 8, rows = 16, response = 128, group = 1,
+          repeats = 3, ops = 0;
+  rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
+  parser.option("--model", &model_dir, "model directory", "DIR")
+      .option("--threads", &threads, "intra-op threads")
+      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update", "LIST")
+      .option("--decode-seqs", &decode_seqs, "sequences decoding together, comma-separated", "LIST")
+      .option("--new-tokens", &new_tokens, "tokens per response in decode")
+      .option("--prompt-len", &prompt_len, "prompt tokens")
+      .option("--rows", &rows, "rows of the log-prob and update passes")
+      .option("--response", &response, "response tokens per row of the log-prob and update passes")
+      .option("--prefill-seqs", &prefill_seqs, "prompts of the prefill")
+      .option("--group", &group, "log-prob / update rows sharing a prompt (rpg computes it once)")
+      .option("--repeats", &repeats, "timed runs per measurement (median)")
+      .option("--ops", &ops, "also profile: the K ops with the most self time")
+      .option("--dtype", &dtype, "float32 | bfloat16", "DTYPE");
+  try {
+    if (!parser.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
+    if (model_dir.empty()) throw std::invalid_argument("--model is required");
+    if (new_tokens < 2 || prompt_len < 2 || prefill_seqs < 1 || rows < 1 || response < 1 || group < 1 || repeats < 1)
+      throw std::invalid_argument("--new-tokens and --prompt-len must be >= 2, the other counts >= 1");
+    at::set_num_threads(static_cast<int>(threads));
+    rpg::model::LoadOptions lo;
+    if (dtype == "float32") lo.dtype = at::kFloat;
+    else if (dtype == "bfloat16") lo.dtype = at::kBFloat16;
+    else throw std::invalid_argument("--dtype: float32 or bfloat16, not '" + dtype + "'");
+    CausalLM model = CausalLM::from_pretrained(model_dir, lo);
+    const int64_t V = model.config().vocab_size;
+    Bench b{model, static_cast<int>(repeats), ops};
+    at::manual_seed(0);
+    const at::Tensor prompt_ids = at::randint(1, V, {prefill_seqs, prompt_len}, at::kLong);
+    const std::set<std::string> want = [&] {
+      std::set<std::string> s;
+      std::stringstream ss(phases);
+      std::string p;
+      while (std::getline(ss, p, ',')) s.insert(p);
+      return s;
+    }();
+
+    if (want.count("decode")) {
+      const auto p0 = prompt_ids[0];
+      const std::vector<int64_t> prompt(p0.data_ptr<int64_t>(), p0.data_ptr<int64_t>() + prompt_len);
+      for (int64_t S : parse_list(decode_seqs)) {
+        rpg::rollout::EngineOptions eo;
+        eo.max_num_seqs = S;
+        rpg::rollout::RolloutEngine engine(model, eo);
+        rpg::rollout::SamplingParams sp;
+        sp.n = S;
+        sp.ignore_eos = true;
+        auto run = [&](int64_t tokens) {
+          sp.max_new_tokens = tokens;
+          return [&engine, &prompt, sp] { engine.generate({prompt}, sp); };
+        };
+        const double full = median_seconds(run(new_tokens), b.repeats);
+        const double first = median_seconds(run(1), b.repeats);
+        b.emit({{"phase", "decode"}, {"seqs", S}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
+                {"generate_seconds", full}, {"prefill_seconds", first}},
+               run(new_tokens), full - first);
+      }
+    }
+    if (want.count("prefill")) {
+      auto f = [&] {
+        auto cache = model.new_cache(prefill_seqs, prompt_len);
+        std::vector<int64_t> slots(static_cast<size_t>(prefill_seqs));
+        for (int64_t i = 0; i < prefill_seqs; ++i) slots[static_cast<size_t>(i)] = i;
+        CausalLM::DecodeOptions o;
+        o.last_only = true;
+        model.decode(cache, slots, prompt_ids, o);
+      };
+      b.emit({{"phase", "prefill"}, {"seqs", prefill_seqs}, {"prompt_len", prompt_len}}, f, median_seconds(f, b.repeats));
+    }
+    if (want.count("logprob") || want.count("update")) {
+      // Rows in groups sharing a prompt (GRPO's layout), full length, no padding: both sides
+      // do the same useful work, and the FLOP count needs no masks.
+      const int64_t T = prompt_len + response;
+      at::Tensor ids = at::randint(1, V, {rows, T}, at::kLong);
+      for (int64_t r = 0; r < rows; ++r) ids[r].narrow(0, 0, prompt_len).copy_(ids[r / group * group].narrow(0, 0, prompt_len));
+      const at::Tensor mask = at::ones({rows, T}, at::kLong);
+      const at::Tensor pos = at::arange(T, at::kLong).unsqueeze(0).expand({rows, T}).contiguous();
+      const at::Tensor targets = ids.narrow(1, prompt_len, response).contiguous();
+      const at::Tensor adv = at::randn({rows, 1}).expand({rows, response});
+      const nlohmann::json shape = {{"rows", rows}, {"prompt_len", prompt_len}, {"response", response}, {"group", group}};
+      if (want.count("logprob")) {
+        auto f = [&] {
+          c10::NoGradGuard no_grad;
+          model.log_probs(ids, mask, pos, targets);
+        };
+        nlohmann::json j = shape;
+        j["phase"] = "logprob";
+        b.emit(j, f, median_seconds(f, b.repeats));
+      }
+      if (want.count("update")) {
+        auto f = [&] {
+          rpg::model::LogProbOptions o;
+          o.with_entropy = true;
+          auto out = model.log_probs(ids, mask, pos, targets, o);
+          at::Tensor ratio = (out.log_probs - out.log_probs.detach()).exp();
+          at::Tensor loss = (-adv * ratio).mean() - 1e-3 * out.entropy.mean();
+          loss.backward();
+          for (auto& p : model.parameters()) p.mutable_grad() = at::Tensor();
+        };
+        nlohmann::json j = shape;
+        j["phase"] = "update";
+        b.emit(j, f, median_seconds(f, b.repeats));
+      }
+    }
+  } catch (const std::exception& ex) {
+    std::cerr << "roofline_bench: error: " << ex.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
