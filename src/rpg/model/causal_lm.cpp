@@ -18,6 +18,7 @@
 #include "rpg/core/log.h"
 #include "rpg/model/decode_attention.h"
 #include "rpg/model/impl.h"
+#include "rpg/model/skinny_linear.h"
 
 namespace rpg::model {
 namespace {
@@ -62,12 +63,21 @@ std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
   return s;
 }
 
+// Set while decode() / decode_all_slots() run: their projections of a few rows go to the
+// decode kernel (linear_for_decode); every other forward keeps at::linear's arithmetic (the
+// trainer's log-probs are compared bit for bit with the fork's).
+thread_local bool t_decoding = false;
+struct DecodingScope {
+  DecodingScope() { t_decoding = true; }
+  ~DecodingScope() { t_decoding = false; }
+};
+
 // A projection: x W^T + b, plus LoRA's (x A^T) B^T * scale in PEFT's order of operations.
 // Adapters in another dtype than the base (fp32 on a bf16 model, PEFT's autocast_adapter_dtype)
 // compute their branch in their dtype, and the sum is rounded to the base's, as PEFT does.
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
                    double scale) {
-  at::Tensor y = at::linear(x, weight, bias);
+  at::Tensor y = t_decoding ? linear_for_decode(x, weight, bias) : at::linear(x, weight, bias);
   if (scale == 0 || !lora.a.defined()) return y;
   if (lora.a.scalar_type() == x.scalar_type()) return y + at::linear(at::linear(x, lora.a), lora.b) * scale;
   const at::Tensor delta = at::linear(at::linear(x.to(lora.a.scalar_type()), lora.a), lora.b) * scale;
@@ -992,6 +1002,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     all_slots = all_slots && s == i;
   }
   at::NoGradGuard no_grad;
+  DecodingScope decoding;
   auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
   at::Tensor start = at::tensor(starts, at::kLong).to(m.device);                       // [N]
   at::Tensor pos = start.unsqueeze(1) + at::arange(T, long_opt).unsqueeze(0);          // [N, T]
@@ -1027,7 +1038,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     at::Tensor last = at::tensor(counts, at::kLong).to(m.device).sub_(1).view({N, 1, 1}).expand({N, 1, x.size(2)});
     x = x.gather(1, last).squeeze(1);  // [N, C]
   }
-  return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
+  return linear_for_decode(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head, {});
 }
 
 at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const {
@@ -1042,6 +1053,7 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
       positions.device() != m.device)
     throw ValueError(str("decode_all_slots: positions must be int64 [", S, "] on ", m.device.str()));
   at::NoGradGuard no_grad;
+  DecodingScope decoding;
   auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
   at::Tensor pos = positions.view({S, 1});
   AttnInputs a;
@@ -1063,7 +1075,7 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
     step.v = &cache.v_[l];
     x = layer_forward(m.layers[l], m.config, x, a, &step);
   }
-  return at::linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head);
+  return linear_for_decode(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head, {});
 }
 
 }  // namespace rpg::model

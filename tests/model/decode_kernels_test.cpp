@@ -1,4 +1,6 @@
-// The CPU decode-attention kernel against attention written out with ATen ops (scores,
+// The CPU decode kernels. skinny_linear_kernel against at::linear in fp64 (tile and tail
+// shapes, with and without bias) and linear_for_decode's choice of path; the decode-attention
+// kernel against attention written out with ATen ops (scores,
 // masked softmax, weighted sum in fp64) and against SDPA: shapes with and without grouped
 // query heads, head dims that are and are not multiples of the kernel's 16 lanes, rows at
 // different positions reading permuted slots, fp32 and bf16. The model-level paths that use
@@ -7,7 +9,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <c10/core/GradMode.h>
+
 #include "rpg/model/decode_attention.h"
+#include "rpg/model/skinny_linear.h"
 
 namespace rpg::model {
 namespace {
@@ -89,6 +94,37 @@ TEST(DecodeAttention, RefusesWhatItCannotRead) {
   EXPECT_THROW(decode_attention(q, v, v, one, one), c10::Error);                           // keys not dimension-major
   EXPECT_THROW(decode_attention(q.to(at::kDouble), kt.to(at::kDouble), v.to(at::kDouble), one, one), c10::Error);
   EXPECT_FALSE(decode_attention_supports(at::kHalf, at::kCPU));
+}
+
+TEST(SkinnyLinear, EqualsLinearForEveryTileAndTail) {
+  // N: 8-row tiles, then 4, then single rows; K: 16-lane blocks and a tail; M: 4-row tiles and 1..3 tails.
+  for (int64_t M : {1, 2, 3, 5, 8})
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{13, 37}, {64, 576}, {7, 16}, {45, 5}}) {
+      at::manual_seed(M * 1000 + N + K);
+      at::Tensor x = at::randn({M, K}), w = at::randn({N, K}), b = at::randn({N});
+      const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
+      const double tol = 1e-6 * static_cast<double>(K);  // fp32 sums of K products of unit-scale terms
+      EXPECT_LE((skinny_linear_kernel(x, w, b).to(at::kDouble) - ref).abs().max().item<double>(), tol)
+          << M << "x" << K << " by " << N;
+      EXPECT_LE((skinny_linear_kernel(x, w, {}).to(at::kDouble) - (ref - b.to(at::kDouble))).abs().max().item<double>(), tol);
+    }
+}
+
+TEST(SkinnyLinear, LinearForDecodeTakesTheKernelOnlyWhereItIsFaster) {
+  at::manual_seed(5);
+  at::Tensor w = at::randn({40, 24}), x1 = at::randn({1, 1, 24}), x3 = at::randn({3, 1, 24});
+  c10::NoGradGuard no_grad;
+  // One row (shape [1, 1, K]): the kernel, bit for bit, shaped like at::linear's result.
+  const at::Tensor y1 = linear_for_decode(x1, w, {});
+  EXPECT_EQ(y1.sizes(), (std::vector<int64_t>{1, 1, 40}));
+  EXPECT_TRUE(at::equal(y1.view({1, 40}), skinny_linear_kernel(x1.view({1, 24}), w, {})));
+  // More rows than kSkinnyRows, or another dtype: at::linear itself.
+  EXPECT_TRUE(at::equal(linear_for_decode(x3, w, {}), at::linear(x3, w)));
+  EXPECT_TRUE(at::equal(linear_for_decode(x1.to(at::kDouble), w.to(at::kDouble), {}), at::linear(x1.to(at::kDouble), w.to(at::kDouble))));
+  {
+    c10::AutoGradMode grad(true);  // recording autograd: never the kernel
+    EXPECT_TRUE(at::equal(linear_for_decode(x1, w, {}), at::linear(x1, w)));
+  }
 }
 
 }  // namespace
