@@ -3,7 +3,7 @@ sampling settings and stop tokens, in one run. Prints tokens/s of each, the rati
 peak memory (VmHWM).
 
   .venv/bin/python bench/rollout/rollout_bench.py [--bench build/bench/rollout/rollout_bench]
-      [--n 8] [--prompts 8] [--max-new-tokens 256] [--threads 2] [--dtype float32|bfloat16]
+      [--n 8] [--prompts 8] [--max-new-tokens 256] [--threads 2] [--dtype float32|bfloat16] [--model DIR]
 
 The model is a random Qwen2 (hidden 512, 8 layers, vocab 16384) built here; 1/64 of the
 vocabulary are stop tokens, so response lengths are mixed (geometric, mean ~64, capped at
@@ -28,27 +28,53 @@ ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--prompts", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=256)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--model", help="a real checkpoint (e.g. SmolLM2-135M-Instruct) with chat-templated word problems "
+                "instead of the random Qwen2; stop tokens = its EOS")
 ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                 help="weights (and KV cache) of both sides; the checkpoint is fp32, cast at load")
 args = ap.parse_args()
 torch.set_num_threads(args.threads)
 
 VOCAB = 16384
-with tempfile.TemporaryDirectory() as d:
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                      tie_word_embeddings=True)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
-    model.save_pretrained(d)
+def real_model_inputs(d):
+    """--model: the checkpoint as it is, its chat template over short arithmetic word problems,
+    its EOS ids as the stop tokens: response lengths are the model's own."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, VOCAB, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(args.prompts)]
-    stop = torch.randperm(VOCAB, generator=g)[:VOCAB // 64].tolist()
+    prompts = []
+    for i in range(args.prompts):
+        a, b = (int(x) for x in torch.randint(2, 99, (2,), generator=g))
+        text = tok.apply_chat_template([{"role": "user", "content": f"Tom has {a} apples and buys {b} more. How many "
+                                         "apples does he have? Think step by step, then give the answer."}],
+                                       tokenize=False, add_generation_prompt=True)
+        prompts.append(tok(text, add_special_tokens=False).input_ids)
+    eos = model.generation_config.eos_token_id
+    stop = sorted({*(eos if isinstance(eos, list) else [eos]), tok.eos_token_id})
+    return model, args.model, prompts, stop
+
+
+with tempfile.TemporaryDirectory() as d:
+    if args.model:
+        model, model_dir, prompts, stop = real_model_inputs(d)
+    else:
+        model_dir = d
+        torch.manual_seed(0)
+        cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                          num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+                          tie_word_embeddings=True)
+        model = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+        model.save_pretrained(d)
+        g = torch.Generator().manual_seed(1)
+        prompts = [torch.randint(0, VOCAB, (int(torch.randint(16, 65, (1,), generator=g)),), generator=g).tolist()
+                   for _ in range(args.prompts)]
+        stop = torch.randperm(VOCAB, generator=g)[:VOCAB // 64].tolist()
     json.dump(prompts, open(os.path.join(d, "prompts.json"), "w"))
 
     # rpg (separate process: its own peak memory)
-    out = subprocess.run([args.bench, "--model", d, "--prompts", os.path.join(d, "prompts.json"), "--n", str(args.n),
+    out = subprocess.run([args.bench, "--model", model_dir, "--prompts", os.path.join(d, "prompts.json"), "--n", str(args.n),
                           "--max-new-tokens", str(args.max_new_tokens), "--stop", ",".join(map(str, stop)),
                           "--threads", str(args.threads), "--dtype", args.dtype], check=True, capture_output=True,
                          text=True)

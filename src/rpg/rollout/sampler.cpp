@@ -20,7 +20,8 @@ void SamplingParams::validate() const {
 at::Tensor sampling_probs(const at::Tensor& logits, const SamplingParams& params) {
   TORCH_CHECK(logits.dim() == 2, "sampling_probs: logits must be [N, V]");
   TORCH_CHECK(params.temperature > 0, "sampling_probs: temperature must be > 0");
-  at::Tensor x = logits.to(at::kDouble) / params.temperature;
+  // Dividing by 1 is exact: skipped (a full pass over [N, V] per step).
+  at::Tensor x = params.temperature == 1.0 ? logits.to(at::kDouble) : logits.to(at::kDouble) / params.temperature;
   const int64_t vocab = x.size(1);
   if (params.top_k > 0 && params.top_k < vocab) {
     // Ties with the k-th value are kept, as in Hugging Face's TopKLogitsWarper.
@@ -66,8 +67,9 @@ SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingPa
   at::Tensor u = uniforms.unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
   // First token whose CDF exceeds u: zero-probability tokens (flat CDF) are never chosen.
   out.ids = at::searchsorted(cdf, u, /*out_int32=*/false, /*right=*/true).squeeze(1).clamp_max(cdf.size(1) - 1);
-  out.log_probs =
-      at::log_softmax(logits32 / params.temperature, 1).gather(1, out.ids.unsqueeze(1)).squeeze(1);
+  out.log_probs = at::log_softmax(params.temperature == 1.0 ? logits32 : logits32 / params.temperature, 1)
+                      .gather(1, out.ids.unsqueeze(1))
+                      .squeeze(1);
   return out;
 }
 
