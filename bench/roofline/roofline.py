@@ -12,6 +12,7 @@ the same model, shapes and thread count, in one run.
 2. rpg (roofline_bench, a child process) and transformers (this process) on the same work:
      decode   S sequences of one --prompt-len prompt, --new-tokens each (EOS ignored): the
               seconds of generate(T) minus generate(1), i.e. T-1 decode steps, prefill excluded
+              (transformers starts from a copy of the S prompts' cache, prefilled once)
      prefill  --prefill-seqs prompts of --prompt-len tokens, last-token logits
      logprob  --rows rows of prompt + response without autograd (old / reference log-probs),
               log-probs of the response tokens (transformers: logits_to_keep, as TRL does)
@@ -27,6 +28,7 @@ default 1 measures kernels, not that saving. The full RL step is bench/trl_step
 (trl_step_bench.py --model MODEL_DIR), which converts its step times with the same model.
 """
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -189,11 +191,18 @@ if not args.skip_hf:
         if m["phase"] == "decode":
             S, T = m["seqs"], m["new_tokens"]
             ids = prompts[:1].expand(S, P).contiguous()
+            # The S copies of the prompt prefilled once, outside the timing: each generate() gets
+            # a copy of that cache and computes only the last prompt token, then decodes. Without
+            # it the S x P prefill inside both generate(T) and generate(1) (rpg prefills a shared
+            # prompt once) would make their difference the small gap of two large noisy numbers.
+            with torch.no_grad():
+                prefilled = model(ids[:, :-1], use_cache=True).past_key_values
 
-            def gen(t, ids=ids):
+            def gen(t, ids=ids, prefilled=prefilled):
                 with torch.no_grad():
-                    model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0, top_p=1.0,
-                                   temperature=1.0, max_new_tokens=t, min_new_tokens=t, pad_token_id=cfg.get("eos_token_id"))
+                    model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=copy.deepcopy(prefilled),
+                                   do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=t,
+                                   min_new_tokens=t, pad_token_id=cfg.get("eos_token_id"))
             full, first = median_seconds(lambda: gen(T)), median_seconds(lambda: gen(1))
             hf[key(m)] = full - first
         elif m["phase"] == "prefill":

@@ -217,8 +217,9 @@ print(f"TRL GRPOTrainer                wall {trl:7.2f} s  cpu {trl_c:7.2f} s")
 
 def step_model_flops(rows):
     """Model FLOPs of one GRPO step from rpg's logged lengths: generation, the reference pass
-    (2 per weight per token each) and the update (6), every sequence's prompt + response (the
-    work both sides must do at least; rpg's shared-prompt saving is not subtracted)."""
+    (2 per weight per token each) and the update (6) over each prompt once and every response
+    (the least work a step needs: the n responses of a prompt share its keys and values; TRL
+    recomputes the prompt for each of them, rpg does not)."""
     if not args.model:
         return None
     c = json.load(open(os.path.join(args.model, "config.json")))
@@ -226,8 +227,8 @@ def step_model_flops(rows):
     Hkv, I = c.get("num_key_value_heads", H), c["intermediate_size"]
     D = c.get("head_dim") or C // H
     weights = L * (2 * C * H * D + 2 * C * Hkv * D + 3 * C * I) + C * V
-    tokens = args.prompts * args.n * (med([x["prompt_length/mean"] for x in rows]) +
-                                      med([x["response_length/mean"] for x in rows]))
+    tokens = args.prompts * (med([x["prompt_length/mean"] for x in rows]) +
+                             args.n * med([x["response_length/mean"] for x in rows]))
     return 10 * weights * tokens
 
 

@@ -105,8 +105,9 @@ class ErrorCatalogue : public ::testing::TestWithParam<Row> {
                      "{\"problem\": \"" + std::string((size_t{64} << 20) + 1, 'x') + "\", \"answer\": \"2\"}\n");
     test::write_text(d / "model_badjson" / "config.json", "{\n");
     test::write_text(d / "model_noweights" / "config.json", read_file(m / "config.json"));
-    for (const char* copy : {"model_badtok", "model_badst", "model_badtpl", "model_dupid"})
+    for (const char* copy : {"model_badtok", "model_badst", "model_badtpl", "model_dupid", "model_hugetok"})
       fs::copy(m, d / copy, fs::copy_options::recursive);
+    fs::resize_file(d / "model_hugetok" / "tokenizer.json", std::uintmax_t{1} << 30);  // sparse: nothing read
     test::write_text(d / "model_badtok" / "tokenizer.json", "not json\n");
     test::write_text(d / "model_badst" / "model.safetensors", read_file(m / "model.safetensors").substr(0, 100));
     {

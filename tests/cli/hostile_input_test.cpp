@@ -43,11 +43,16 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 std::string quote(const std::string& s) { return "'" + replace_all(s, "'", "'\\''") + "'"; }
 
 // Every file under `dir` with its content: what a refused command must leave as it was.
+// Files over 256 MiB (the sparse over-budget cases) by size and modification time.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
   std::map<std::string, std::string> out;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
     const std::string rel = fs::relative(e.path(), dir).string();
-    out[rel] = e.is_regular_file() ? read_file(e.path()) : std::string("<dir>");
+    if (!e.is_regular_file()) out[rel] = "<dir>";
+    else if (e.file_size() > (std::uintmax_t{256} << 20))
+      out[rel] = "<" + std::to_string(e.file_size()) + " bytes, modified " +
+                 std::to_string(e.last_write_time().time_since_epoch().count()) + ">";
+    else out[rel] = read_file(e.path());
   }
   return out;
 }
@@ -159,6 +164,25 @@ std::vector<Case> cases() {
                },
                {"data", "prepare", "p.jsonl", "o.parquet"}, 1, "p.jsonl:1: a line of 67108895 bytes is over the 64 MiB "
                "budget of one JSON line", 60, 1024});
+  // Whole-file budgets of the JSON files parsed into memory: checked from the size (the
+  // files here are sparse: nothing is read or allocated).
+  for (const auto& [file, budget] : std::vector<std::pair<std::string, std::string>>{
+           {"tokenizer.json", "512 MiB"}, {"config.json", "16 MiB"}, {"tokenizer_config.json", "64 MiB"}})
+    v.push_back({"json_file_over_budget_" + file,
+                 [file](const fs::path& d, const fs::path& m) {
+                   fs::copy(m, d / "model", fs::copy_options::recursive);
+                   fs::resize_file(d / "model" / file, std::uintmax_t{1} << 30);
+                 },
+                 {"generate", "--model", "model", "--prompt", "hi"}, 1,
+                 "model/" + file + ": 1073741824 bytes is over the " + budget + " budget of a " + file, 60, 1024});
+  v.push_back({"json_file_without_end_config_json",  // a stream with no size: bounded by bytes read
+               [](const fs::path& d, const fs::path& m) {
+                 fs::copy(m, d / "model", fs::copy_options::recursive);
+                 fs::remove(d / "model" / "config.json");
+                 fs::create_symlink("/dev/zero", d / "model" / "config.json");
+               },
+               {"generate", "--model", "model", "--prompt", "hi"}, 1,
+               "model/config.json: more than 16777216 bytes is over the 16 MiB budget of a config.json", 60, 1024});
   v.push_back({"data_prepare_repeat_huge", [](auto& d, auto&) { write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n"); },
                {"data", "prepare", "p.jsonl", "o.parquet", "--repeat", "2147483648"}, 2, "--repeat", 60, 1024});
   v.push_back({"data_synth_train_huge", {}, {"data", "synth", "out", "--train", "9223372036854775807"}, 2, "--train",

@@ -125,6 +125,34 @@ std::string read_file(const fs::path& path) {
   return out.str();
 }
 
+namespace {
+std::string mib(std::uint64_t bytes) {
+  return bytes % (std::uint64_t{1} << 20) == 0 ? str(bytes >> 20, " MiB") : str(bytes, " bytes");
+}
+}  // namespace
+
+std::string read_file(const fs::path& path, std::uint64_t max_bytes, std::string_view what) {
+  auto over = [&](const std::string& size) {
+    return FormatError(str(path.string(), ": ", size, " is over the ", mib(max_bytes), " budget of a ", what,
+                           " (read whole into memory)"));
+  };
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    const std::uint64_t size = fs::file_size(path, ec);
+    if (!ec && size > max_bytes) throw over(str(size, " bytes"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str("cannot open ", path.string(), ": ", std::strerror(errno)));
+  std::string out;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    out.append(buf, static_cast<size_t>(in.gcount()));
+    if (out.size() > max_bytes) throw over(str("more than ", max_bytes, " bytes"));
+  }
+  if (in.bad()) throw IoError(str("cannot read ", path.string()));
+  return out;
+}
+
 void fsync_path(const fs::path& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("cannot open for fsync", path);

@@ -15,6 +15,18 @@ namespace rpg {
 // Reads a whole file. Throws IoError naming the path.
 std::string read_file(const std::filesystem::path& path);
 
+// The same for a file parsed whole into memory (a JSON DOM takes ~10x its bytes): one over
+// `max_bytes` is a FormatError naming the path, its size and the budget ("what" says what the
+// file is, e.g. "tokenizer.json"), raised from the file's size before any byte is read, or
+// after max_bytes + 1 bytes of a stream without a size (a pipe, /dev/zero).
+std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes, std::string_view what);
+
+// The budgets of the JSON and template files rpg reads whole (issue 34): far above any real
+// checkpoint's (Gemma 3's tokenizer.json is ~33 MB, a config.json a few KB).
+inline constexpr std::uint64_t kTokenizerJsonBudget = std::uint64_t{512} << 20;
+inline constexpr std::uint64_t kTokenizerConfigBudget = std::uint64_t{64} << 20;
+inline constexpr std::uint64_t kSmallJsonBudget = std::uint64_t{16} << 20;  // config.json, index, jinja
+
 // Writes `data` to `path` atomically (temp file in the same directory, fsync, rename,
 // fsync of the directory). Creates missing parent directories. Throws IoError.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data);

@@ -17,7 +17,7 @@ CheckpointFiles::CheckpointFiles(const fs::path& dir) : dir_(dir), index_(dir / 
   if (fs::exists(index_)) {
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(read_file(index_));
+      j = nlohmann::json::parse(read_file(index_, kSmallJsonBudget, "model.safetensors.index.json"));
     } catch (const nlohmann::json::exception& e) {
       throw FormatError(str(index_.string(), ": not valid JSON: ", e.what()));
     }

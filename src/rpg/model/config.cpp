@@ -202,7 +202,7 @@ ModelConfig ModelConfig::from_dir(const std::filesystem::path& dir) {
     throw IoError(str(dir.string(), " is a LoRA adapter directory, not a model: use the base model with the adapter "
                       "on top (--model BASE --adapter ", dir.string(), "), or merge them: rpg model merge BASE ",
                       dir.string(), " OUT"));
-  return from_json(read_file(path), path.string());
+  return from_json(read_file(path, kSmallJsonBudget, "config.json"), path.string());
 }
 
 std::string ModelConfig::to_json(const std::string& dtype_name) const {

@@ -34,7 +34,7 @@ bool is_default(const Json& v) {
 LoraConfig read_lora_config(const fs::path& dir, int64_t num_layers) {
   const fs::path file = dir / kConfigFile;
   const std::string where = file.string();
-  const Json j = Json::parse(read_file(file), nullptr, /*allow_exceptions=*/false);
+  const Json j = Json::parse(read_file(file, kSmallJsonBudget, "adapter_config.json"), nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) throw FormatError(str(where, ": not a JSON object"));
   auto get = [&](const char* key) -> const Json& {
     if (!j.contains(key)) throw FormatError(str(where, ": missing '", key, "'"));

@@ -965,12 +965,15 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
 Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
   auto tok_path = dir / "tokenizer.json";
   auto cfg_path = dir / "tokenizer_config.json";
-  std::string tok_text = read_file(tok_path);
-  std::string cfg_text = std::filesystem::exists(cfg_path) ? read_file(cfg_path) : std::string();
+  std::string tok_text = read_file(tok_path, kTokenizerJsonBudget, "tokenizer.json");
+  std::string cfg_text = std::filesystem::exists(cfg_path)
+                             ? read_file(cfg_path, kTokenizerConfigBudget, "tokenizer_config.json")
+                             : std::string();
   Tokenizer t = from_json(tok_text, tok_path.string(), cfg_text, cfg_path.string());
   auto jinja_path = dir / "chat_template.jinja";
   if (!t.impl_->chat_template && std::filesystem::exists(jinja_path))
-    t.impl_->chat_template = jinja::Template::parse(read_file(jinja_path), jinja_path.string());
+    t.impl_->chat_template =
+        jinja::Template::parse(read_file(jinja_path, kSmallJsonBudget, "chat template"), jinja_path.string());
   return t;
 }
 
