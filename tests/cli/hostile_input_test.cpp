@@ -183,6 +183,43 @@ std::vector<Case> cases() {
                },
                {"generate", "--model", "model", "--prompt", "hi"}, 1,
                "model/config.json: more than 16777216 bytes is over the 16 MiB budget of a config.json", 60, 1024});
+  // Model files cut short at their structural boundaries, through the real CLI: the
+  // safetensors length prefix, its JSON header, the header's end, the tensor data; config.json,
+  // tokenizer.json and tokenizer_config.json mid-document. Each is one line naming the file.
+  auto cut = [](std::string file, std::function<size_t(const fs::path&)> at) {
+    return [file, at](const fs::path& d, const fs::path& m) {
+      fs::copy(m, d / "model", fs::copy_options::recursive);
+      fs::resize_file(d / "model" / file, at(d / "model" / file));
+    };
+  };
+  auto st_header = [](const fs::path& f) {  // the safetensors header's byte length (little-endian u64)
+    const std::string b = read_file(f).substr(0, 8);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(b[static_cast<size_t>(i)]);
+    return static_cast<size_t>(n);
+  };
+  const std::vector<std::pair<std::string, std::function<size_t(const fs::path&)>>> st_cuts = {
+      {"empty", [](const fs::path&) { return size_t{0}; }},
+      {"in_length_prefix", [](const fs::path&) { return size_t{5}; }},
+      {"in_header", [st_header](const fs::path& f) { return 8 + st_header(f) / 2; }},
+      {"after_header", [st_header](const fs::path& f) { return 8 + st_header(f); }},
+      {"in_tensor_data", [](const fs::path& f) { return static_cast<size_t>(fs::file_size(f) / 2); }},
+      {"last_byte", [](const fs::path& f) { return static_cast<size_t>(fs::file_size(f) - 1); }}};
+  for (const auto& [where, at] : st_cuts)
+    v.push_back({"model_safetensors_cut_" + where, cut("model.safetensors", at),
+                 {"generate", "--model", "model", "--prompt", "hi"}, 1, "model/model.safetensors"});
+  for (const char* file : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+    for (const auto& [where, frac] : std::vector<std::pair<std::string, double>>{{"first_byte", 0.0}, {"middle", 0.5},
+                                                                                {"last_byte", 1.0}}) {
+      std::string name = file;
+      name = name.substr(0, name.find('.'));
+      v.push_back({name + "_cut_at_" + where,
+                   cut(file, [frac](const fs::path& f) {
+                     const auto n = static_cast<size_t>(fs::file_size(f));
+                     return frac == 0.0 ? size_t{1} : frac == 1.0 ? n - 2 : static_cast<size_t>(static_cast<double>(n) * frac);
+                   }),
+                   {"generate", "--model", "model", "--prompt", "hi"}, 1, std::string("model/") + file});
+    }
   v.push_back({"data_prepare_repeat_huge", [](auto& d, auto&) { write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n"); },
                {"data", "prepare", "p.jsonl", "o.parquet", "--repeat", "2147483648"}, 2, "--repeat", 60, 1024});
   v.push_back({"data_synth_train_huge", {}, {"data", "synth", "out", "--train", "9223372036854775807"}, 2, "--train",

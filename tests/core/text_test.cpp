@@ -91,4 +91,22 @@ TEST(Utf8, AppendAndSanitizeRoundTrip) {
   EXPECT_EQ(clean, "x\xEF\xBF\xBDy");
 }
 
+TEST(ShortJsonError, CutsTheLastReadExcerptToItsTailOnACodePointBoundary) {
+  // nlohmann's message for a file cut inside a long string: the whole string so far.
+  std::string token = "{{ 'x' }}" + std::string(100, 'a') + "\xC3\xA9" + std::string(38, 'b');
+  const std::string what = "[json.exception.parse_error.101] parse error at line 1, column 160: syntax error while "
+                           "parsing value - invalid string: missing closing quote; last read: '\"" + token + "'";
+  const std::string short_what = rpg::short_json_error(what);
+  EXPECT_EQ(short_what, what.substr(0, what.find("last read: '") + 12) + "..." + "\xC3\xA9" + std::string(38, 'b') + "'");
+  // 39 bytes would start inside the 2-byte \xC3\xA9: the cut moves past it, never leaving a
+  // bare continuation byte.
+  EXPECT_EQ(rpg::short_json_error(what, 39), what.substr(0, what.find("last read: '") + 12) + "..." +
+                                                   std::string(38, 'b') + "'");
+  // With "; expected ..." after the excerpt, and short excerpts, nothing else changes.
+  const std::string expected = "parse error; last read: '" + token + "'; expected string literal";
+  EXPECT_EQ(rpg::short_json_error(expected, 10), "parse error; last read: '..." + std::string(10, 'b') + "'; expected string literal");
+  EXPECT_EQ(rpg::short_json_error("parse error; last read: 'no'"), "parse error; last read: 'no'");
+  EXPECT_EQ(rpg::short_json_error("type_error.302: type must be string"), "type_error.302: type must be string");
+}
+
 }  // namespace

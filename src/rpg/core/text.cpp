@@ -122,4 +122,17 @@ std::string html_escape(std::string_view s) {
   return out;
 }
 
+std::string short_json_error(std::string_view what, size_t keep) {
+  constexpr std::string_view kLastRead = "last read: '";
+  const size_t start = what.find(kLastRead);
+  if (start == std::string_view::npos) return std::string(what);
+  const size_t from = start + kLastRead.size();
+  size_t end = what.rfind("'; expected");
+  if (end == std::string_view::npos || end < from) end = what.size() && what.back() == '\'' ? what.size() - 1 : what.size();
+  if (end - from <= keep) return std::string(what);
+  size_t cut = end - keep;
+  while (cut < end && (static_cast<unsigned char>(what[cut]) & 0xC0) == 0x80) ++cut;  // not inside a code point
+  return std::string(what.substr(0, from)) + "..." + std::string(what.substr(cut));
+}
+
 }  // namespace rpg

@@ -97,4 +97,9 @@ size_t utf8_stable_prefix(std::string_view s);
 // both in element text and in quoted attribute values.
 std::string html_escape(std::string_view s);
 
+// A JSON parser's error (nlohmann's what()) with its "last read: '...'" excerpt cut to the
+// last `keep` bytes (at a UTF-8 boundary): that excerpt is the whole token read so far, which
+// for a file cut inside a long string (a chat template) is kilobytes of one error line.
+std::string short_json_error(std::string_view what, size_t keep = 40);
+
 }  // namespace rpg

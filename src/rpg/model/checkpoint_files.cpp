@@ -7,6 +7,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/text.h"
 
 namespace rpg::model {
 namespace st = safetensors;
@@ -19,7 +20,7 @@ CheckpointFiles::CheckpointFiles(const fs::path& dir) : dir_(dir), index_(dir / 
     try {
       j = nlohmann::json::parse(read_file(index_, kSmallJsonBudget, "model.safetensors.index.json"));
     } catch (const nlohmann::json::exception& e) {
-      throw FormatError(str(index_.string(), ": not valid JSON: ", e.what()));
+      throw FormatError(str(index_.string(), ": not valid JSON: ", short_json_error(e.what())));
     }
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw FormatError(str(index_.string(), ": missing the weight_map object"));

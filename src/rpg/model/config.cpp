@@ -9,6 +9,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/text.h"
 
 namespace rpg::model {
 namespace {
@@ -106,7 +107,7 @@ ModelConfig ModelConfig::from_json(std::string_view text, const std::string& sou
   try {
     root = json::parse(text);
   } catch (const json::exception& e) {
-    throw FormatError(str(source, ": not valid JSON: ", e.what()));
+    throw FormatError(str(source, ": not valid JSON: ", short_json_error(e.what())));
   }
   if (!root.is_object()) throw FormatError(str(source, ": expected a JSON object at the top"));
   Reader r(root, source);

@@ -15,6 +15,7 @@
 
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
+#include "rpg/core/text.h"
 #include "rpg/jinja/jinja.h"
 #include "rpg/tokenizer/pretokenize.h"
 #include "rpg/tokenizer/unicode.h"
@@ -880,7 +881,7 @@ json parse_json(std::string_view text, const std::string& origin) {
   try {
     return json::parse(text.begin(), text.end());
   } catch (const json::exception& e) {
-    bad(origin, str("invalid JSON: ", e.what()));
+    bad(origin, str("invalid JSON: ", short_json_error(e.what())));
   }
 }
 
@@ -915,7 +916,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
     try {
       json::sax_parse(tokenizer_json.begin(), tokenizer_json.end(), &sax);
     } catch (const json::exception& e) {
-      bad(origin, str("invalid JSON: ", e.what()));
+      bad(origin, str("invalid JSON: ", short_json_error(e.what())));
     }
   }
   if (!root.is_object()) bad(origin, "expected a JSON object");
