@@ -220,6 +220,13 @@ std::vector<Case> cases() {
                    }),
                    {"generate", "--model", "model", "--prompt", "hi"}, 1, std::string("model/") + file});
     }
+  // A records file larger than the memory (sparse: nothing read).
+  v.push_back({"data_prepare_file_beyond_memory",
+               [](const fs::path& d, const fs::path&) {
+                 write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n");
+                 fs::resize_file(d / "p.jsonl", std::uintmax_t{1} << 40);
+               },
+               {"data", "prepare", "p.jsonl", "o.parquet"}, 1, "p.jsonl: 1024 GiB read whole needs about", 60, 1024});
   v.push_back({"data_prepare_repeat_huge", [](auto& d, auto&) { write(d, "p.jsonl", "{\"problem\": \"1+1?\", \"answer\": \"2\"}\n"); },
                {"data", "prepare", "p.jsonl", "o.parquet", "--repeat", "2147483648"}, 2, "--repeat", 60, 1024});
   v.push_back({"data_synth_train_huge", {}, {"data", "synth", "out", "--train", "9223372036854775807"}, 2, "--train",

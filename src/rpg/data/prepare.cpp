@@ -137,12 +137,29 @@ std::vector<ProblemRecord> parse_csv_records(std::string_view text, const std::s
   return out;
 }
 
+namespace {
+// A records file is read whole, then parsed into records beside it (about 3x its bytes at the
+// peak): one that cannot fit in the memory available is refused from its size (issue 34).
+std::string read_records_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    const auto size = fs::file_size(path, ec);
+    const int64_t avail = available_memory_bytes();
+    if (!ec && avail > 0 && 3.0 * double(size) > double(avail))
+      throw ValueError(str(path.string(), ": ", format_bytes(double(size)), " read whole needs about ",
+                           format_bytes(3.0 * double(size)), ", more than the ", format_bytes(double(avail)),
+                           " of memory available; split the file"));
+  }
+  return read_file(path);
+}
+}  // namespace
+
 std::vector<ProblemRecord> read_jsonl_records(const fs::path& path, const RecordColumns& columns) {
-  return parse_jsonl_records(read_file(path), path.string(), columns);
+  return parse_jsonl_records(read_records_file(path), path.string(), columns);
 }
 
 std::vector<ProblemRecord> read_csv_records(const fs::path& path, const RecordColumns& columns) {
-  return parse_csv_records(read_file(path), path.string(), columns);
+  return parse_csv_records(read_records_file(path), path.string(), columns);
 }
 
 std::vector<ProblemRecord> read_records(const fs::path& path, const RecordColumns& columns) {
