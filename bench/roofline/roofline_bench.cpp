@@ -109,7 +109,6 @@ nlohmann::json op_profile(const std::function<void()>& f, int64_t k) {
 }
 
 struct Bench {
-  CausalLM& model;
   int repeats;
   int64_t ops;
 
@@ -152,7 +151,7 @@ int main(int argc, char** argv) {
     else throw std::invalid_argument("--dtype: float32 or bfloat16, not '" + dtype + "'");
     CausalLM model = CausalLM::from_pretrained(model_dir, lo);
     const int64_t V = model.config().vocab_size;
-    Bench b{model, static_cast<int>(repeats), ops};
+    Bench b{static_cast<int>(repeats), ops};
     at::manual_seed(0);
     const at::Tensor prompt_ids = at::randint(1, V, {prefill_seqs, prompt_len}, at::kLong);
     const std::set<std::string> want = [&] {

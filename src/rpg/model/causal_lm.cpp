@@ -1018,14 +1018,17 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   // Key j is visible to the query at absolute position p iff j <= p: that covers both the
   // causal order among the new tokens and the slot's length (stale entries lie beyond).
   // Dense reads attend for every slot; idle ones get position 0 so they see key 0 only.
-  at::Tensor query_pos = pos;
-  if (step.read == CacheStep::Read::kDense)
-    query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);
-  a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= query_pos.unsqueeze(2)).unsqueeze(1),
-                     m.config);  // [N or S, 1, T, L]
-  if (T == 1 && decode_attention_supports(m.dtype, m.device)) {
+  // A cache laid out for decode_attention() (keys dimension-major) is read by it at one token
+  // per row: no mask, no dense scatter, no gather.
+  if (T == 1 && cache.keys_transposed_) {
     step.kernel_slots = at::tensor(slots, at::kLong);
     step.kernel_positions = at::tensor(starts, at::kLong);
+  } else {
+    at::Tensor query_pos = pos;
+    if (step.read == CacheStep::Read::kDense)
+      query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);
+    a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= query_pos.unsqueeze(2)).unsqueeze(1),
+                       m.config);  // [N or S, 1, T, L]
   }
   at::Tensor x = at::embedding(m.embed, tokens.to(m.device, at::kLong));
   for (size_t l = 0; l < m.layers.size(); ++l) {
@@ -1064,10 +1067,11 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
   step.write_pos = pos;
   step.kv_len = L;
   step.read = CacheStep::Read::kAll;
-  a.mask = make_mask((at::arange(L, long_opt).view({1, 1, L}) <= pos.unsqueeze(2)).unsqueeze(1), m.config);
-  if (decode_attention_supports(m.dtype, m.device)) {
+  if (cache.keys_transposed_) {  // decode_attention() (see decode())
     step.kernel_slots = at::arange(S, at::kLong);
     step.kernel_positions = positions.cpu();
+  } else {
+    a.mask = make_mask((at::arange(L, long_opt).view({1, 1, L}) <= pos.unsqueeze(2)).unsqueeze(1), m.config);
   }
   at::Tensor x = at::embedding(m.embed, tokens);
   for (size_t l = 0; l < m.layers.size(); ++l) {
