@@ -7,6 +7,8 @@ out, submits nothing, submits twice or passes anything but key=value after main_
 
   argv(path) -> list of the Hydra overrides exactly as bash passed them (in order)
   overrides(path) -> dict of dotted key -> string value (a key given twice must agree)
+  compose(fork_dir, overrides) -> the config main_rpg receives: the fork's rpg_trainer.yaml
+                      with the overrides applied in order, interpolations resolved (a dict)
   loss_setting(ov) -> the actor-loss fields of one script (defaults from the fork's
                       recipe/rpg/src/config/rpg_trainer.yaml where the script is silent)
 """
@@ -81,6 +83,38 @@ def overrides(path):
             raise ValueError(f"{path}: {key} given twice with different values ({out[key]!r}, {value!r})")
         out[key] = value
     return out
+
+
+_ABSENT = object()
+
+
+def compose(fork_dir, overrides):
+    """What Hydra hands main_rpg (@hydra.main(config_path='config', config_name='rpg_trainer'))
+    for these overrides, built with OmegaConf (Hydra's own config library; hydra-core itself
+    does not install beside this venv's antlr4). The scripts use two override forms, applied in
+    order as Hydra does: `key=value` replaces an existing key (a key the config does not have is
+    an error, as in Hydra's struct mode) and `+key=value` adds a new one. Values are parsed as
+    YAML, which reads every value the scripts pass (numbers such as 1e-6, True/False, null,
+    [a,b] lists, quoted strings) as Hydra's grammar does. Returns the resolved dict."""
+    from omegaconf import OmegaConf
+    path = os.path.join(fork_dir, "recipe/rpg/src/config/rpg_trainer.yaml")
+    if not os.path.isfile(path):
+        raise SystemExit(f"fork oracle: {path} is missing (run scripts/setup.sh)")
+    cfg = OmegaConf.load(path)
+    for a in overrides:
+        key, value = split(a)
+        if key.startswith("~") or key.startswith("++"):
+            raise ValueError(f"override `{a}`: only key=value and +key=value are modelled")
+        add = key.startswith("+")
+        key = key.lstrip("+")
+        exists = OmegaConf.select(cfg, key, default=_ABSENT) is not _ABSENT
+        if add and exists:
+            raise ValueError(f"override `{a}`: {key} is already in the config (Hydra refuses +key then)")
+        if not add and not exists:
+            raise ValueError(f"override `{a}`: {key} is not in the fork's config (Hydra: use +{key}=...)")
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))["v"]
+        OmegaConf.update(cfg, key, parsed, force_add=add)
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def scripts(fork_dir):

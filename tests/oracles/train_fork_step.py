@@ -46,12 +46,38 @@ the LambdaLR stepped s times beyond the case's first step. Three runs per step:
 
 Nothing of the fork is edited: core_algos and torch_functional are loaded by fork_modules.
 
-usage: train_fork_step.py FORK_DIR MODEL_DIR CASE.json STEP0.safetensors[,STEP1...] OUT.safetensors
+The case is the fork's config as the script's execution hands it over: the script run with
+bash and a stub `ray` (fork_scripts.argv), its overrides followed by the test's own
+(OVERRIDES.json: the keys the test changed to fit a tiny model on a CPU, the same strings rpg
+was given), composed over the fork's rpg_trainer.yaml (fork_scripts.compose). Nothing of it
+comes from rpg's resolved config: settings (clip ratios, schedule and warm-up, estimator, the
+number of ranks, balance_batch, token budget, filtering, ...) are read from that composed
+config, the model from its actor_rollout_ref.model.path, the step count from its data files.
+
+  dynamic sampling  with algorithm.filter_groups.enable, the generation loop of
+                  rpg_ray_trainer.fit transcribed (lines 219-259): per generation batch the
+                  groups whose metric has std > 0 (np.std) are kept and concatenated until
+                  train_batch_size groups are in, then the batch is cut to train_batch_size * n
+                  rows; run on rpg's recorded rounds ("gen.acc.<r>": every response's acc), it
+                  gives the rounds the fork consumes and the (round, position) of each group
+                  it trains on ("kept.<s>"), for the test to hold rpg's choice against.
+  advantages      on the batch in the order the fork computes them: after _balance_batch's
+                  reorder (ray_trainer.py: balance, then old log-probs, then compute_advantage),
+                  returned in the batch's own order.
+  chain           besides the per-step runs below, the fork's whole run over every step from
+                  the model directory, carrying its own weights, optimizer and LambdaLR (its own
+                  old log-probs and advantages on the fed rollouts): "c.<s>.<name>", for the
+                  test to check the drift of rpg's chained steps.
+
+usage: train_fork_step.py FORK_DIR SCRIPT.sh OVERRIDES.json STEP0.safetensors[,STEP1...] OUT.safetensors
 One batch file per training step (the rollouts of that step and rpg's record of it), in order.
 OUT, for every step s (from 0): "w.<s>.<name>" the weights after the fork's own step;
 "old_log_probs.<s>", "advantages.<s>", "token_level_rewards.<s>"; "grad_norm.<s>" (one per
 optimizer step); "g.<s>.<k>.<name>" the accumulated gradient of optimizer step k before
-clipping (inject); "r.<s>.<name>" the weights after the replay.
+clipping (inject); "r.<s>.<name>" the weights after the replay; "c.<s>.<name>" the chain's
+weights; "kept.<s>" [groups, 2] and "rounds.<s>"; "sw.<s>.<r>.<name>" the weights generation
+round r samples with; and "total_steps" (len(dataloader) x
+total_epochs, or trainer.total_training_steps).
 """
 import json
 import math
@@ -63,18 +89,76 @@ from safetensors.torch import load_file, save_file
 
 import fork_modules
 
-fork_dir, model_dir, case_path, batch_path, out_path = sys.argv[1:6]
-case = json.load(open(case_path))
+fork_dir, script, overrides_path, batch_path, out_path = sys.argv[1:6]
 torch.manual_seed(0)
 core_algos = fork_modules.core_algos(fork_dir)
 verl_F = core_algos.verl_F  # the fork's torch_functional
 
+import pyarrow.parquet as pq  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from verl import DataProto  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
+import fork_scripts  # noqa: E402
+
+cfg = fork_scripts.compose(fork_dir, fork_scripts.argv(script) + json.load(open(overrides_path)))
+
+
+def fork_case(cfg):
+    """The settings the fork's workers and trainer read, from the composed config (the
+    fork's defaults where the script is silent, its normalisations applied)."""
+    data, alg, trainer = cfg["data"], cfg["algorithm"], cfg["trainer"]
+    actor, rollout = cfg["actor_rollout_ref"]["actor"], cfg["actor_rollout_ref"]["rollout"]
+    optim = actor["optim"]
+    world = trainer["n_gpus_per_node"] * trainer["nnodes"]
+    sp = actor.get("ulysses_sequence_parallel_size", 1)
+    # ray_trainer.py:456-499: the dataloader's batch is gen_batch_size prompts, drop_last
+    gen_batch = data.get("gen_batch_size") or data["train_batch_size"]
+    files = data["train_files"] if isinstance(data["train_files"], list) else [data["train_files"]]
+    prompts = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    total_steps = (prompts // gen_batch) * trainer["total_epochs"]
+    if trainer.get("total_training_steps") is not None:
+        total_steps = trainer["total_training_steps"]
+    # fsdp_workers.py:297-302
+    warmup = int(optim.get("lr_warmup_steps", -1))
+    if warmup < 0:
+        warmup = int(optim.get("lr_warmup_steps_ratio", 0.0) * total_steps)
+    # fsdp_workers.py:117-128: per-rank mini-batch rows, micro-batch size per GPU
+    micro_size = actor.get("ppo_micro_batch_size_per_gpu")
+    if actor.get("ppo_micro_batch_size") is not None:
+        micro_size = actor["ppo_micro_batch_size"] // (world // sp)
+    clip_ratio = actor["clip_ratio"]
+    fg = alg.get("filter_groups") or {}
+    return {
+        "model_path": cfg["actor_rollout_ref"]["model"]["path"],
+        "temperature": rollout["temperature"], "n": rollout["n"],
+        "train_batch_size": data["train_batch_size"],
+        "filter": bool(fg.get("enable", False)), "filter_metric": fg.get("metric"),
+        "max_num_gen_batches": fg.get("max_num_gen_batches", 0),
+        "use_kl_in_reward": alg["use_kl_in_reward"], "kl_coef": alg["kl_ctrl"]["kl_coef"],
+        "kl_loss_type": actor["kl_loss_type"], "adv_estimator": alg["adv_estimator"], "gamma": alg["gamma"],
+        "lr": optim["lr"], "optim_type": optim.get("optim_type", "adamw"),
+        "betas": optim.get("betas", (0.9, 0.999)), "weight_decay": optim.get("weight_decay", 1e-2),
+        "scheduler": optim.get("warmup_style", "constant"), "warmup": warmup, "total_steps": total_steps,
+        "step": 1,
+        "mini_rows": actor["ppo_mini_batch_size"] * rollout["n"], "world": world // sp,
+        "balance": trainer.get("balance_batch", True),
+        "use_dynamic_bsz": actor["use_dynamic_bsz"], "max_token_len": actor["ppo_max_token_len_per_gpu"],
+        "micro_size": micro_size, "ppo_epochs": actor["ppo_epochs"],
+        "clip_ratio": clip_ratio,
+        "clip_ratio_low": actor["clip_ratio_low"] if actor.get("clip_ratio_low") is not None else clip_ratio,
+        "clip_ratio_high": actor["clip_ratio_high"] if actor.get("clip_ratio_high") is not None else clip_ratio,
+        "clip_ratio_c": actor.get("clip_ratio_c", 3.0), "loss_agg_mode": actor["loss_agg_mode"],
+        "entropy_coeff": actor["entropy_coeff"], "use_kl_loss": actor["use_kl_loss"],
+        "kl_loss_coef": actor["kl_loss_coef"], "use_iterative_ref_model": actor.get("use_iterative_ref_model", False),
+        "grad_clip": actor["grad_clip"],
+    }
+
+
+case = fork_case(cfg)
+model_dir = case["model_path"]
 balance_batch = fork_modules.balance_batch(fork_dir)
 
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
@@ -110,6 +194,18 @@ def all_log_probs(b):
         return forward(b, torch.arange(b["input_ids"].size(0)), False)[1]
 
 
+def balanced_order(b):
+    """The batch's rows in the order the fork's trainer holds them after
+    trainer.balance_batch (its own _balance_batch, with W ranks); identity without."""
+    B = b["input_ids"].size(0)
+    if not (case.get("balance", False) and WORLD > 1):
+        return torch.arange(B)
+    data = DataProto(batch=TensorDict({"attention_mask": b["attention_mask"], "row": torch.arange(B)},
+                                      batch_size=[B]))
+    balance_batch(SimpleNamespace(actor_rollout_wg=SimpleNamespace(world_size=WORLD)), data, metrics={})
+    return data.batch["row"].clone()
+
+
 def old_log_probs_and_advantages(b):
     """compute_log_prob (no grad), ref, the in-reward KL and the advantages of one batch."""
     R = b["responses"].size(1)
@@ -130,13 +226,25 @@ def old_log_probs_and_advantages(b):
         token_level_rewards = scores - case["kl_coef"] * kld
     else:
         token_level_rewards = scores
-    uid = np.array([str(int(g)) for g in b["group_index"].tolist()], dtype=object)
-    if case["adv_estimator"] == "grpo":
-        advantages, _ = core_algos.compute_grpo_outcome_advantage(token_level_rewards, response_mask, uid)
-    elif case["adv_estimator"] == "rpg":
-        advantages, _ = core_algos.compute_rpg_outcome_advantage(token_level_rewards, response_mask, uid)
+    # The fork computes the advantages after _balance_batch's reorder: in that row order
+    # (group statistics and the batch whitening of rfpp/rfppb sum in it), returned in ours.
+    order = balanced_order(b)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    rewards_o, mask_o = token_level_rewards[order], response_mask[order]
+    uid = np.array([str(int(g)) for g in b["group_index"][order].tolist()], dtype=object)
+    est = case["adv_estimator"]
+    if est == "grpo":
+        advantages, _ = core_algos.compute_grpo_outcome_advantage(rewards_o, mask_o, uid)
+    elif est == "rpg":
+        advantages, _ = core_algos.compute_rpg_outcome_advantage(rewards_o, mask_o, uid)
+    elif est == "reinforce_plus_plus":
+        advantages, _ = core_algos.compute_reinforce_plus_plus_outcome_advantage(rewards_o, mask_o, case["gamma"])
+    elif est == "reinforce_plus_plus_baseline":
+        advantages, _ = core_algos.compute_reinforce_plus_plus_baseline_outcome_advantage(rewards_o, mask_o, uid)
     else:
-        raise SystemExit(f"adv_estimator {case['adv_estimator']} not in this oracle")
+        raise SystemExit(f"adv_estimator {est} not in this oracle")
+    advantages = advantages[inverse]
     return old_log_probs, ref_log_prob, token_level_rewards, advantages
 
 
@@ -224,12 +332,7 @@ def mini_batches(b):
     _balance_batch reorders the rows; rank r takes the r-th equal chunk (DataProto.chunk) and
     splits it into mini-batches of RANK_MINI rows (batch.split(ppo_mini_batch_size))."""
     B = b["input_ids"].size(0)
-    order = list(range(B))
-    if case.get("balance", False) and WORLD > 1:
-        data = DataProto(batch=TensorDict({"attention_mask": b["attention_mask"], "row": torch.arange(B)},
-                                          batch_size=[B]))
-        balance_batch(SimpleNamespace(actor_rollout_wg=SimpleNamespace(world_size=WORLD)), data, metrics={})
-        order = data.batch["row"].tolist()
+    order = balanced_order(b).tolist()
     assert B % WORLD == 0
     per_rank = B // WORLD
     for _ in range(case["ppo_epochs"]):
@@ -242,6 +345,11 @@ def train_step(s, b, replay):
     step k takes rpg's recorded gradient rg.<k> instead of the fork's forward/backward."""
     set_weights(initial if s == 0 else {name: b[f"start.{name}"] for name in params})
     opt, sched = make_optimizer(s, b)
+    return step_with(opt, sched, b, replay)
+
+
+def step_with(opt, sched, b, replay):
+    """The step itself on the live weights, optimizer and LambdaLR (left as the fork leaves them)."""
     try:  # dp_actor.compute_log_prob (lines 205-208)
         opt.eval()
     except AttributeError:
@@ -271,6 +379,56 @@ def train_step(s, b, replay):
     return weights, grad_norms, (old_log_probs, advantages, token_level_rewards)
 
 
+def chain(batches):
+    """The fork's run over all the steps from the model directory: one optimizer and LambdaLR,
+    its own weights carried from step to step."""
+    set_weights(initial)
+    opt, sched = make_optimizer(0, batches[0])
+    return [step_with(opt, sched, b, replay=False)[0] for b in batches]
+
+
+def sampling_weights(s, b):
+    """The weights each generation round of step s samples with (rpg_ray_trainer.fit): the live
+    ones; with use_kl_in_reward every round's compute_log_prob calls optimizer.eval() (lines
+    132-134, dp_actor.py:205-208) and the next round follows without train(), so with
+    schedule-free rounds 2..k sample at x. One entry per round rpg recorded."""
+    set_weights(initial if s == 0 else {name: b[f"start.{name}"] for name in params})
+    opt, _ = make_optimizer(s, b)
+    out = []
+    for _ in range(sum(1 for k in b if k.startswith("gen.acc."))):
+        out.append({name: prm.detach().clone().contiguous() for name, prm in params.items()})
+        if case["use_kl_in_reward"]:
+            try:
+                opt.eval()
+            except AttributeError:
+                pass
+    return out
+
+
+def dynamic_sampling(b):
+    """rpg_ray_trainer.fit's generation loop (lines 82-88, 219-259) on rpg's recorded rounds:
+    (the rounds the fork generates, [(round, position)] of the groups it trains on)."""
+    n, want = case["n"], case["train_batch_size"]
+    rounds = sorted(int(k.split(".")[2]) for k in b if k.startswith("gen.acc."))
+    kept, num_prompt_in_batch, num_gen_batches = [], 0, 0
+    for r in rounds:
+        num_gen_batches += 1
+        acc = b[f"gen.acc.{r}"].to(torch.float64).view(-1, n).numpy()
+        if not case["filter"]:
+            return num_gen_batches, [(r, g) for g in range(acc.shape[0])]
+        assert case["filter_metric"] == "acc", "this oracle records acc only"
+        uid_vals = {g: list(acc[g]) for g in range(acc.shape[0])}  # prompt_uid2metric_vals
+        kept_uids = [g for g, vals in uid_vals.items() if np.std(vals) > 0 or len(vals) == 1]
+        num_prompt_in_batch += len(kept_uids)
+        kept += [(r, g) for g in kept_uids]
+        if num_prompt_in_batch < want:
+            if case["max_num_gen_batches"] <= 0 or num_gen_batches < case["max_num_gen_batches"]:
+                continue
+            raise SystemExit(f"the fork raises: {num_gen_batches=} >= max_num_gen_batches")
+        return num_gen_batches, kept[:want]  # batch[:traj_bsz]: whole groups of n rows
+    raise SystemExit(f"rpg recorded {len(rounds)} generation rounds; the fork needs more")
+
+
 def gradients_at_rpgs_weights(b):
     """inject: the accumulated gradient of each optimizer step at rpg's weights before it, with
     rpg's old log-probs, reference and advantages."""
@@ -288,7 +446,7 @@ def gradients_at_rpgs_weights(b):
     return grads
 
 
-out = {}
+out = {"total_steps": torch.tensor([case["total_steps"]], dtype=torch.int64)}
 for s, b in enumerate(batches):
     weights, grad_norms, (old, adv, rewards) = train_step(s, b, replay=False)
     out.update({f"w.{s}.{name}": w for name, w in weights.items()})
@@ -299,4 +457,12 @@ for s, b in enumerate(batches):
     out.update({f"g.{s}.{key}": g for key, g in gradients_at_rpgs_weights(b).items()})
     replayed, _, _ = train_step(s, b, replay=True)
     out.update({f"r.{s}.{name}": w for name, w in replayed.items()})
+    for r, weights in enumerate(sampling_weights(s, b)):
+        out.update({f"sw.{s}.{r}.{name}": w for name, w in weights.items()})
+    if any(k.startswith("gen.acc.") for k in b):
+        rounds, kept = dynamic_sampling(b)
+        out[f"rounds.{s}"] = torch.tensor([rounds], dtype=torch.int64)
+        out[f"kept.{s}"] = torch.tensor(kept, dtype=torch.int64).view(-1, 2)
+for s, weights in enumerate(chain(batches)):
+    out.update({f"c.{s}.{name}": w for name, w in weights.items()})
 save_file(out, out_path)

@@ -348,21 +348,32 @@ TEST_F(TrainerTest, ForkStepCountFollowsGenBatchSize) {
   }
 }
 
-// Training steps in fork semantics give the weights of the fork's own update loop
+// Training steps in fork semantics give the weights of the fork's own run
 // (tests/oracles/train_fork_step.py: dp_actor.update_policy transcribed with the fork's
-// core_algos / torch_functional, HF transformers forward (sdpa), torch AdamW or
-// schedulefree.AdamWScheduleFree + the fork's LambdaLR) on the same rollouts, fed to the oracle
-// (not sampled): the recipes of a DAPO script, an rpg_<kl> script, an rf_clip_ppo script, the
-// rkl_rf script and a schedule-free script, with their KL coefficients raised so that each KL
-// term moves the weights; two training steps of two mini-batches each (the second off-policy),
-// cut into token-budget micro-batches (use_dynamic_bsz, as every script).
+// core_algos / torch_functional, its _balance_batch and dynamic-sampling loop, HF transformers'
+// forward (sdpa), torch AdamW or schedulefree.AdamWScheduleFree + the fork's LambdaLR) on the
+// same rollouts, fed to the oracle (not sampled).
+//
+// The oracle's case is not rpg's config: it runs the script itself (bash + a stub ray) and
+// composes the fork's rpg_trainer.yaml with the script's overrides followed by this test's
+// (`shared` below: the same strings rpg gets on top of the recipe), so every setting it
+// trains with (estimator, clip ratios, KL, the constant schedule with the scripts' 10 warm-up
+// steps, 8 ranks with balance_batch, dynamic sampling with gen_batch_size > train_batch_size,
+// token budget, ...) is what the script asks for, except what the test changes to fit a tiny
+// model: batch sizes (2 prompts x 8 responses; gen batch 3 where the script's is 3x the train
+// batch), lengths, lr 1e-4, KL coefficients raised so each KL term moves the weights, and the
+// rank count in two cases (1 and 2, where each rank cuts uneven micro-batches).
+// Three training steps of two optimizer steps each (the second off-policy); step 1 has LR 0
+// (the fork's constant schedule with warm-up), steps 2 and 3 move the weights.
 //
 // What is compared, for EVERY training step s: the oracle starts step s from rpg's own state at
 // its start (step 0: the model directory and a fresh optimizer; s >= 1: rpg's weights and
 // rpg's optimizer state: AdamW step/exp_avg/exp_avg_sq, schedule-free z/exp_avg_sq/k/weight_sum/
 // lr_max/train mode), so every step is held to the same bounds, free of earlier rounding:
+//   - the groups trained on: dynamic sampling's rounds and the (round, position) of each kept
+//     group, the fork's loop run on rpg's recorded acc values;
 //   - old log-probs and advantages (HF forward at the step's starting weights, x for
-//     schedule-free; the fork's estimator): max abs difference;
+//     schedule-free; the fork's estimator, in the balanced row order): max abs difference;
 //   - the accumulated gradient of each optimizer step before clipping, both at rpg's weights
 //     before that optimizer step with rpg's old log-probs/advantages ("inject"): per tensor
 //     max |g - g_fork| / max |g_fork|;
@@ -372,66 +383,78 @@ TEST_F(TrainerTest, ForkStepCountFollowsGenBatchSize) {
 //   - the optimizer side alone: the fork's loop (clip_grad_norm_, AdamW or schedulefree with
 //     its eval/train calls, LambdaLR) run on rpg's own recorded gradients ("replay") against
 //     rpg's weights, per tensor max |w - w_replay| / max |w_replay|.
-// Measured on this CPU: every one of these is 0 (bit-identical) for all five scripts and both
-// steps. That needs rpg to round as transformers (sdpa attention, the oracle's choice: the
-// fork's flash_attention_2 has no CPU kernel) + the fork's functions + torch do: log-prob
-// gradients through exp(s - logsumexp(s)) (not exp(log_softmax)), the optimizer's parameters in
-// transformers' registration order (clip_grad_norm's sum of per-tensor norms), group mean/std by
-// torch's own reductions, the fork's division by gradient_accumulation. With the first or the
-// second undone the weights of some script miss 1e-5 (seen: 1.3e-5..4.9e-4 per tensor); the bounds
-// below are the 1e-5 on weights and ~10x the fp32 noise elsewhere, so that another
-// BLAS or thread count passes while a wrong formula, branch or schedule fails.
+// And the drift: the fork's run chained over the three steps from the model directory (its own
+// weights, optimizer and schedule carried) against rpg's chained weights after each step.
+// Measured on this CPU: see the printed lines (0 = bit-identical). That needs rpg to round as
+// transformers (sdpa attention, the oracle's choice: the fork's flash_attention_2 has no CPU
+// kernel) + the fork's functions + torch do: log-prob gradients through exp(s - logsumexp(s))
+// (not exp(log_softmax)), the optimizer's parameters in transformers' registration order
+// (clip_grad_norm's sum of per-tensor norms), group mean/std by torch's own reductions, the
+// fork's division by gradient_accumulation. With the first or the second undone the weights of
+// some script miss 1e-5 (seen: 1.3e-5..4.9e-4 per tensor); the bounds below are the issue's
+// 1e-5 on weights and ~10x the fp32 noise elsewhere, so that another BLAS or thread count
+// passes while a wrong formula, branch or schedule fails.
 TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
   const fs::path fork_dir = RPG_FORK_DIR;
+  // Half the prompts ("x") never count as accurate: dynamic sampling drops their groups and
+  // generates again when a batch falls short.
+  const fs::path data = dir_->path() / "fork_train.parquet";
+  test_task::write_letters_data(data, {"x", "e"});
+  const reward::ScorerRegistry fork_scorers = test_task::letters_scorers(/*never_acc_unless_e=*/true);
   struct Case {
-    std::string recipe;
-    std::vector<std::string> extra;
+    std::string script;
+    std::vector<std::string> extra;  // fork keys: given to rpg and to the oracle
   };
-  const int steps = 2;
+  const int steps = 3;
   const std::string p = "actor_rollout_ref.actor.";
+  const std::string gen3 = "data.gen_batch_size=3";  // the scripts with filtering: 3x the train batch
   const std::vector<Case> cases = {
-      {"run_dapo_7b", {}},
-      {"run_rpg_7b_ufkl1e-4", {p + "kl_loss_coef=0.5"}},
-      {"run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28", {}},
-      {"run_rpg_7b_rkl1e-4_rf", {"algorithm.kl_ctrl.kl_coef=0.05"}},
-      // Schedule-free: step 2's old log-probs (and its KL reference, use_iterative_ref_model)
-      // come from x != y.
-      {"run_rpg_7b_rkl1e-4_schedulefree", {p + "kl_loss_coef=0.5"}},
-      // The fork's data-parallel layout: balance_batch's reorder, per-rank mini- and
-      // micro-batches, FSDP's mean over the ranks.
-      {"run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28", {"trainer.n_gpus_per_node=2"}},
+      {"run_dapo_7b", {gen3}},
+      // GRPO: a fixed reference (the initial weights), no filtering, gen batch = train batch.
+      {"run_grpo_7b", {"data.gen_batch_size=2", p + "kl_loss_coef=0.5"}},
+      // One rank: each mini-batch of 8 rows cut into uneven token-budget micro-batches.
+      {"run_rpg_7b_ufkl1e-4", {gen3, p + "kl_loss_coef=0.5", "trainer.n_gpus_per_node=1"}},
+      {"run_rpg_7b_rkl1e-4_rf_clip_ppo_0.2_0.28", {gen3}},
+      {"run_rpg_7b_rkl1e-4_rf", {gen3, "algorithm.kl_ctrl.kl_coef=0.05"}},
+      // Schedule-free: old log-probs (and the KL reference, use_iterative_ref_model) at x != y.
+      {"run_rpg_7b_rkl1e-4_schedulefree", {gen3, p + "kl_loss_coef=0.5"}},
+      // Schedule-free with KL in the reward: generation rounds 2..k sample at x.
+      {"run_rpg_7b_fkl1e-4_rf_clip_ppo_0.2_0.28_schedulefree", {gen3, "algorithm.kl_ctrl.kl_coef=0.05"}},
+      {"run_rfpp_7b_1e-4", {gen3, p + "kl_loss_coef=0.5"}},
+      {"run_rfppb_7b_1e-4", {gen3, p + "kl_loss_coef=0.5"}},
+      // Two ranks: balance_batch's reorder with 4 rows per rank per mini-batch.
+      {"run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28", {gen3, "trainer.n_gpus_per_node=2"}},
   };
-  auto load = [&](const Case& k, int64_t budget) {
+  // The overrides both sides get (fork keys; the oracle applies them after the script's own).
+  auto shared_overrides = [&](const Case& k, int64_t budget) {
     std::vector<std::string> o = {
         "actor_rollout_ref.model.path=" + (fixture_ / "model").string(),
-        "data.train_files=" + (dir_->path() / "train.parquet").string(), "data.val_files=[]",
-        "data.train_batch_size=2", "data.gen_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
-        "actor_rollout_ref.rollout.n=4", p + "ppo_mini_batch_size=1", "reward_model.overlong_buffer.len=4",
-        "algorithm.filter_groups.enable=false", "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-        // The scripts' 8 ranks leave no row per rank of this tiny batch (8 rows, mini-batches of
-        // 4): one rank, so that a mini-batch is cut into micro-batches of unequal rows, and the
-        // last case on 2 emulated ranks (balance_batch on, the fork's default; 2 rows per rank).
-        "trainer.n_gpus_per_node=1",
-        // The fork's constant schedule has LR 0 at step 1 whatever the warm-up; its cosine one
-        // without warm-up starts at the full LR.
-        p + "optim.lr=1e-4", p + "optim.lr_warmup_steps=0", p + "optim.warmup_style=cosine", "trainer.device=cpu",
+        "data.train_files=" + data.string(), "data.val_files=[]",
+        "data.train_batch_size=2", "data.max_prompt_length=256", "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=8", p + "ppo_mini_batch_size=1", "reward_model.overlong_buffer.len=4",
+        // 8 prompts: enough passes over them for three steps of dynamic sampling.
+        "trainer.total_epochs=20", "actor_rollout_ref.model.enable_gradient_checkpointing=false", p + "optim.lr=1e-4",
         p + "ppo_max_token_len_per_gpu=" + std::to_string(budget),
         // The oracle transcribes the fork's update on padded rows; the scripts' packed passes
         // (use_remove_padding=True) equal the padded ones to float rounding, which
         // TrainerTest.RemovePaddingStepEqualsThePaddedStep checks on its own.
         "actor_rollout_ref.model.use_remove_padding=false",
-        "trainer.default_local_dir=" + (dir_->path() / ("fork_step_" + k.recipe + "_" + std::to_string(budget))).string()};
+        "trainer.default_local_dir=" + (dir_->path() / ("fork_step_" + k.script + "_" + std::to_string(budget))).string()};
     for (const auto& e : k.extra) o.push_back(e);
-    return load_config<TrainConfig>(test::source_dir() / "recipes" / "fork" / (k.recipe + ".yaml"), o).value;
+    return o;
   };
-  // Every case samples the same rollouts (same seed, same initial weights): a probe step gives
-  // the padded width, the smallest token budget the fork accepts, so that each mini-batch of
-  // 4 rows is cut into 2+ micro-batches of unequal rows.
-  int64_t width = 0;
+  auto load = [&](const Case& k, int64_t budget) {
+    std::vector<std::string> o = shared_overrides(k, budget);
+    o.push_back("trainer.device=cpu");  // rpg's own key
+    return load_config<TrainConfig>(test::source_dir() / "recipes" / "fork" / (k.script + ".yaml"), o).value;
+  };
+  // The padded width of the first case's first step: the smallest token budget the fork
+  // accepts, so that a rank's rows are cut into 2+ micro-batches of unequal rows.
+  int64_t budget = 0;
   {
-    Trainer probe(load(cases[0], 4096), scorers());
+    Trainer probe(load(cases[0], 4096), fork_scorers);
     probe.train_step();
-    width = probe.last_batch().get("attention_mask").size(1);
+    budget = probe.last_batch().get("attention_mask").size(1);
   }
   using Named = std::map<std::string, at::Tensor>;
   auto named_copy = [](const model::CausalLM& m) {
@@ -444,15 +467,17 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
     const double scale = b.abs().max().item<double>(), diff = (a - b).abs().max().item<double>();
     return diff == 0 ? 0.0 : diff / std::max(scale, 1e-30);
   };
+  int64_t filtered_rounds = 0;
   for (const auto& k : cases) {
-    const TrainConfig loaded = load(k, width);
-    Trainer t(loaded, scorers());
+    Trainer t(load(k, budget), fork_scorers);
     TrainerTesting::record_updates(t, true);
     test::TempDir tmp;
     std::string batch_files;
     std::vector<Named> starts, afters;
     std::vector<std::vector<UpdateRecord>> updates;
-    std::vector<at::Tensor> olds, advs;
+    std::vector<GenerationRecord> generations;
+    std::vector<std::vector<std::vector<at::Tensor>>> sampled;  // per step, per round: the weights
+    std::vector<at::Tensor> olds, advs, batches_mask;
     const auto names = t.model().named_parameters();
     for (int s = 0; s < steps; ++s) {
       Named batch;
@@ -465,15 +490,21 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
       }
       t.train_step();
       const rollout::Batch& b = t.last_batch();
-      EXPECT_EQ(b.get("attention_mask").size(1), width);
+      EXPECT_LE(b.get("attention_mask").size(1), budget);
       for (const char* key : {"input_ids", "attention_mask", "position_ids", "responses", "token_level_scores",
                               "group_index", "old_log_probs", "advantages"})
         batch[key] = b.get(key).contiguous();
       if (b.has("ref_log_probs")) batch["ref_log_probs"] = b.get("ref_log_probs").contiguous();
+      generations.push_back(TrainerTesting::last_generation(t));
+      sampled.push_back(TrainerTesting::last_sampling_weights(t));
+      for (size_t r = 0; r < generations.back().acc.size(); ++r)
+        batch[str("gen.acc.", r)] = at::tensor(generations.back().acc[r], at::kDouble);
+      filtered_rounds += static_cast<int64_t>(generations.back().acc.size()) - 1;
       olds.push_back(b.get("old_log_probs").clone());
+      batches_mask.push_back(b.get("response_mask").to(at::kFloat));
       advs.push_back(b.get("advantages").clone());
       updates.push_back(TrainerTesting::last_updates(t));
-      ASSERT_EQ(updates.back().size(), 2u) << k.recipe;
+      ASSERT_EQ(updates.back().size(), 2u) << k.script;
       // rpg's gradient of each optimizer step (before clipping) and its weights before it.
       for (size_t u = 0; u < updates.back().size(); ++u)
         for (size_t i = 0; i < names.size(); ++i) {
@@ -485,45 +516,33 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
       test::save_tensors(f, batch);
       batch_files += (s ? "," : "") + f.string();
     }
-    const auto& cfg = loaded;
-    const auto& a = cfg.actor_rollout_ref.actor;
-    nlohmann::json c = {{"temperature", cfg.actor_rollout_ref.rollout.temperature},
-                        {"use_kl_in_reward", cfg.algorithm.use_kl_in_reward},
-                        {"kl_coef", cfg.algorithm.kl_ctrl.kl_coef},
-                        {"kl_loss_type", a.kl_loss_type},
-                        {"adv_estimator", cfg.algorithm.adv_estimator},
-                        {"lr", a.optim.lr},
-                        {"optim_type", a.optim.optim_type},
-                        {"betas", a.optim.betas},
-                        {"weight_decay", a.optim.weight_decay},
-                        {"scheduler", a.optim.warmup_style.value_or(a.optim.lr_scheduler_type)},
-                        {"warmup", 0},
-                        {"total_steps", t.total_steps()},
-                        {"step", 1},
-                        {"mini_rows", a.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n},
-                        {"world", cfg.trainer.nnodes.value_or(1) * cfg.trainer.n_gpus_per_node.value_or(1)},
-                        {"balance", cfg.trainer.balance_batch},
-                        {"use_dynamic_bsz", a.use_dynamic_bsz},
-                        {"max_token_len", a.ppo_max_token_len_per_gpu},
-                        {"micro_size", a.ppo_micro_batch_size_per_gpu.value_or(1)},
-                        {"ppo_epochs", a.ppo_epochs},
-                        {"clip_ratio", a.clip_ratio},
-                        {"clip_ratio_low", a.clip_ratio_low.value_or(a.clip_ratio)},
-                        {"clip_ratio_high", a.clip_ratio_high.value_or(a.clip_ratio)},
-                        {"clip_ratio_c", a.clip_ratio_c},
-                        {"loss_agg_mode", a.loss_agg_mode},
-                        {"entropy_coeff", a.entropy_coeff},
-                        {"use_kl_loss", a.use_kl_loss},
-                        {"kl_loss_coef", a.kl_loss_coef},
-                        {"use_iterative_ref_model", a.use_iterative_ref_model},
-                        {"grad_clip", a.grad_clip}};
-    test::write_text(tmp / "case.json", c.dump());
-    test::run_oracle("train_fork_step.py", {fork_dir.string(), (fixture_ / "model").string(), (tmp / "case.json").string(),
-                                            batch_files, (tmp / "out.safetensors").string()});
+    test::write_text(tmp / "overrides.json", nlohmann::json(shared_overrides(k, budget)).dump());
+    test::run_oracle("train_fork_step.py", {fork_dir.string(), (fork_dir / "recipe/rpg/7b" / (k.script + ".sh")).string(),
+                                            (tmp / "overrides.json").string(), batch_files,
+                                            (tmp / "out.safetensors").string()});
     const auto ref = test::load_tensors(tmp / "out.safetensors");
+    EXPECT_EQ(t.total_steps(), ref.at("total_steps").item<int64_t>()) << k.script;
     for (int s = 0; s < steps; ++s) {
-      const std::string at_step = k.recipe + " step " + std::to_string(s + 1);
-      EXPECT_LE((olds[s] - ref.at(str("old_log_probs.", s))).abs().max().item<double>(), 1e-6) << at_step;
+      const std::string at_step = k.script + " step " + std::to_string(s + 1);
+      const GenerationRecord& gen = generations[static_cast<size_t>(s)];
+      EXPECT_EQ(static_cast<int64_t>(gen.acc.size()), ref.at(str("rounds.", s)).item<int64_t>()) << at_step;
+      const at::Tensor kept = ref.at(str("kept.", s));
+      ASSERT_EQ(kept.size(0), static_cast<int64_t>(gen.kept.size())) << at_step;
+      for (int64_t g = 0; g < kept.size(0); ++g)
+        EXPECT_EQ(gen.kept[static_cast<size_t>(g)], std::make_pair(kept[g][0].item<int64_t>(), kept[g][1].item<int64_t>()))
+            << at_step << ": kept group " << g;
+      // The weights each generation round sampled with (schedule-free: x or y), to fp32 rounding
+      // (schedulefree's eval()/train() interpolate in place).
+      ASSERT_EQ(sampled[static_cast<size_t>(s)].size(), gen.acc.size()) << at_step;
+      double worst_sampling = 0;
+      for (size_t r = 0; r < gen.acc.size(); ++r)
+        for (size_t i = 0; i < names.size(); ++i)
+          worst_sampling = std::max(worst_sampling, rel(sampled[static_cast<size_t>(s)][r][i],
+                                                        ref.at(str("sw.", s, ".", r, ".", names[i].first))));
+      EXPECT_LE(worst_sampling, 1e-6) << at_step << ": sampling weights";
+      // Where the losses read them: padded response positions hold whatever each side leaves there.
+      const at::Tensor valid = batches_mask[static_cast<size_t>(s)];
+      EXPECT_LE(((olds[s] - ref.at(str("old_log_probs.", s))) * valid).abs().max().item<double>(), 1e-6) << at_step;
       EXPECT_LE((advs[s] - ref.at(str("advantages.", s))).abs().max().item<double>(), 1e-6) << at_step;
       double worst_grad = 0;
       for (size_t u = 0; u < updates[s].size(); ++u)
@@ -532,31 +551,37 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
           worst_grad = std::max(worst_grad, r);
           EXPECT_LE(r, 1e-6) << at_step << ": gradient of " << names[i].first << " at optimizer step " << u;
         }
-      double worst_w = 0, worst_dw = 0, worst_opt = 0, diff2 = 0, update2 = 0;
-      std::string worst_w_name, worst_dw_name, worst_opt_name;
+      double worst_w = 0, worst_dw = 0, worst_opt = 0, worst_chain = 0, diff2 = 0, update2 = 0;
+      std::string worst_w_name, worst_dw_name, worst_opt_name, worst_chain_name;
       for (const auto& [name, w] : afters[s]) {
         const at::Tensor& w_fork = ref.at(str("w.", s, ".", name));
         const at::Tensor& w_replay = ref.at(str("r.", s, ".", name));
         const at::Tensor dw = (w - starts[s].at(name)).to(at::kDouble), dw_fork = (w_fork - starts[s].at(name)).to(at::kDouble);
-        EXPECT_GT(dw_fork.abs().max().item<double>(), 0.0) << at_step << ": " << name << " did not move";
+        // The first step's LR is 0 (constant schedule with warm-up): nothing moves then.
+        if (s > 0) EXPECT_GT(dw_fork.abs().max().item<double>(), 0.0) << at_step << ": " << name << " did not move";
         if (const double r = rel(w, w_fork); r > worst_w) worst_w = r, worst_w_name = name;
         if (const double r = rel(dw, dw_fork); r > worst_dw) worst_dw = r, worst_dw_name = name;
         if (const double r = rel(w, w_replay); r > worst_opt) worst_opt = r, worst_opt_name = name;
+        if (const double r = rel(w, ref.at(str("c.", s, ".", name))); r > worst_chain) worst_chain = r, worst_chain_name = name;
         diff2 += (dw - dw_fork).square().sum().item<double>();
         update2 += dw_fork.square().sum().item<double>();
       }
-      const double update_l2 = std::sqrt(diff2 / update2);
-      std::printf("%s: gradients: max |g - g_fork| / max |g_fork| %.3g; weights: max |w - w_fork| / max |w_fork| %.3g "
-                  "(%s); step: max |dw - dw_fork| / max |dw_fork| %.3g (%s), L2 %.3g; optimizer side: max |w - w_r| / "
-                  "max |w_r| %.3g (%s)\n",
-                  at_step.c_str(), worst_grad, worst_w, worst_w_name.c_str(), worst_dw, worst_dw_name.c_str(), update_l2,
-                  worst_opt, worst_opt_name.c_str());
+      const double update_l2 = update2 == 0 ? std::sqrt(diff2) : std::sqrt(diff2 / update2);
+      std::printf("%s: %zu generation round(s), sampling weights %.3g; gradients: max |g - g_fork| / max |g_fork| %.3g; weights: max |w - w_fork| "
+                  "/ max |w_fork| %.3g (%s); step: max |dw - dw_fork| / max |dw_fork| %.3g (%s), L2 %.3g; optimizer "
+                  "side: max |w - w_r| / max |w_r| %.3g (%s); chained run: %.3g (%s)\n",
+                  at_step.c_str(), gen.acc.size(), worst_sampling, worst_grad, worst_w, worst_w_name.c_str(), worst_dw,
+                  worst_dw_name.c_str(), update_l2, worst_opt, worst_opt_name.c_str(), worst_chain,
+                  worst_chain_name.c_str());
       EXPECT_LE(worst_w, 1e-5) << at_step << ": " << worst_w_name;  // the bound
       EXPECT_LE(worst_dw, 1e-3) << at_step << ": " << worst_dw_name;
       EXPECT_LE(update_l2, 1e-4) << at_step;
       EXPECT_LE(worst_opt, 1e-7) << at_step << ": " << worst_opt_name;
+      EXPECT_LE(worst_chain, 1e-5) << at_step << ": " << worst_chain_name;  // drift over the chained steps
     }
   }
+  // Dynamic sampling had to generate again somewhere (a group with equal acc was dropped).
+  EXPECT_GT(filtered_rounds, 0);
 }
 
 // The fork's use_dynamic_bsz micro-batches equal verl's get_seqlen_balanced_partitions with

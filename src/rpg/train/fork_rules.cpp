@@ -155,22 +155,21 @@ class ForkRules final : public Rules {
   // sums every rank's m-th mini-batch (FSDP's mean of the ranks' gradients: each micro-batch
   // weighted by rows / (W x per-rank mini-batch), micro_batch_loss). The same split every
   // epoch (no shuffle).
+  // The fork computes the advantages after _balance_batch (ray_trainer.py: balance, old
+  // log-probs, compute_advantage), so its estimators sum the rows in the balanced order.
+  std::vector<int64_t> advantage_order(const rollout::Batch& batch) const override {
+    if (!balances()) return {};
+    return rank_order(row_lengths(batch.get("attention_mask")));
+  }
+
   UpdatePlan plan_update(const rollout::Batch& batch, int64_t) const override {
     const int64_t rows = batch.rows();
     const at::Tensor& am = batch.get("attention_mask");
-    const at::Tensor lengths_t = am.sum(1).to(at::kLong).contiguous();
-    const std::vector<int64_t> lengths(lengths_t.data_ptr<int64_t>(), lengths_t.data_ptr<int64_t>() + rows);
+    const std::vector<int64_t> lengths = row_lengths(am);
     if (rows % world_ != 0)
       throw ValueError(str("fork layout: ", rows, " rows do not split over trainer.nnodes x trainer.n_gpus_per_node = ",
                            world_, " ranks"));
-    std::vector<int64_t> order;
-    if (cfg_.trainer.balance_batch && world_ > 1) {
-      for (const auto& part : algo::fork_balanced_partitions(lengths, world_, /*equal_size=*/true))
-        order.insert(order.end(), part.begin(), part.end());
-    } else {
-      order.resize(static_cast<size_t>(rows));
-      std::iota(order.begin(), order.end(), 0);
-    }
+    const std::vector<int64_t> order = rank_order(lengths);
     const int64_t per_rank = rows / world_;
     std::vector<MiniBatchPlan> minis;
     for (int64_t start = 0; start < per_rank; start += rank_mini_rows_) {
@@ -211,6 +210,27 @@ class ForkRules final : public Rules {
   }
 
  private:
+  bool balances() const { return cfg_.trainer.balance_batch && world_ > 1; }
+
+  static std::vector<int64_t> row_lengths(const at::Tensor& attention_mask) {
+    const at::Tensor t = attention_mask.sum(1).to(at::kLong).contiguous();
+    return {t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()};
+  }
+
+  // The rows in the order the ranks take them: balance_batch's partitions one after the
+  // other, or the batch's own order.
+  std::vector<int64_t> rank_order(const std::vector<int64_t>& lengths) const {
+    std::vector<int64_t> order;
+    if (balances()) {
+      for (const auto& part : algo::fork_balanced_partitions(lengths, world_, /*equal_size=*/true))
+        order.insert(order.end(), part.begin(), part.end());
+    } else {
+      order.resize(lengths.size());
+      std::iota(order.begin(), order.end(), 0);
+    }
+    return order;
+  }
+
   const TrainConfig& cfg_;
   const ActorConfig& actor_;
   algo::ForkLossConfig loss_;

@@ -94,6 +94,8 @@ class PaperRules final : public Rules {
 
   // Mini-batches of consecutive rows (ppo_mini_batch_size prompts x n), in a new order every
   // epoch after the first with actor.shuffle; each cut by micro_batches().
+  std::vector<int64_t> advantage_order(const rollout::Batch&) const override { return {}; }
+
   UpdatePlan plan_update(const rollout::Batch& batch, int64_t step) const override {
     const int64_t rows = batch.rows(), per_mini = std::min<int64_t>(mini_batch_rows(cfg_), rows);
     const at::Tensor& mask = batch.get("attention_mask");  // all the partition reads

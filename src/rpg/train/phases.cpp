@@ -154,7 +154,10 @@ Generation Trainer::Impl::generate_groups() {
   const auto& fg = cfg.algorithm.filter_groups;
   const int64_t gen_batch = cfg.data.gen_batch_size.value_or(cfg.data.train_batch_size);
   Generation gen;
-  if (recording) sampling_weights.clear();
+  if (recording) {
+    sampling_weights.clear();
+    generation_record = {};
+  }
   rollout::RolloutEngine engine(rollout_model(), engine_options(rollout_model()));
   bool at_x = false;
   while (static_cast<int64_t>(gen.kept.size()) < cfg.data.train_batch_size) {
@@ -178,10 +181,15 @@ Generation Trainer::Impl::generate_groups() {
     ++gen.rounds;
     const ScoredRound round = generate_round(engine, next_prompts(gen_batch), gen);
     keep_groups(round, gen);
+    if (recording)
+      generation_record.acc.emplace_back(gen.all_acc.end() - static_cast<std::ptrdiff_t>(round.responses.size()),
+                                         gen.all_acc.end());
     if (!fg.enable) break;
   }
   gen.kept.resize(
       static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(gen.kept.size()), cfg.data.train_batch_size)));
+  if (recording)
+    for (const auto& g : gen.kept) generation_record.kept.emplace_back(g.round, g.position);
   return gen;
 }
 
@@ -245,7 +253,7 @@ void Trainer::Impl::keep_groups(const ScoredRound& r, Generation& gen) const {
   const auto& fg = cfg.algorithm.filter_groups;
   const int64_t n = cfg.actor_rollout_ref.rollout.n;
   for (size_t g = 0; g < r.prompts.size(); ++g) {
-    Group grp{r.prompts[g], {}, {}, {}};
+    Group grp{r.prompts[g], {}, {}, {}, gen.rounds - 1, static_cast<int64_t>(g)};
     for (int64_t j = 0; j < n; ++j) {
       const size_t i = g * static_cast<size_t>(n) + static_cast<size_t>(j);
       grp.responses.push_back(r.responses[i]);
@@ -370,9 +378,18 @@ AdvantageResult Trainer::Impl::advantages(const StepBatch& sb, const PolicyLogPr
   ai.group_index = sb.batch.get("group_index");
   ai.gamma = cfg.algorithm.gamma;
   ai.norm_adv_by_std_in_grpo = cfg.algorithm.norm_adv_by_std_in_grpo;
+  const std::vector<int64_t> order = rules->advantage_order(sb.batch);
+  at::Tensor back;  // the estimator's rows back in the batch's order
+  if (!order.empty()) {
+    const at::Tensor to = at::tensor(order, at::kLong);
+    back = at::empty_like(to);
+    back.index_copy_(0, to, at::arange(to.numel(), at::kLong));
+    for (at::Tensor* t : {&ai.token_level_rewards, &ai.response_mask, &ai.group_index}) *t = t->index_select(0, to);
+  }
   auto computed = algo::compute_advantage(cfg.algorithm.adv_estimator, ai);
-  out.advantages = std::move(computed.advantages);
-  out.returns = std::move(computed.returns);
+  out.advantages = back.defined() ? computed.advantages.index_select(0, back) : std::move(computed.advantages);
+  out.returns = back.defined() && computed.returns.defined() ? computed.returns.index_select(0, back)
+                                                              : std::move(computed.returns);
   out.seconds = seconds_since(t_adv);
   return out;
 }

@@ -83,6 +83,10 @@ class Rules {
                                   const at::Tensor& ref_log_probs, const at::Tensor& response_mask,
                                   double coef) const = 0;
 
+  // The row order the advantage estimator sums the batch in (group statistics, batch
+  // whitening: float sums, so the order shows in the last bits); empty: the batch's own.
+  virtual std::vector<int64_t> advantage_order(const rollout::Batch& batch) const = 0;
+
   // ---- the update ---------------------------------------------------------------------
   // ppo_epochs x mini-batches x micro-batches of training step `step` (0-based).
   virtual UpdatePlan plan_update(const rollout::Batch& batch, int64_t step) const = 0;

@@ -353,6 +353,7 @@ const std::vector<std::vector<at::Tensor>>& TrainerTesting::last_sampling_weight
 const std::vector<at::Tensor>& TrainerTesting::last_old_log_prob_weights(const Trainer& t) {
   return t.impl_->old_log_prob_weights;
 }
+const GenerationRecord& TrainerTesting::last_generation(const Trainer& t) { return t.impl_->generation_record; }
 OptimizerState TrainerTesting::optimizer_state(const Trainer& t) { return t.impl_->optimizer->state(); }
 
 std::string validation_metric_key(const std::string& source, const std::string& name,

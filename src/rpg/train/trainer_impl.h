@@ -55,6 +55,7 @@ struct Group {
   std::vector<rollout::Response> responses;
   std::vector<double> scores;
   std::vector<bool> acc;
+  int64_t round = 0, position = 0;  // which generation batch it came from, and where in it
 };
 
 // generate_groups: the groups kept for training and what it took to get them.
@@ -143,6 +144,7 @@ struct Trainer::Impl {
   std::vector<UpdateRecord> updates;
   std::vector<std::vector<at::Tensor>> sampling_weights;  // recording: per generation round of the step
   std::vector<at::Tensor> old_log_prob_weights;           // recording: the old-log-prob pass's weights
+  GenerationRecord generation_record;                     // recording: dynamic sampling's rounds and choice
   std::unique_ptr<Optimizer> optimizer;
   LrSchedule schedule;
   std::vector<Prompt> prompts;

@@ -27,6 +27,14 @@ struct UpdateRecord {
   std::vector<const void*> rollout_data;
 };
 
+// The generation batches of one training step as dynamic sampling saw them: every round's
+// acc per response (groups x n, in generation order) and, in the training batch's order, the
+// (round, position in its round) of each group kept.
+struct GenerationRecord {
+  std::vector<std::vector<double>> acc;
+  std::vector<std::pair<int64_t, int64_t>> kept;
+};
+
 struct TrainerTesting {
   // With on = true every later train_step keeps an UpdateRecord per optimizer step (costs a
   // copy of the weights and gradients each time).
@@ -37,6 +45,7 @@ struct TrainerTesting {
   // sampling weights are followed by the rollout model's LoRA adapters, lora_parameters() order).
   static const std::vector<std::vector<at::Tensor>>& last_sampling_weights(const Trainer& t);
   static const std::vector<at::Tensor>& last_old_log_prob_weights(const Trainer& t);
+  static const GenerationRecord& last_generation(const Trainer& t);
   // The optimizer's whole state now (what a checkpoint holds of it).
   static OptimizerState optimizer_state(const Trainer& t);
 };
