@@ -212,6 +212,9 @@ TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
       EXPECT_TRUE(j.contains("val-aux/letters/acc/std@2")) << line;
       EXPECT_TRUE(j.contains("val-aux/letters/score/mean@2")) << line;
       EXPECT_FALSE(j.contains("val-core/letters/score/mean@2")) << line;
+      // verl's "reward" variable (the reward manager's tensor): the score, no overlong shaping here.
+      EXPECT_EQ(j.value("val-aux/letters/reward/mean@2", -9.0), j.value("val-aux/letters/score/mean@2", 9.0)) << line;
+      EXPECT_TRUE(j.contains("val-aux/letters/reward/best@2/mean")) << line;
       EXPECT_GT(j.value("timing_s/testing", 0.0), 0.0) << line;  // verl's name for the validation time
     }
     return steps;
@@ -225,6 +228,29 @@ TEST_F(TrainerTest, ValidationBeforeEveryTestFreqAfterResumeAndAtTheLastStep) {
   EXPECT_EQ(resumed.global_step(), 3);
   resumed.fit();
   EXPECT_EQ(validation_steps(), (std::vector<int64_t>{0, 2, 3, 3, 4, 5}));
+}
+
+// Validation scores with the training reward manager (verl's and the fork's val_reward_fn take
+// overlong_buffer): val-aux "reward" is score + the overlong penalty, "score" the scorer's own.
+// With a 3-token buffer before the 4-token maximum, a response of L tokens loses
+// (L - 1) / 3 x penalty_factor: at most the factor, nothing only for 1-token responses.
+TEST_F(TrainerTest, ValidationRewardCarriesTheOverlongPenalty) {
+  TrainConfig c = config("val_overlong");
+  c.data.val_files = c.data.train_files;
+  c.data.max_response_length = 4;
+  c.reward_model.overlong_buffer.enable = true;
+  c.reward_model.overlong_buffer.len = 3;
+  c.reward_model.overlong_buffer.penalty_factor = 0.5;
+  c.actor_rollout_ref.rollout.val_kwargs.n = 2;
+  c.actor_rollout_ref.rollout.val_kwargs.do_sample = true;
+  c.trainer.total_training_steps = 1;
+  Trainer t(c, scorers());
+  const Metrics m = t.validate();
+  const double reward = m.at("val-aux/letters/reward/mean@2"), score = m.at("val-aux/letters/score/mean@2");
+  EXPECT_LT(reward - score, 0.0);
+  EXPECT_GE(reward - score, -0.5 - 1e-12);
+  std::printf("validation: score %.4f, reward %.4f\n", score, reward);
+  EXPECT_EQ(m.count("val-core/letters/reward/mean@2"), 0u);  // acc stays the core variable
 }
 
 // fit(stop): the caller's rule sees each validation during training with its metrics; the run
@@ -1774,6 +1800,10 @@ TEST(ValidationLayout, CoreAndAuxAsVerl) {
     EXPECT_EQ(validation_metric_key("aime25", name, table), section + "/aime25/" + name);
   // Without acc the core variable is the reward (rpg: score).
   EXPECT_EQ(validation_metric_key("x", "score/mean@2", {{"score/mean@2", 0}}), "val-core/x/score/mean@2");
+  // Without acc, verl's core variable is the reward.
+  const std::map<std::string, double> no_acc = {{"score/mean@2", 0}, {"reward/mean@2", 0}};
+  EXPECT_EQ(validation_metric_key("x", "reward/mean@2", no_acc), "val-core/x/reward/mean@2");
+  EXPECT_EQ(validation_metric_key("x", "score/mean@2", no_acc), "val-aux/x/score/mean@2");
 }
 
 // Under rpg.semantics=paper the fork's kl_loss_type spellings name the paper's losses.

@@ -15,7 +15,8 @@ namespace rpg::eval {
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling_in, const rollout::EngineOptions& engine_options,
                     reward::RewardScorer& scorer, bool progress, bool chat_template,
-                    const tok::ChatTemplateKwargs& chat_template_kwargs) {
+                    const tok::ChatTemplateKwargs& chat_template_kwargs,
+                    const std::optional<reward::OverlongConfig>& shaping) {
   for (const auto& r : rows) scorer.check_data_source(r.data_source);  // unknown data_source: fail before generating
   const rollout::SamplingParams sampling = rollout::with_stop_tokens(sampling_in, policy);
 
@@ -66,6 +67,8 @@ EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>&
     s.score = scores[i].score;
     s.acc = scores[i].acc;
     s.pred = scores[i].pred;
+    if (shaping)
+      s.reward = s.score + reward::overlong_penalty(*shaping, static_cast<int64_t>(responses[i].token_ids.size()));
     out.responses.push_back(std::move(s));
     out.ground_truths.push_back(row.reward_model.ground_truth);
     out.sources.push_back(responses[i].prompt_index);

@@ -10,6 +10,7 @@
 
 #include "rpg/data/dataset.h"
 #include "rpg/eval/metrics.h"
+#include "rpg/reward/overlong.h"
 #include "rpg/reward/registry.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
@@ -33,11 +34,14 @@ void write_scored_responses(const std::filesystem::path& path, const EvalResult&
 
 // Prompts are rendered by rollout::render_prompt with `chat_template_kwargs` (verl's
 // data.apply_chat_template_kwargs). Stop tokens of the policy are added to `sampling`. Throws ValueError for an unknown
-// data_source before generating anything.
+// data_source before generating anything. With `shaping`, every response also gets its
+// ScoredResponse::reward: the score plus the overlong penalty of its length (a disabled
+// config: the score).
 EvalResult evaluate(const rollout::Policy& policy, const std::vector<data::Row>& rows,
                     const rollout::SamplingParams& sampling, const rollout::EngineOptions& engine,
                     reward::RewardScorer& scorer, bool progress = true, bool chat_template = true,
-                    const tok::ChatTemplateKwargs& chat_template_kwargs = {});
+                    const tok::ChatTemplateKwargs& chat_template_kwargs = {},
+                    const std::optional<reward::OverlongConfig>& shaping = std::nullopt);
 
 // Scores a responses file written by `rpg generate` (JSON lines with data_source,
 // ground_truth, prompt and response) without generating: the same metrics as evaluate().

@@ -127,9 +127,9 @@ double std_of(const std::vector<double>& v) {
 }
 
 struct Problem {
-  std::vector<double> acc, score;
+  std::vector<double> acc, score, reward;
   std::vector<std::string> preds;
-  bool all_preds = true;
+  bool all_preds = true, all_rewards = true;
 };
 
 void variable_metrics(const std::string& var, const std::vector<double>& v, const Problem& p,
@@ -170,6 +170,8 @@ MetricTable compute_metrics(std::span<const ScoredResponse> responses) {
     p.score.push_back(r.score);
     if (r.pred) p.preds.push_back(*r.pred);
     else p.all_preds = false;
+    if (r.reward) p.reward.push_back(*r.reward);
+    else p.all_rewards = false;
   }
   MetricTable table;
   for (const auto& [source, problems] : by_source) {
@@ -179,6 +181,7 @@ MetricTable compute_metrics(std::span<const ScoredResponse> responses) {
       std::map<std::string, double> m;
       variable_metrics("acc", p.acc, p, m);
       variable_metrics("score", p.score, p, m);
+      if (p.all_rewards) variable_metrics("reward", p.reward, p, m);
       const auto n = static_cast<int64_t>(p.acc.size());
       int64_t c = 0;
       for (double a : p.acc) c += a != 0.0;

@@ -53,11 +53,15 @@ struct ScoredResponse {
   double score = 0;                 // the reward
   bool acc = false;                 // 0/1 correctness
   std::optional<std::string> pred;  // the extracted answer (maj@n needs it on every response)
+  // The score after reward shaping (the overlong penalty): verl's validation variable
+  // "reward" (the reward manager's tensor; "score" is the scorer's own value). Set by the
+  // trainer's validation; "reward/..." metrics exist when every response has one.
+  std::optional<double> reward;
 };
 
 // data_source -> metric name -> value. Metric names: "acc/mean@32", "acc/std@32",
 // "acc/pass@4", "acc/maj@32", "acc/maj@4/mean", "acc/maj@4/std", "acc/best@4/mean", "acc/best@4/std", "acc/worst@4/mean",
-// "acc/worst@4/std", and the same for "score" (without pass@k). A metric is averaged over
+// "acc/worst@4/std", and the same for "score" and "reward" (without pass@k). A metric is averaged over
 // the problems that have it (problems with different n give different names, as in verl);
 // "num_problems" and "num_responses" are counts.
 using MetricTable = std::map<std::string, std::map<std::string, double>>;

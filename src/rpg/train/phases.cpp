@@ -24,6 +24,11 @@
 
 namespace rpg::train {
 
+reward::OverlongConfig overlong_shaping(const TrainConfig& cfg) {
+  const auto& ob = cfg.reward_model.overlong_buffer;
+  return {ob.enable, ob.len, ob.penalty_factor, cfg.data.max_response_length};
+}
+
 double mean_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
@@ -243,9 +248,7 @@ ScoredRound Trainer::Impl::generate_round(rollout::RolloutEngine& engine, std::v
     lengths.push_back(static_cast<int64_t>(r.responses[i].token_ids.size()));
     r.scores.push_back(r.results[i].score);
   }
-  const reward::OverlongConfig overlong{cfg.reward_model.overlong_buffer.enable, cfg.reward_model.overlong_buffer.len,
-                                        cfg.reward_model.overlong_buffer.penalty_factor, cfg.data.max_response_length};
-  reward::apply_overlong_penalty(overlong, lengths, r.scores);
+  reward::apply_overlong_penalty(overlong_shaping(cfg), lengths, r.scores);
   return r;
 }
 

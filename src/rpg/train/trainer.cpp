@@ -359,7 +359,8 @@ OptimizerState TrainerTesting::optimizer_state(const Trainer& t) { return t.impl
 std::string validation_metric_key(const std::string& source, const std::string& name,
                                   const std::map<std::string, double>& table) {
   // ray_trainer._validate: per data source, the core variable is acc when present (else the
-  // reward: rpg's score); n_max is the largest "@n" among that variable's metrics.
+  // reward; rpg's score where a table has no reward); n_max is the largest "@n" among that
+  // variable's metrics.
   auto var_of = [](const std::string& n) {
     const auto slash = n.find('/');
     return slash == std::string::npos ? std::string() : n.substr(0, slash);
@@ -369,9 +370,12 @@ std::string validation_metric_key(const std::string& source, const std::string& 
     if (at == std::string::npos) return -1;
     return std::atoll(n.c_str() + at + 1);  // int(name.split("@")[-1].split("/")[0])
   };
-  bool has_acc = false;
-  for (const auto& [n, v] : table) has_acc = has_acc || var_of(n) == "acc";
-  const std::string core = has_acc ? "acc" : "score";
+  bool has_acc = false, has_reward = false;
+  for (const auto& [n, v] : table) {
+    has_acc = has_acc || var_of(n) == "acc";
+    has_reward = has_reward || var_of(n) == "reward";
+  }
+  const std::string core = has_acc ? "acc" : has_reward ? "reward" : "score";
   const std::string var = var_of(name);
   bool is_core = false;
   if (var == core) {
@@ -444,9 +448,11 @@ Metrics Trainer::validate() {
   if (s.val_rows.empty()) return m;
   const auto t_testing = Clock::now();
   s.rules->use_export_weights(*s.optimizer);
+  // verl's and the fork's val_reward_fn is the training reward manager, overlong shaping
+  // included: its tensor is the "reward" variable (val-aux), the scorer's own value "score".
   auto result = eval::evaluate(s.policy, s.val_rows, s.sampling(true), s.engine_options(s.policy.model),
                                *s.reward, /*progress=*/false, /*chat_template=*/true,
-                               s.cfg.data.apply_chat_template_kwargs);
+                               s.cfg.data.apply_chat_template_kwargs, overlong_shaping(s.cfg));
   s.optimizer->use_train_weights();
   for (const auto& [source, table] : result.metrics)
     for (const auto& [name, value] : table) m[validation_metric_key(source, name, table)] = value;

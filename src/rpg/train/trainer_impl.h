@@ -18,6 +18,7 @@
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/metrics.h"
 #include "rpg/data/dataset.h"
+#include "rpg/reward/overlong.h"
 #include "rpg/reward/registry.h"
 #include "rpg/reward/scorer.h"
 #include "rpg/rollout/batch.h"
@@ -44,6 +45,8 @@ struct Prompt {
 };
 
 double mean_of(const std::vector<double>& v);
+// reward_model.overlong_buffer as the reward shaping of training and validation.
+reward::OverlongConfig overlong_shaping(const TrainConfig& cfg);
 // Masked mean of a [B, T] tensor.
 double masked_mean(const at::Tensor& x, const at::Tensor& mask);
 
