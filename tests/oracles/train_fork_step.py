@@ -131,6 +131,7 @@ def fork_case(cfg):
         micro_size = actor["ppo_micro_batch_size"] // (world // sp)
     clip_ratio = actor["clip_ratio"]
     fg = alg.get("filter_groups") or {}
+    ref = cfg["actor_rollout_ref"].get("ref") or {}
     return {
         "model_path": cfg["actor_rollout_ref"]["model"]["path"],
         "temperature": rollout["temperature"], "n": rollout["n"],
@@ -154,18 +155,52 @@ def fork_case(cfg):
         "entropy_coeff": actor["entropy_coeff"], "use_kl_loss": actor["use_kl_loss"],
         "kl_loss_coef": actor["kl_loss_coef"], "use_iterative_ref_model": actor.get("use_iterative_ref_model", False),
         "grad_clip": actor["grad_clip"],
+        # fsdp_workers.py:167-169 (model_dtype: fp32 for the actor, bf16 for the reference)
+        # and 227-237 (MixedPrecision: param_dtype bf16 unless fsdp_config.mixed_precision says).
+        "param_dtype": param_dtype(actor), "ref_param_dtype": param_dtype(ref),
+        "ref_model_dtype": dtype_of((ref.get("fsdp_config") or {}).get("model_dtype") or "bf16"),
     }
+
+
+def dtype_of(name):
+    """verl.utils.torch_dtypes.PrecisionType.to_dtype for the names used here."""
+    table = {"fp32": torch.float32, "float32": torch.float32, "32": torch.float32,
+             "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    if str(name) not in table:
+        raise SystemExit(f"dtype {name!r} not in this oracle")
+    return table[str(name)]
+
+
+def param_dtype(section):
+    mp = (section.get("fsdp_config") or {}).get("mixed_precision")
+    return dtype_of(mp.get("param_dtype", "bf16") if mp is not None else "bf16")
 
 
 case = fork_case(cfg)
 model_dir = case["model_path"]
 balance_batch = fork_modules.balance_batch(fork_dir)
 
+# The fp32 master weights (what the optimizer steps) and, under bf16 mixed precision, the
+# bf16 copy FSDP computes with: every forward casts the masters (FSDP's unshard at
+# param_dtype), every backward's bf16 gradients are cast to fp32 (reduce_dtype) and summed
+# into the masters' (the sharded fp32 gradient accumulates across micro-batches). Buffers
+# (the rotary inv_freq) stay fp32 (buffer_dtype).
 model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
 model.train()
+low = None
+if case["param_dtype"] != torch.float32 or (case["ref_param_dtype"] != torch.float32 and
+                                            (case["use_kl_loss"] or case["use_kl_in_reward"])):
+    low = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa")
+    low.train()
+    with torch.no_grad():
+        for (name, buf), (_, master_buf) in zip(low.named_buffers(), model.named_buffers()):
+            if buf.is_floating_point():
+                buf.data = master_buf.detach().clone()
 batches = [load_file(path) for path in batch_path.split(",")]
 temperature = case["temperature"]
 initial = {name: prm.detach().clone() for name, prm in model.named_parameters()}
+# The reference worker's weights: the checkpoint at its model_dtype (bf16 by default).
+ref_weights = {name: w.to(case["ref_model_dtype"]).to(torch.float32) for name, w in initial.items()}
 params = dict(model.named_parameters())
 needs_ref = case["use_kl_loss"] or case["use_kl_in_reward"]
 
@@ -176,22 +211,49 @@ def set_weights(weights):
             prm.copy_(weights[name])
 
 
-def forward(b, rows, calculate_entropy):
-    """dp_actor._forward_micro_batch without rmpad: (entropy, log_probs) of the rows."""
+def computing(dtype):
+    """The module a forward at `dtype` runs: the masters (fp32) or the bf16 copy, cast from
+    them now."""
+    if dtype == torch.float32:
+        return model
+    with torch.no_grad():
+        for (name, w), (_, master) in zip(low.named_parameters(), model.named_parameters()):
+            w.copy_(master)
+    return low
+
+
+def move_grads(net):
+    """The bf16 copy's gradients, cast to fp32, into the masters' (FSDP's reduce_dtype)."""
+    if net is model:
+        return
+    for (name, w), (_, master) in zip(net.named_parameters(), model.named_parameters()):
+        if w.grad is None:
+            continue
+        g = w.grad.to(torch.float32)
+        master.grad = g if master.grad is None else master.grad + g
+        w.grad = None
+
+
+def forward(net, b, rows, calculate_entropy):
+    """dp_actor._forward_micro_batch without rmpad: (entropy, log_probs) of the rows. In bf16
+    the logits are bf16 and the fork's log-probs come from flash-attn's cross entropy, which
+    works in fp32 on them: here the fork's own fp32 path on the bf16 logits cast up."""
     R = b["responses"].size(1)
-    out = model(input_ids=b["input_ids"][rows], attention_mask=b["attention_mask"][rows],
-                position_ids=b["position_ids"][rows], use_cache=False)
+    out = net(input_ids=b["input_ids"][rows], attention_mask=b["attention_mask"][rows],
+              position_ids=b["position_ids"][rows], use_cache=False)
     logits = out.logits
     logits.div_(temperature)
     logits = logits[:, -R - 1:-1, :]
+    if logits.dtype != torch.float32:
+        logits = logits.to(torch.float32)
     log_probs = verl_F.logprobs_from_logits(logits, b["responses"][rows])
     entropy = verl_F.entropy_from_logits(logits) if calculate_entropy else None
     return entropy, log_probs
 
 
-def all_log_probs(b):
+def all_log_probs(b, dtype):
     with torch.no_grad():
-        return forward(b, torch.arange(b["input_ids"].size(0)), False)[1]
+        return forward(computing(dtype), b, torch.arange(b["input_ids"].size(0)), False)[1]
 
 
 def balanced_order(b):
@@ -210,15 +272,15 @@ def old_log_probs_and_advantages(b):
     """compute_log_prob (no grad), ref, the in-reward KL and the advantages of one batch."""
     R = b["responses"].size(1)
     response_mask = b["attention_mask"][:, -R:].to(torch.float32)
-    old_log_probs = all_log_probs(b)
+    old_log_probs = all_log_probs(b, case["param_dtype"])
     ref_log_prob = None
     if needs_ref:
         if case["use_iterative_ref_model"]:
             ref_log_prob = old_log_probs
-        else:  # the reference worker holds the initial weights
+        else:  # the reference worker: the initial weights at its own dtypes
             live = {name: prm.detach().clone() for name, prm in model.named_parameters()}
-            set_weights(initial)
-            ref_log_prob = all_log_probs(b)
+            set_weights(ref_weights)
+            ref_log_prob = all_log_probs(b, case["ref_param_dtype"])
             set_weights(live)
     scores = b["token_level_scores"].to(torch.float32)
     if case["use_kl_in_reward"]:
@@ -312,19 +374,21 @@ def accumulate(b, micro_batches, old_log_probs, ref_log_prob, advantages):
     """Forward/backward of every micro-batch of one mini-batch into .grad (dp_actor's loop)."""
     R = b["responses"].size(1)
     response_mask = b["attention_mask"][:, -R:].to(torch.float32)
+    net = computing(case["param_dtype"])  # the masters do not change within a mini-batch
     for rows in micro_batches:
         rows_t = torch.tensor(rows)
         old = old_log_probs[rows_t]
         ref = None
         if needs_ref:
             ref = old if case["use_iterative_ref_model"] else ref_log_prob[rows_t]
-        entropy, log_prob = forward(b, rows_t, True)
+        entropy, log_prob = forward(net, b, rows_t, True)
         loss, _, _ = fork_modules.dp_actor_loss(
             core_algos, case, log_prob, old, advantages[rows_t], response_mask[rows_t], ref, entropy,
             micro_rows=len(rows), mini_rows=RANK_MINI, use_dynamic_bsz=case["use_dynamic_bsz"],
             micro_size=case["micro_size"])
         # FSDP averages the ranks' gradients: the same mean, formed in one process.
         (loss / WORLD if WORLD > 1 else loss).backward()
+        move_grads(net)
 
 
 def mini_batches(b):

@@ -430,6 +430,7 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
   struct Case {
     std::string script;
     std::vector<std::string> extra;  // fork keys: given to rpg and to the oracle
+    bool bf16 = false;               // the scripts' precision (else both sides in fp32)
   };
   const int steps = 3;
   const std::string p = "actor_rollout_ref.actor.";
@@ -450,6 +451,8 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
       {"run_rfppb_7b_1e-4", {gen3, p + "kl_loss_coef=0.5"}},
       // Two ranks: balance_batch's reorder with 4 rows per rank per mini-batch.
       {"run_rpg_7b_ufkl1e-4_rf_clip_ppo_0.2_0.28", {gen3, "trainer.n_gpus_per_node=2"}},
+      {"run_dapo_7b", {gen3}, true},
+      {"run_grpo_7b", {"data.gen_batch_size=2", p + "kl_loss_coef=0.5"}, true},
   };
   // The overrides both sides get (fork keys; the oracle applies them after the script's own).
   auto shared_overrides = [&](const Case& k, int64_t budget) {
@@ -469,9 +472,19 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
     for (const auto& e : k.extra) o.push_back(e);
     return o;
   };
+  // fp32 on both sides: rpg's compute dtype; the fork's FSDP mixed precision of the actor and
+  // of the reference worker (whose weights stay the checkpoint's bf16 rounding, model_dtype).
+  auto fork_overrides = [&](const Case& k, int64_t budget) {
+    std::vector<std::string> o = shared_overrides(k, budget);
+    if (!k.bf16)
+      for (const char* role : {"actor", "ref"})
+        o.push_back(str("+actor_rollout_ref.", role, ".fsdp_config.mixed_precision.param_dtype=fp32"));
+    return o;
+  };
   auto load = [&](const Case& k, int64_t budget) {
     std::vector<std::string> o = shared_overrides(k, budget);
-    o.push_back("trainer.device=cpu");  // rpg's own key
+    o.push_back("trainer.device=cpu");  // rpg's own keys
+    if (!k.bf16) o.push_back(p + "compute_dtype=float32");
     return load_config<TrainConfig>(test::source_dir() / "recipes" / "fork" / (k.script + ".yaml"), o).value;
   };
   // The padded width of the first case's first step: the smallest token budget the fork
@@ -494,6 +507,7 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
     return diff == 0 ? 0.0 : diff / std::max(scale, 1e-30);
   };
   int64_t filtered_rounds = 0;
+  std::map<std::pair<std::string, bool>, at::Tensor> first_old;  // (script, bf16) -> step 1's old log-probs
   for (const auto& k : cases) {
     Trainer t(load(k, budget), fork_scorers);
     TrainerTesting::record_updates(t, true);
@@ -542,12 +556,13 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
       test::save_tensors(f, batch);
       batch_files += (s ? "," : "") + f.string();
     }
-    test::write_text(tmp / "overrides.json", nlohmann::json(shared_overrides(k, budget)).dump());
+    test::write_text(tmp / "overrides.json", nlohmann::json(fork_overrides(k, budget)).dump());
     test::run_oracle("train_fork_step.py", {fork_dir.string(), (fork_dir / "recipe/rpg/7b" / (k.script + ".sh")).string(),
                                             (tmp / "overrides.json").string(), batch_files,
                                             (tmp / "out.safetensors").string()});
     const auto ref = test::load_tensors(tmp / "out.safetensors");
     EXPECT_EQ(t.total_steps(), ref.at("total_steps").item<int64_t>()) << k.script;
+    first_old[{k.script, k.bf16}] = olds[0] * batches_mask[0];
     for (int s = 0; s < steps; ++s) {
       const std::string at_step = k.script + " step " + std::to_string(s + 1);
       const GenerationRecord& gen = generations[static_cast<size_t>(s)];
@@ -608,6 +623,13 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
   }
   // Dynamic sampling had to generate again somewhere (a group with equal acc was dropped).
   EXPECT_GT(filtered_rounds, 0);
+  // The bf16 cases do compute in bf16 (on both sides, as they agree): step 1 samples the same
+  // rollouts at the same weights, and the old log-probs are a bf16 rounding away from fp32's.
+  for (const std::string script : {"run_dapo_7b", "run_grpo_7b"}) {
+    const double d = (first_old.at({script, true}) - first_old.at({script, false})).abs().max().item<double>();
+    std::printf("%s: step 1 old log-probs, bf16 vs fp32: max |diff| %.3g\n", script.c_str(), d);
+    EXPECT_GT(d, 1e-3) << script;
+  }
 }
 
 // The fork's use_dynamic_bsz micro-batches equal verl's get_seqlen_balanced_partitions with
@@ -886,6 +908,9 @@ TEST_F(TrainerTest, ScheduleFreeSamplingWeightsPerGenerationRound) {
       c.rpg.semantics = "fork";
       c.actor_rollout_ref.actor.policy_loss = "vanilla";
       c.actor_rollout_ref.actor.optim.optim_type = "schedulefree";
+      // fp32: the sampled weights (the fp32 policy) and the old log-probs' (the compute
+      // model) are then one copy, compared for identity.
+      c.actor_rollout_ref.actor.compute_dtype = "float32";
     } else {
       c.actor_rollout_ref.actor.optim.optim_type = "schedule_free_adamw";
     }

@@ -443,11 +443,16 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
       }
       p.reset();
       if (temperature != 1.0) gs.div_(temperature);
-      if (need_h) {
-        at::Tensor gz = gs.scalar_type() == weight.scalar_type() ? gs : gs.to(weight.scalar_type());
-        grad_h.narrow(0, s, n).copy_(at::matmul(gz, weight));
+      // The logits' gradient in the weight's dtype: what autograd hands both products of a
+      // bf16 lm_head. grad_w sums its chunks in fp32 either way; with autograd_backward its
+      // factor is that rounded gradient too (the fork's bf16 run), else the fp32 one.
+      const bool low = gs.scalar_type() != weight.scalar_type();
+      at::Tensor gz = low && (need_h || autograd_backward) ? gs.to(weight.scalar_type()) : gs;
+      if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(gz, weight));
+      if (need_w) {
+        const at::Tensor factor = low && autograd_backward ? gz.to(at::kFloat) : gs;
+        grad_w.addmm_(factor.t(), h.scalar_type() == at::kFloat ? h : h.to(at::kFloat));
       }
-      if (need_w) grad_w.addmm_(gs.t(), h.scalar_type() == at::kFloat ? h : h.to(at::kFloat));
     }
     return {grad_h, need_w ? grad_w.to(weight.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor()};

@@ -107,7 +107,7 @@ void ActorConfig::validate() const {
           "refreshes the iterative reference: set use_iterative_ref_model=true");
   require(ref_kl_ema > 0 && ref_kl_ema <= 1, p + "ref_kl_ema", str("must be in (0, 1], got ", ref_kl_ema));
   require_one_of(old_log_prob_source, {"recompute", "rollout"}, p + "old_log_prob_source");
-  require_one_of(compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
+  if (compute_dtype) require_one_of(*compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
   above(optim.lr, 0.0, p + "optim.lr");
   at_least(optim.weight_decay, 0.0, p + "optim.weight_decay");
   require(optim.betas.size() == 2, p + "optim.betas", "expected two values [beta1, beta2]");
@@ -251,8 +251,9 @@ void TrainConfig::validate() const {
   require(dist.zero_stage >= 0 && dist.zero_stage <= 2, "dist.zero_stage",
           str("must be 0, 1 or 2, got ", dist.zero_stage));
   require(dist.reduce_bucket_mb > 0, "dist.reduce_bucket_mb", str("must be > 0, got ", dist.reduce_bucket_mb));
-  require(!dist.shard_master_weights || actor_rollout_ref.actor.compute_dtype == "bfloat16", "dist.shard_master_weights",
-          str("true needs actor_rollout_ref.actor.compute_dtype=bfloat16 (got ", actor_rollout_ref.actor.compute_dtype,
+  const std::string dtype = actor_rollout_ref.actor.compute_dtype.value_or(fork_semantics() ? "bfloat16" : "float32");
+  require(!dist.shard_master_weights || dtype == "bfloat16", "dist.shard_master_weights",
+          str("true needs actor_rollout_ref.actor.compute_dtype=bfloat16 (got ", dtype,
               "): with fp32 compute the fp32 weights are the only copy"));
   require(!dist.shard_master_weights || dist.zero_stage >= 1, "dist.shard_master_weights",
           str("true needs dist.zero_stage=1 or 2 (got ", dist.zero_stage, "): the masters live in the sharded optimizer state"));
@@ -391,15 +392,21 @@ void TrainConfig::check_trainable() const {
           "warm-up, validation and export at x)");
 }
 
+std::vector<std::string> TrainConfig::fork_spellings() const {
+  // The fork's spellings: its kl_loss_type names, its optimizer name and its reward manager.
+  const auto& a = actor_rollout_ref.actor;
+  std::vector<std::string> why;
+  if (a.kl_loss_type.rfind("rpg_", 0) == 0) why.push_back("actor_rollout_ref.actor.kl_loss_type=" + a.kl_loss_type);
+  if (a.optim.optim_type == "schedulefree") why.push_back("actor_rollout_ref.actor.optim.optim_type=schedulefree");
+  if (reward_model.reward_manager == "rpg") why.push_back("reward_model.reward_manager=rpg");
+  return why;
+}
+
 std::vector<std::string> TrainConfig::resolve() {
   std::vector<std::string> notices;
   auto& a = actor_rollout_ref.actor;
   if (rpg.semantics == "auto") {
-    // The fork's spellings: its kl_loss_type names, its optimizer name and its reward manager.
-    std::vector<std::string> why;
-    if (a.kl_loss_type.rfind("rpg_", 0) == 0) why.push_back("actor_rollout_ref.actor.kl_loss_type=" + a.kl_loss_type);
-    if (a.optim.optim_type == "schedulefree") why.push_back("actor_rollout_ref.actor.optim.optim_type=schedulefree");
-    if (reward_model.reward_manager == "rpg") why.push_back("reward_model.reward_manager=rpg");
+    const std::vector<std::string> why = fork_spellings();
     rpg.semantics = why.empty() ? "paper" : "fork";
     if (!why.empty()) {
       std::string list;
@@ -469,7 +476,8 @@ std::vector<std::string> TrainConfig::resolve() {
   choices.truncation = choice<Truncation>(data.truncation, {"error", "left", "right", "middle"}, "data.truncation");
   choices.old_log_prob_source =
       choice<OldLogProbSource>(a.old_log_prob_source, {"recompute", "rollout"}, p + "old_log_prob_source");
-  choices.compute_dtype = choice<ComputeDtype>(a.compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
+  if (!a.compute_dtype) a.compute_dtype = fork_semantics() ? "bfloat16" : "float32";
+  choices.compute_dtype = choice<ComputeDtype>(*a.compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
   choices.kl_ctrl = choice<KlControlType>(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
   choices.filter_metric =
       choice<FilterMetric>(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");

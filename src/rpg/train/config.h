@@ -228,7 +228,9 @@ struct ActorConfig {
   // ref_kl_target, not fork semantics).
   bool on_policy_old_log_probs = true;
   // rpg: dtype of forward/backward; the master weights and the optimizer state stay fp32.
-  std::string compute_dtype = "float32";
+  // Unset: bfloat16 in fork semantics (the fork's FSDP MixedPrecision default: bf16 params
+  // for forward/backward, fp32 gradient reduction and masters), float32 in paper semantics.
+  std::optional<std::string> compute_dtype;
   std::string policy_loss = "vanilla";   // policy loss by registry name
   std::string kl_form = "ufkl";          // rpg / rpg_reinforce: fkl | rkl | ufkl | urkl
   bool rpg_style_clip = true;            // rpg / rpg_reinforce: RPG-Style Clip (Algorithms 1, 2)
@@ -264,7 +266,9 @@ struct ActorConfig {
     v("old_log_prob_source", old_log_prob_source, "recompute (a trainer forward pass) | rollout (the engine's log-probs)");
     v("on_policy_old_log_probs", on_policy_old_log_probs,
       "one mini-batch, one epoch: old log-probs = the update's own, detached (no separate pass)");
-    v("compute_dtype", compute_dtype, "float32 | bfloat16 forward/backward (master weights stay fp32)");
+    v("compute_dtype", compute_dtype,
+      "float32 | bfloat16 forward/backward (master weights stay fp32); null: bfloat16 in fork semantics (the fork's "
+      "FSDP mixed precision), float32 in paper semantics");
     v("policy_loss", policy_loss, "policy loss by registry name (docs/algorithms.md)");
     v("kl_form", kl_form, "rpg / rpg_reinforce regulariser: fkl | rkl | ufkl | urkl");
     v("rpg_style_clip", rpg_style_clip, "rpg / rpg_reinforce: RPG-Style Clip");
@@ -637,6 +641,10 @@ struct TrainConfig {
 
  private:
   void validate_lora() const;
+  // The keys in the fork's spellings that make rpg.semantics=auto fork ("key=value" each).
+  std::vector<std::string> fork_spellings() const;
+  // rpg.semantics as resolve() decides it, before it has.
+  bool fork_semantics() const { return rpg.semantics == "fork" || (rpg.semantics == "auto" && !fork_spellings().empty()); }
 };
 
 }  // namespace rpg::train

@@ -122,6 +122,9 @@ class ForkRules final : public Rules {
   // use_iterative_ref_model means ref = old_log_probs (dp_actor.py:316-318,
   // rpg_ray_trainer.py), whatever ref_update_freq says; otherwise the fixed initial policy.
   bool reference_resident() const override { return !actor_.use_iterative_ref_model; }
+  // The ref worker loads the checkpoint in bf16 (fsdp_workers.py:167-169: model_dtype unset
+  // is fp32 for the actor, bf16 otherwise) and runs it under the same FSDP mixed precision.
+  bool reference_weights_bf16() const override { return true; }
   // Every row's full forward, as the fork's dp_actor rounds it; the log-prob backward as
   // torch's autograd differentiates gather - logsumexp.
   void set_log_prob_options(model::LogProbOptions& options) const override {

@@ -80,6 +80,7 @@ class PaperRules final : public Rules {
 
   // A fixed reference, or one refreshed every few steps; refreshed every step it is pi_old.
   bool reference_resident() const override { return !(actor_.use_iterative_ref_model && actor_.ref_update_freq == 1); }
+  bool reference_weights_bf16() const override { return false; }
   void set_log_prob_options(model::LogProbOptions&) const override {}  // the defaults: split prompt, log_softmax backward
   bool allows_old_log_probs_from_update() const override { return true; }
 

@@ -268,9 +268,15 @@ void Trainer::Impl::build_models() {
       reference = base_model_reference(policy.model);
     } else {
       // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
-      reference = resident_reference(std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
-                                         path, {shard_master ? at::kBFloat16 : at::kFloat, policy.model.device()})),
-                                     policy.model);
+      const bool bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
+      const bool bf16_weights = rules->reference_weights_bf16();
+      auto ref = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
+          path, {shard_master || (bf16_weights && bf16_compute) ? at::kBFloat16 : at::kFloat, policy.model.device()}));
+      if (bf16_weights && ref->dtype() == at::kFloat) {  // bf16 values computed in fp32
+        c10::NoGradGuard no_grad;
+        for (auto& [name, w] : ref->named_parameters()) w.copy_(w.to(at::kBFloat16));
+      }
+      reference = resident_reference(std::move(ref), policy.model);
     }
   }
   if (shard_master) {
