@@ -59,7 +59,7 @@ MAPPED = {
 } | {
     # n_gpus_per_node / nnodes: rpg checks them against its launcher when more than one process
     # runs; a one-process run does not lay the batch out over 8 ranks as the fork does.
-    "trainer." + k for k in ("project_name", "experiment_name", "n_gpus_per_node", "nnodes", "val_before_train",
+    "trainer." + k for k in ("n_gpus_per_node", "nnodes", "val_before_train",
                              "test_freq", "save_freq", "total_epochs", "default_local_dir", "resume_mode",
                              "max_actor_ckpt_to_keep")
 }
@@ -89,8 +89,9 @@ NO_EFFECT = [
     ("critic", "the fork builds no critic for the grpo, rpg and reinforce_plus_plus[_baseline] advantage "
                "estimators (verl/trainer/ppo/ray_trainer.py:304-309); rpg trains none",
      ["critic."]),
-    ("logger", "console and wandb logging; rpg writes metrics.jsonl and TensorBoard events in the run directory",
-     ["trainer.logger"]),
+    ("logger", "console and wandb logging and its project / experiment names; rpg writes metrics.jsonl and "
+               "TensorBoard events in the run directory (trainer.default_local_dir)",
+     ["trainer.logger", "trainer.project_name", "trainer.experiment_name"]),
 ]
 
 

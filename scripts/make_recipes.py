@@ -87,8 +87,6 @@ trainer:
   val_before_train: true
   resume_mode: auto
   max_actor_ckpt_to_keep: 3
-  project_name: rpg
-  experiment_name: {name}
   default_local_dir: checkpoints/{name}
   seed: 42
 """

@@ -98,6 +98,24 @@ TEST(Cli, ConfigShowPrintsDefaultsAndOverrides) {
   EXPECT_NE(r.err.find("trainer.critic_warmup has no effect in rpg"), std::string::npos) << r.err;
 }
 
+// verl keys rpg reads nothing from are said to have no effect (with the reason), not kept as
+// settings the config shows and nothing uses.
+TEST(Cli, KeysWithoutEffectAreReportedAndNotShown) {
+  const std::vector<std::string> keys = {"data.val_batch_size=8", "actor_rollout_ref.model.tokenizer_path=/x",
+                                         "algorithm.lam=0.95", "reward_model.overlong_buffer.log=true",
+                                         "trainer.project_name=p", "trainer.experiment_name=e"};
+  std::vector<std::string> args = {"config", "show", "-"};
+  args.insert(args.end(), keys.begin(), keys.end());
+  ProcessResult r = rpg(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& kv : keys) {
+    const std::string key = kv.substr(0, kv.find('='));
+    EXPECT_NE(r.err.find(key + " has no effect in rpg ("), std::string::npos) << key << "\n" << r.err;
+    const std::string leaf = key.substr(key.rfind('.') + 1);
+    EXPECT_EQ(r.out.find(" " + leaf + ":"), std::string::npos) << leaf << " still shown";
+  }
+}
+
 TEST(Cli, ConfigShowErrors) {
   test::TempDir dir;
   test::write_text(dir / "typo.yaml", "actor_rollout_ref:\n  actor:\n    clip_ratio_hgh: 0.28\n");
@@ -139,7 +157,6 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {"data.max_response_length", {"data.max_response_length", "0"}},
       {"data.train_batch_size", {"data.train_batch_size", "0"}},
       {"data.gen_batch_size", {"data.gen_batch_size", "0"}},
-      {"data.val_batch_size", {"data.val_batch_size", "0"}},
       {"data.seed", {"data.seed", "-3"}},
       {"data.train_max_samples", {"data.train_max_samples", "0"}},
       {"data.val_max_samples", {"data.val_max_samples", "-2"}},
@@ -176,7 +193,6 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {r + "val_kwargs.top_k", {r + "val_kwargs.top_k", "-5"}},
       {r + "val_kwargs.n", {r + "val_kwargs.n", "0"}},
       {"algorithm.gamma", {"algorithm.gamma", "1.5"}},
-      {"algorithm.lam", {"algorithm.lam", "-0.1"}},
       {"algorithm.kl_ctrl.kl_coef", {"algorithm.kl_ctrl.kl_coef", "-0.001"}},
       {"algorithm.kl_ctrl.horizon", {"algorithm.kl_ctrl.horizon", "0"}},
       {"algorithm.kl_ctrl.target_kl", {"algorithm.kl_ctrl.target_kl", "0"}},
@@ -212,7 +228,7 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       "reward_model.timeout_score",                   // any score a timed-out response should get
   };
   // Optional numeric keys print as null by default: set them so that the walk sees them.
-  ProcessResult shown = rpg({"config", "show", "-", "data.gen_batch_size=1024", "data.val_batch_size=8", "data.seed=1",
+  ProcessResult shown = rpg({"config", "show", "-", "data.gen_batch_size=1024", "data.seed=1",
                              a + "ppo_micro_batch_size_per_gpu=2",
                              a + "clip_ratio_low=0.2", a + "clip_ratio_high=0.28", "trainer.total_training_steps=3",
                              "trainer.max_actor_ckpt_to_keep=2", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",

@@ -229,7 +229,6 @@ train::TrainConfig rl_config(const DemoOptions& o, const std::string& recipe, co
   c.trainer.val_before_train = true;
   c.trainer.resume_mode = "disable";
   c.trainer.default_local_dir = run_dir.string();
-  c.trainer.experiment_name = recipe;
   c.trainer.device = "cpu";
   c.trainer.seed = static_cast<int64_t>(o.seed);
   c.trainer.sample_log_freq = std::max<int64_t>(1, o.rl_steps / 5);

@@ -76,7 +76,6 @@ void DataConfig::validate() const {
   above<int64_t>(max_response_length, 0, "data.max_response_length");
   at_least<int64_t>(train_batch_size, 1, "data.train_batch_size");
   at_least<int64_t>(gen_batch_size, 1, "data.gen_batch_size");
-  at_least<int64_t>(val_batch_size, 1, "data.val_batch_size");
   at_least<int64_t>(seed, 0, "data.seed");
   minus_one_or_at_least(train_max_samples, 1, "data.train_max_samples", "all");
   minus_one_or_at_least(val_max_samples, 1, "data.val_max_samples", "all");
@@ -161,7 +160,6 @@ void TrainConfig::validate() const {
           "actor_rollout_ref.actor.ppo_mini_batch_size",
           str("got ", mini, ", must divide data.train_batch_size (", data.train_batch_size, ")"));
   in_range(algorithm.gamma, 0, 1, /*hi_open=*/false, "algorithm.gamma");
-  in_range(algorithm.lam, 0, 1, /*hi_open=*/false, "algorithm.lam");
   require_one_of(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
   at_least(algorithm.kl_ctrl.kl_coef, 0.0, "algorithm.kl_ctrl.kl_coef");
   above<int64_t>(algorithm.kl_ctrl.horizon, 0, "algorithm.kl_ctrl.horizon");

@@ -64,7 +64,6 @@ struct DataConfig {
   int64_t max_response_length = 512;
   int64_t train_batch_size = 1024;          // prompts per RL step
   std::optional<int64_t> gen_batch_size;    // prompts per generation batch (dynamic sampling)
-  std::optional<int64_t> val_batch_size;
   std::string truncation = "error";         // error | left | right | middle
   bool shuffle = true;
   std::optional<int64_t> seed;              // data shuffling seed; null: trainer.seed (fork: 1)
@@ -83,7 +82,7 @@ struct DataConfig {
     v("max_response_length", max_response_length, "generated tokens per response");
     v("train_batch_size", train_batch_size, "prompts per RL step");
     v("gen_batch_size", gen_batch_size, "prompts per generation batch; train_batch_size when null");
-    v("val_batch_size", val_batch_size, "prompts per validation batch; all when null");
+    v.ignored("val_batch_size", "validation generates all its prompts as one batch; verl deprecated the key too");
     v("truncation", truncation, "over-long prompts: error | left | right | middle (keep both ends, as verl)");
     v("shuffle", shuffle, "shuffle the training data every epoch");
     v("seed", seed, "data shuffle seed; null: trainer.seed (fork semantics: 1, the fork's default)");
@@ -285,7 +284,6 @@ struct ActorConfig {
 struct ModelConfig {
   std::string path;  // Hugging Face model directory
   bool enable_gradient_checkpointing = true;
-  std::optional<std::string> tokenizer_path;  // model path when null
   // Padding-free log-prob passes (old, reference, update): each micro-batch's real tokens
   // packed into one stream. Equal to the padded path within fp32 rounding. Off by default
   // (verl 0.9 defaults to true) so that runs without the key, the demo's included, keep
@@ -304,7 +302,7 @@ struct ModelConfig {
   void visit(V& v) {
     v("path", path, "Hugging Face model directory");
     v("enable_gradient_checkpointing", enable_gradient_checkpointing, "recompute layer activations in backward");
-    v("tokenizer_path", tokenizer_path, "tokenizer directory (model path when null)");
+    v.ignored("tokenizer_path", "the tokenizer is read from actor_rollout_ref.model.path");
     v("use_remove_padding", use_remove_padding, "padding-free forward/backward: a micro-batch's real tokens packed");
     v("lora_rank", lora_rank, "LoRA adapter rank; 0 trains every weight (no adapters)");
     v("lora_alpha", lora_alpha, "LoRA scaling numerator: adapters are scaled by lora_alpha / lora_rank");
@@ -391,7 +389,6 @@ struct RolloutCorrectionConfig {
 struct AlgorithmConfig {
   std::string adv_estimator = "grpo";  // verl's default is gae (needs a critic, which rpg has not)
   double gamma = 1.0;
-  double lam = 1.0;
   bool norm_adv_by_std_in_grpo = true;
   bool use_kl_in_reward = false;
   std::string kl_penalty = "kl";
@@ -403,7 +400,7 @@ struct AlgorithmConfig {
   void visit(V& v) {
     v("adv_estimator", adv_estimator, "advantage estimator by name");
     v("gamma", gamma, "discount for token-level rewards");
-    v("lam", lam, "GAE lambda");
+    v.ignored("lam", "GAE's lambda: rpg has no critic, so no GAE estimator");
     v("norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo, "divide GRPO advantages by the group std");
     v("use_kl_in_reward", use_kl_in_reward, "fold the KL penalty into the token reward");
     v("kl_penalty", kl_penalty, "KL estimator of the in-reward penalty");
@@ -419,14 +416,13 @@ struct OverlongBufferConfig {
   bool enable = false;
   int64_t len = 0;
   double penalty_factor = 0.0;
-  bool log = false;
 
   template <class V>
   void visit(V& v) {
     v("enable", enable, "DAPO overlong reward shaping");
     v("len", len, "buffer length in tokens before max_response_length");
     v("penalty_factor", penalty_factor, "penalty at the maximum length");
-    v("log", log, "log overlong metrics");
+    v.ignored("log", "rpg logs no per-response overlong metrics");
   }
 };
 
@@ -506,8 +502,6 @@ struct TrainerConfig {
   std::optional<int64_t> max_actor_ckpt_to_keep;
   bool save_on_preempt = true;  // rpg: checkpoint on SIGTERM / SIGINT before exiting (core/signals.h)
   int64_t seed = 42;
-  std::string project_name = "rpg";
-  std::string experiment_name = "run";
   std::string device = "auto";  // auto | cpu | cuda
   int64_t max_consecutive_skips = 10;  // rpg: stop after this many non-finite updates in a row
   std::optional<int64_t> max_skipped_steps;  // rpg: null = 10% of the optimizer steps taken
@@ -531,8 +525,8 @@ struct TrainerConfig {
     v("max_actor_ckpt_to_keep", max_actor_ckpt_to_keep, "keep the newest N checkpoints (all when null)");
     v("save_on_preempt", save_on_preempt, "on SIGTERM/SIGINT finish the step, save a checkpoint, exit 75");
     v("seed", seed, "seed of every random stream");
-    v("project_name", project_name, "project name in logs");
-    v("experiment_name", experiment_name, "experiment name in logs");
+    v.ignored("project_name", "a name for wandb; rpg's run is its directory, trainer.default_local_dir");
+    v.ignored("experiment_name", "a name for wandb; rpg's run is its directory, trainer.default_local_dir");
     v("device", device, "auto | cpu | cuda");
     v("max_consecutive_skips", max_consecutive_skips, "stop after this many skipped (non-finite) updates in a row");
     v("max_skipped_steps", max_skipped_steps,
