@@ -1729,6 +1729,39 @@ TEST_F(TrainerTest, RolloutCorrectionChangesTheLossAsTheAlgorithmModuleSays) {
 // what the fork has no code for is refused naming the key. Every recipes/fork file resolves
 // to fork semantics and validates; the schedule-free ones are refused by check_trainable()
 // (rpg train), not by loading (rpg config show).
+// Every name of an enum's table resolves to the enumerator at its position (the table is the
+// only place a spelling lives), a name outside it is refused naming the key and the names.
+TEST(TrainConfigResolve, EnumTablesResolveToTheirEnumerators) {
+  auto each = [](const auto& names, auto set, auto get, const std::string& key) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      TrainConfig c;
+      set(c, names[i]);
+      c.resolve();
+      EXPECT_EQ(static_cast<size_t>(get(c)), i) << key << "=" << names[i];
+    }
+    TrainConfig bad;
+    set(bad, "nope");
+    try {
+      bad.resolve();
+      ADD_FAILURE() << key << "=nope resolved";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(key + ": got 'nope', expected one of " + names[0], 0), 0u) << e.what();
+    }
+  };
+  each(kTruncationNames, [](TrainConfig& c, const char* v) { c.data.truncation = v; },
+       [](const TrainConfig& c) { return c.choices.truncation; }, "data.truncation");
+  each(kOldLogProbSourceNames, [](TrainConfig& c, const char* v) { c.actor_rollout_ref.actor.old_log_prob_source = v; },
+       [](const TrainConfig& c) { return c.choices.old_log_prob_source; }, "actor_rollout_ref.actor.old_log_prob_source");
+  each(kComputeDtypeNames, [](TrainConfig& c, const char* v) { c.actor_rollout_ref.actor.compute_dtype = v; },
+       [](const TrainConfig& c) { return c.choices.compute_dtype; }, "actor_rollout_ref.actor.compute_dtype");
+  each(kKlControlTypeNames, [](TrainConfig& c, const char* v) { c.algorithm.kl_ctrl.type = v; },
+       [](const TrainConfig& c) { return c.choices.kl_ctrl; }, "algorithm.kl_ctrl.type");
+  each(kFilterMetricNames, [](TrainConfig& c, const char* v) { c.algorithm.filter_groups.metric = v; },
+       [](const TrainConfig& c) { return c.choices.filter_metric; }, "algorithm.filter_groups.metric");
+  each(kResumeModeNames, [](TrainConfig& c, const char* v) { c.trainer.resume_mode = v; },
+       [](const TrainConfig& c) { return c.choices.resume_mode; }, "trainer.resume_mode");
+}
+
 TEST(TrainConfigResolve, ForkSpellingsSelectForkSemantics) {
   auto load = [](std::vector<std::string> overrides) {
     auto loaded = load_config<TrainConfig>({}, overrides);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <span>
 #include <sstream>
 
 #include "rpg/algo/advantage.h"
@@ -19,12 +20,15 @@ void require(bool ok, const std::string& key, const std::string& message) {
   if (!ok) throw ConfigError(str(key, ": ", message));
 }
 
-void require_one_of(const std::string& value, std::initializer_list<const char*> allowed, const std::string& key) {
+void require_one_of(const std::string& value, std::span<const char* const> allowed, const std::string& key) {
   for (const char* a : allowed)
     if (value == a) return;
   std::string list;
   for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
   throw ConfigError(str(key, ": got '", value, "', expected one of ", list));
+}
+void require_one_of(const std::string& value, std::initializer_list<const char*> allowed, const std::string& key) {
+  require_one_of(value, std::span<const char* const>(allowed.begin(), allowed.size()), key);
 }
 
 // Range checks: "<full.dotted.key>: must be <range>, got <value>".
@@ -53,14 +57,11 @@ void minus_one_or_at_least(int64_t value, int64_t lo, const std::string& key, co
   require(value == -1 || value >= lo, key, str("must be -1 (", minus_one_means, ") or >= ", lo, ", got ", value));
 }
 
-// The enum of `value` among `names` (in enum order); ConfigError naming the key otherwise.
-template <class E>
-E choice(const std::string& value, std::initializer_list<const char*> names, const std::string& key) {
-  int i = 0;
-  for (const char* n : names) {
-    if (value == n) return static_cast<E>(i);
-    ++i;
-  }
+// The enum of `value` in its name table (config.h, enum order); ConfigError naming the key otherwise.
+template <class E, size_t N>
+E choice(const std::string& value, const std::array<const char*, N>& names, const std::string& key) {
+  for (size_t i = 0; i < N; ++i)
+    if (value == names[i]) return static_cast<E>(i);
   require_one_of(value, names, key);
   return E{};  // unreachable: require_one_of threw
 }
@@ -79,7 +80,7 @@ void DataConfig::validate() const {
   at_least<int64_t>(seed, 0, "data.seed");
   minus_one_or_at_least(train_max_samples, 1, "data.train_max_samples", "all");
   minus_one_or_at_least(val_max_samples, 1, "data.val_max_samples", "all");
-  require_one_of(truncation, {"error", "left", "right", "middle"}, "data.truncation");
+  require_one_of(truncation, kTruncationNames, "data.truncation");
 }
 
 void ActorConfig::validate() const {
@@ -105,8 +106,8 @@ void ActorConfig::validate() const {
   require(ref_kl_target == 0 || use_iterative_ref_model, p + "ref_kl_target",
           "refreshes the iterative reference: set use_iterative_ref_model=true");
   require(ref_kl_ema > 0 && ref_kl_ema <= 1, p + "ref_kl_ema", str("must be in (0, 1], got ", ref_kl_ema));
-  require_one_of(old_log_prob_source, {"recompute", "rollout"}, p + "old_log_prob_source");
-  if (compute_dtype) require_one_of(*compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
+  require_one_of(old_log_prob_source, kOldLogProbSourceNames, p + "old_log_prob_source");
+  if (compute_dtype) require_one_of(*compute_dtype, kComputeDtypeNames, p + "compute_dtype");
   above(optim.lr, 0.0, p + "optim.lr");
   at_least(optim.weight_decay, 0.0, p + "optim.weight_decay");
   require(optim.betas.size() == 2, p + "optim.betas", "expected two values [beta1, beta2]");
@@ -160,13 +161,13 @@ void TrainConfig::validate() const {
           "actor_rollout_ref.actor.ppo_mini_batch_size",
           str("got ", mini, ", must divide data.train_batch_size (", data.train_batch_size, ")"));
   in_range(algorithm.gamma, 0, 1, /*hi_open=*/false, "algorithm.gamma");
-  require_one_of(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
+  require_one_of(algorithm.kl_ctrl.type, kKlControlTypeNames, "algorithm.kl_ctrl.type");
   at_least(algorithm.kl_ctrl.kl_coef, 0.0, "algorithm.kl_ctrl.kl_coef");
   above<int64_t>(algorithm.kl_ctrl.horizon, 0, "algorithm.kl_ctrl.horizon");
   above(algorithm.kl_ctrl.target_kl, 0.0, "algorithm.kl_ctrl.target_kl");
   require(algorithm.kl_ctrl.type != "adaptive" || (algorithm.kl_ctrl.target_kl > 0 && algorithm.kl_ctrl.horizon > 0),
           "algorithm.kl_ctrl", "adaptive control needs target_kl > 0 and horizon > 0");
-  require_one_of(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
+  require_one_of(algorithm.filter_groups.metric, kFilterMetricNames, "algorithm.filter_groups.metric");
   {
     const auto& rc = algorithm.rollout_correction;
     const std::string q = "algorithm.rollout_correction.";
@@ -229,7 +230,7 @@ void TrainConfig::validate() const {
     require(std::isfinite(reward_model.timeout_score), "reward_model.timeout_score", "must be finite");
     at_least<int64_t>(reward_model.request_batch_size, 1, "reward_model.request_batch_size");
   }
-  require_one_of(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
+  require_one_of(trainer.resume_mode, kResumeModeNames, "trainer.resume_mode");
   require(trainer.resume_mode != "resume_path" || trainer.resume_path, "trainer.resume_path",
           "required when trainer.resume_mode=resume_path");
   require_one_of(trainer.device, {"auto", "cpu", "cuda"}, "trainer.device");
@@ -471,16 +472,16 @@ std::vector<std::string> TrainConfig::resolve() {
     notices.push_back("algorithm.rollout_correction.bypass_mode=true: actor_rollout_ref.actor.old_log_prob_source=rollout");
   }
   const std::string p = "actor_rollout_ref.actor.";
-  choices.truncation = choice<Truncation>(data.truncation, {"error", "left", "right", "middle"}, "data.truncation");
+  choices.truncation = choice<Truncation>(data.truncation, kTruncationNames, "data.truncation");
   choices.old_log_prob_source =
-      choice<OldLogProbSource>(a.old_log_prob_source, {"recompute", "rollout"}, p + "old_log_prob_source");
+      choice<OldLogProbSource>(a.old_log_prob_source, kOldLogProbSourceNames, p + "old_log_prob_source");
   if (!a.compute_dtype) a.compute_dtype = fork_semantics() ? "bfloat16" : "float32";
-  choices.compute_dtype = choice<ComputeDtype>(*a.compute_dtype, {"float32", "bfloat16"}, p + "compute_dtype");
-  choices.kl_ctrl = choice<KlControlType>(algorithm.kl_ctrl.type, {"fixed", "adaptive"}, "algorithm.kl_ctrl.type");
+  choices.compute_dtype = choice<ComputeDtype>(*a.compute_dtype, kComputeDtypeNames, p + "compute_dtype");
+  choices.kl_ctrl = choice<KlControlType>(algorithm.kl_ctrl.type, kKlControlTypeNames, "algorithm.kl_ctrl.type");
   choices.filter_metric =
-      choice<FilterMetric>(algorithm.filter_groups.metric, {"acc", "score"}, "algorithm.filter_groups.metric");
+      choice<FilterMetric>(algorithm.filter_groups.metric, kFilterMetricNames, "algorithm.filter_groups.metric");
   choices.resume_mode =
-      choice<ResumeMode>(trainer.resume_mode, {"auto", "disable", "resume_path"}, "trainer.resume_mode");
+      choice<ResumeMode>(trainer.resume_mode, kResumeModeNames, "trainer.resume_mode");
   const bool known_loss = algo::policy_loss_registry().contains(a.policy_loss);
   if (choices.semantics == Semantics::kFork) {
     // dp_actor.py:316-318: with use_iterative_ref_model the reference IS old_log_probs.

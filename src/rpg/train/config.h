@@ -4,6 +4,7 @@
 // steer verl's Ray / vLLM / FSDP plumbing are accepted with a notice (see ignored()).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -25,6 +26,21 @@ enum class ComputeDtype { kFloat32, kBFloat16 };
 enum class KlControlType { kFixed, kAdaptive };
 enum class FilterMetric { kAcc, kScore };
 enum class ResumeMode { kAuto, kDisable, kResumePath };
+// Each enum's config spellings, in enum order: the one table its key's help, validation and
+// resolution read (a new value is one enumerator plus one name here).
+inline constexpr std::array<const char*, 4> kTruncationNames = {"error", "left", "right", "middle"};
+inline constexpr std::array<const char*, 2> kOldLogProbSourceNames = {"recompute", "rollout"};
+inline constexpr std::array<const char*, 2> kComputeDtypeNames = {"float32", "bfloat16"};
+inline constexpr std::array<const char*, 2> kKlControlTypeNames = {"fixed", "adaptive"};
+inline constexpr std::array<const char*, 2> kFilterMetricNames = {"acc", "score"};
+inline constexpr std::array<const char*, 3> kResumeModeNames = {"auto", "disable", "resume_path"};
+// "a | b | c" of a table, for help texts.
+template <size_t N>
+std::string one_of(const std::array<const char*, N>& names) {
+  std::string out;
+  for (const char* n : names) out += (out.empty() ? "" : " | ") + std::string(n);
+  return out;
+}
 // rpg.semantics: what `rpg train` computes (docs/fork-vs-paper.md).
 //   kPaper: the paper's algorithms under rpg's names (policy_loss rpg / rpg_reinforce, ...).
 //   kFork:  what the authors' verl fork (complex-reasoning/RPG @ ec8e30bd) computes for the
@@ -64,7 +80,7 @@ struct DataConfig {
   int64_t max_response_length = 512;
   int64_t train_batch_size = 1024;          // prompts per RL step
   std::optional<int64_t> gen_batch_size;    // prompts per generation batch (dynamic sampling)
-  std::string truncation = "error";         // error | left | right | middle
+  std::string truncation = "error";         // kTruncationNames
   bool shuffle = true;
   std::optional<int64_t> seed;              // data shuffling seed; null: trainer.seed (fork: 1)
   bool filter_overlong_prompts = false;
@@ -83,7 +99,7 @@ struct DataConfig {
     v("train_batch_size", train_batch_size, "prompts per RL step");
     v("gen_batch_size", gen_batch_size, "prompts per generation batch; train_batch_size when null");
     v.ignored("val_batch_size", "validation generates all its prompts as one batch; verl deprecated the key too");
-    v("truncation", truncation, "over-long prompts: error | left | right | middle (keep both ends, as verl)");
+    v("truncation", truncation, "over-long prompts: " + one_of(kTruncationNames) + " (middle keeps both ends, as verl)");
     v("shuffle", shuffle, "shuffle the training data every epoch");
     v("seed", seed, "data shuffle seed; null: trainer.seed (fork semantics: 1, the fork's default)");
     v("filter_overlong_prompts", filter_overlong_prompts, "drop prompts longer than max_prompt_length");
@@ -262,12 +278,13 @@ struct ActorConfig {
     v("ref_update_freq", ref_update_freq, "steps between reference updates (<= 0: only on ref_kl_target)");
     v("ref_kl_target", ref_kl_target, "also refresh the reference when the moving-average token KL to it exceeds this (0: off)");
     v("ref_kl_ema", ref_kl_ema, "weight of the newest step in the moving-average token KL, in (0, 1]");
-    v("old_log_prob_source", old_log_prob_source, "recompute (a trainer forward pass) | rollout (the engine's log-probs)");
+    v("old_log_prob_source", old_log_prob_source,
+      one_of(kOldLogProbSourceNames) + ": a trainer forward pass, or the engine's log-probs");
     v("on_policy_old_log_probs", on_policy_old_log_probs,
       "one mini-batch, one epoch: old log-probs = the update's own, detached (no separate pass)");
     v("compute_dtype", compute_dtype,
-      "float32 | bfloat16 forward/backward (master weights stay fp32); null: bfloat16 in fork semantics (the fork's "
-      "FSDP mixed precision), float32 in paper semantics");
+      one_of(kComputeDtypeNames) + " forward/backward (master weights stay fp32); null: bfloat16 in fork semantics "
+      "(the fork's FSDP mixed precision), float32 in paper semantics");
     v("policy_loss", policy_loss, "policy loss by registry name (docs/algorithms.md)");
     v("kl_form", kl_form, "rpg / rpg_reinforce regulariser: fkl | rkl | ufkl | urkl");
     v("rpg_style_clip", rpg_style_clip, "rpg / rpg_reinforce: RPG-Style Clip");
@@ -343,7 +360,7 @@ struct KlControlConfig {
 
   template <class V>
   void visit(V& v) {
-    v("type", type, "fixed | adaptive");
+    v("type", type, one_of(kKlControlTypeNames));
     v("kl_coef", kl_coef, "KL-in-reward coefficient");
     v("horizon", horizon, "adaptive controller horizon");
     v("target_kl", target_kl, "adaptive controller target");
@@ -358,7 +375,7 @@ struct FilterGroupsConfig {
   template <class V>
   void visit(V& v) {
     v("enable", enable, "dynamic sampling: drop groups whose metric is constant");
-    v("metric", metric, "acc | score (the reward after overlong shaping)");
+    v("metric", metric, one_of(kFilterMetricNames) + " (score: the reward after overlong shaping)");
     v("max_num_gen_batches", max_num_gen_batches, "generation batches per step before giving up (<=0: no limit)");
   }
 };
@@ -519,7 +536,7 @@ struct TrainerConfig {
     v("test_freq", test_freq, "validate every this many steps (-1: never)");
     v("save_freq", save_freq, "checkpoint every this many steps (-1: only at the end)");
     v("val_before_train", val_before_train, "validate once before the first step");
-    v("resume_mode", resume_mode, "auto | disable | resume_path");
+    v("resume_mode", resume_mode, one_of(kResumeModeNames));
     v("resume_path", resume_path, "checkpoint to resume from with resume_mode=resume_path");
     v("default_local_dir", default_local_dir, "run directory (checkpoints, logs)");
     v("max_actor_ckpt_to_keep", max_actor_ckpt_to_keep, "keep the newest N checkpoints (all when null)");
