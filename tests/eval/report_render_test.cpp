@@ -206,6 +206,8 @@ TEST(ReportRender, HeadlessChromiumShowsEveryChart) {
                    "    kl_form: ufkl\n    use_kl_loss: true\n    kl_loss_coef: 0.0001\n    kl_loss_type: low_var_kl\n"
                    "    clip_ratio_low: 0.2\n    clip_ratio_high: 0.28\n    optim:\n      lr: 1.0e-06\n"
                    "  rollout:\n    n: 16\ndata:\n  train_batch_size: 512\ntrainer:\n  total_training_steps: 400\n");
+  const std::string algorithm = "paper semantics: rpg_reinforce (ufkl), RPG-Style Clip (0.2, 0.28), KL x 0.0001";
+  test::write_text(run / "algorithm.txt", algorithm + "\n");
   auto r = test::run_process({test::rpg_binary().string(), "report", run.string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const fs::path html = run / "report.html";
@@ -237,7 +239,7 @@ TEST(ReportRender, HeadlessChromiumShowsEveryChart) {
   EXPECT_NE(dom.find("total_training_steps: 400"), std::string::npos) << "config missing";
   // The summary: config essentials and held-out start -> last (best, step) before any chart.
   const size_t charts_at = dom.find("<svg");
-  for (const char* want : {"Qwen/Qwen3-4B", "rpg_reinforce", "ufkl loss low_var_kl x 0.0001", "(0.2, 0.28)", "1.0e-06",
+  for (const std::string& want : std::vector<std::string>{"Qwen/Qwen3-4B", "<td>" + algorithm + "</td>", "1.0e-06",
                            "512 x 16", "30 / 400", "math_dapo/acc/mean@4</td><td>0.2000 (10)</td><td>→</td><td>0.4000 (30)</td><td data-metric=\"val-core/math_dapo/acc/mean@4\">0.4000 (30)",
                            "<td>generation</td><td>1.500</td>"}) {
     const size_t at = dom.find(want);
@@ -343,6 +345,7 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
       metrics += "{\"step\": 26, \"critic/sco";  // a run still going: torn last line
     }
     test::write_text(run / "metrics.jsonl", metrics);
+    if (i == 2) test::write_text(run / "algorithm.txt", "paper semantics: the line the trainer wrote\n");
     argv.push_back(run.string());
   }
   const fs::path html = dir / "compare.html";
@@ -350,6 +353,8 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
   auto r = test::run_process(argv);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string markdown = r.out;
+  // The runs table shows the trainer's own algorithm line where the run directory has one.
+  EXPECT_NE(read_file(html).find("<td>paper semantics: the line the trainer wrote</td>"), std::string::npos);
 
   // The independent computation.
   std::vector<std::string> oracle_args = {(test::source_dir() / "tests/eval/table3_oracle.py").string()};

@@ -313,6 +313,19 @@ TEST_F(TrainerTest, DamagedCheckpointFallsBackToThePreviousOne) {
 // train_state.json carries a format_version; a file without one (written before it existed)
 // still resumes, a newer one is refused with a clear message (not skipped as damaged, which
 // would silently resume from an older checkpoint).
+// The run directory holds the algorithm line the trainer logged (algorithm.txt), which
+// `rpg report` shows for the run.
+TEST_F(TrainerTest, RunDirectoryStatesTheResolvedAlgorithm) {
+  TrainConfig c = config("algorithm_txt");
+  c.trainer.total_training_steps = 1;
+  Trainer t(c, scorers());
+  TrainConfig resolved = c;
+  resolved.resolve();
+  const std::string text = read_file(dir_->path() / "algorithm_txt" / "algorithm.txt");
+  EXPECT_EQ(text, resolved.choices.algorithm_summary + "\n");
+  EXPECT_NE(text.find("paper semantics: "), std::string::npos) << text;
+}
+
 TEST_F(TrainerTest, CheckpointFormatVersion) {
   TrainConfig c = config("format_version");
   c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;

@@ -33,7 +33,7 @@ int run_report(const std::string& full_name, const std::vector<std::string>& arg
   // The report is written beside the run's files (RUN_DIR/report.html), never over them.
   std::vector<NamedPath> inputs;
   for (const auto& d : paths)
-    for (const char* f : {"metrics.jsonl", "config.yaml"}) inputs.push_back({"the input", d / f});
+    for (const char* f : {"metrics.jsonl", "config.yaml", "algorithm.txt"}) inputs.push_back({"the input", d / f});
   check_output_apart({"--out", file}, inputs);
   log_info(str("wrote ", eval::write_report(runs, file).string()));
   if (markdown) std::cout << eval::table3_markdown(runs);

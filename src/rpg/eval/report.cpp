@@ -101,6 +101,7 @@ struct Run {
   std::map<std::string, NonFinite> nonfinite;
   std::optional<ConfigNode> config;
   std::string config_text, config_error;
+  std::string algorithm;  // algorithm.txt: the trainer's statement of what ran
   std::vector<nlohmann::json> samples;  // the newest logged step's, at most kSamplesShown
   double last_step() const {
     double s = -INFINITY;
@@ -145,6 +146,10 @@ Run load_run(const RunInput& in) {
     } catch (const Error& e) {
       run.config_error = e.what();  // the charts are still worth showing
     }
+  }
+  if (const fs::path algorithm = in.dir / "algorithm.txt"; fs::exists(algorithm)) {
+    run.algorithm = read_file(algorithm, 64 * 1024, "algorithm.txt");
+    while (!run.algorithm.empty() && (run.algorithm.back() == '\n' || run.algorithm.back() == '\r')) run.algorithm.pop_back();
   }
   // Only the newest step's generations are shown: keep those, not the whole file.
   if (const fs::path samples = in.dir / "samples.jsonl"; fs::exists(samples))
@@ -236,36 +241,14 @@ std::vector<std::string> headline_metrics(const std::vector<Run>& runs) {
 
 std::string short_metric(const std::string& m) { return m.rfind("val-core/", 0) == 0 ? m.substr(9) : m; }
 
-std::string policy_description(const Run& r) {
+// What the trainer wrote it ran (algorithm.txt); a run directory from before that file
+// existed shows its loss and estimator keys.
+std::string algorithm_description(const Run& r) {
+  if (!r.algorithm.empty()) return r.algorithm;
   std::string loss = cfg(r, "actor_rollout_ref.actor.policy_loss"), adv = cfg(r, "algorithm.adv_estimator");
   std::string s = loss.empty() ? "" : loss;
   if (!adv.empty()) s += (s.empty() ? "" : ", ") + str("advantage ", adv);
   return s;
-}
-
-std::string kl_description(const Run& r) {
-  std::vector<std::string> parts;
-  // kl_form is the RPG losses' setting; other losses (GRPO, DAPO, REINFORCE++) ignore it.
-  const bool rpg = cfg(r, "actor_rollout_ref.actor.policy_loss").rfind("rpg", 0) == 0;
-  const std::string form = rpg ? cfg(r, "actor_rollout_ref.actor.kl_form") : "";
-  if (cfg(r, "actor_rollout_ref.actor.use_kl_loss") == "true")
-    parts.push_back(str(form.empty() ? "" : form + " ", "loss ", cfg(r, "actor_rollout_ref.actor.kl_loss_type"), " x ",
-                        cfg(r, "actor_rollout_ref.actor.kl_loss_coef")));
-  else if (!form.empty())
-    parts.push_back(form);
-  if (cfg(r, "algorithm.use_kl_in_reward") == "true")
-    parts.push_back(str("in reward x ", cfg(r, "algorithm.kl_ctrl.kl_coef")));
-  if (cfg(r, "actor_rollout_ref.actor.use_iterative_ref_model") == "true") parts.push_back("iterative reference");
-  if (parts.empty()) return r.config ? "none" : "";
-  std::string s;
-  for (const auto& p : parts) s += (s.empty() ? "" : "; ") + p;
-  return s;
-}
-
-std::string clip_description(const Run& r) {
-  const std::string lo = cfg(r, "actor_rollout_ref.actor.clip_ratio_low"), hi = cfg(r, "actor_rollout_ref.actor.clip_ratio_high");
-  if (lo.empty() && hi.empty()) return "";
-  return str("(", lo, ", ", hi, ")", cfg(r, "actor_rollout_ref.actor.rpg_style_clip") == "true" ? " RPG-Style" : "");
 }
 
 double mean_of(const Run& r, const std::string& metric) {
@@ -275,7 +258,7 @@ double mean_of(const Run& r, const std::string& metric) {
 
 std::string runs_table(const std::vector<Run>& runs) {
   std::ostringstream h;
-  h << "<table class=\"runs\"><tr><th>run</th><th>model</th><th>algorithm</th><th>KL</th><th>clip</th><th>lr</th>"
+  h << "<table class=\"runs\"><tr><th>run</th><th>model</th><th>algorithm</th><th>lr</th>"
        "<th>batch x n</th><th>steps done / planned</th><th>s / step</th></tr>\n";
   for (const auto& r : runs) {
     const double done = r.last_step();
@@ -283,8 +266,7 @@ std::string runs_table(const std::vector<Run>& runs) {
     const std::string batch = cfg(r, "data.train_batch_size"), n = cfg(r, "actor_rollout_ref.rollout.n");
     const std::string lr = cfg(r, "actor_rollout_ref.actor.optim.lr"), opt = cfg(r, "actor_rollout_ref.actor.optim.optim_type");
     h << "<tr><td>" << esc(r.name) << "</td><td>" << esc(cfg(r, "actor_rollout_ref.model.path")) << "</td><td>"
-      << esc(policy_description(r)) << "</td><td>" << esc(kl_description(r)) << "</td><td>" << esc(clip_description(r))
-      << "</td><td>" << esc(lr) << (opt.empty() ? "" : " (" + esc(opt) + ")") << "</td><td>"
+      << esc(algorithm_description(r)) << "</td><td>" << esc(lr) << (opt.empty() ? "" : " (" + esc(opt) + ")") << "</td><td>"
       << (batch.empty() ? "" : esc(batch + " x " + n)) << "</td><td>" << (std::isfinite(done) ? format_step(done) : "none")
       << " / " << (planned.empty() ? "?" : esc(planned)) << "</td><td>" << fixed(mean_of(r, "timing_s/step"), 2)
       << "</td></tr>\n";

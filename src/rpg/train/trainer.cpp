@@ -306,7 +306,12 @@ void Trainer::Impl::open_run_dir() {
   if (dp::writes_run_dir()) run_dir.remove_partial();  // data-parallel: rank 0 owns the directory
   resume();
   logger = std::make_unique<MetricsLogger>(dp::metrics_dir(run_dir.root()), /*tensorboard=*/true, step + 1);
-  if (dp::writes_run_dir()) jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
+  if (dp::writes_run_dir()) {
+    jsonl::keep_steps(run_dir.root() / "samples.jsonl", [&](int64_t st) { return st <= step; });
+    // The one statement of what runs, as resolved (written once the run is accepted, resume
+    // included): `rpg report` shows it instead of re-deriving one from config keys.
+    write_file_atomic(run_dir.root() / "algorithm.txt", cfg.choices.algorithm_summary + "\n");
+  }
 }
 
 void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>& samples) {
