@@ -21,22 +21,22 @@ PolicyLossOutput rpg_reinforce_loss(const PolicyLossInputs&, const PolicyLossCon
 
 namespace {
 
-constexpr bool kRef = true, kOld = true, kOwnKl = true;
+constexpr bool kRef = true, kOwnKl = true;
 
 void register_policy_losses(Registry<PolicyLossEntry>& r) {
-  r.add("ppo", {ppo_clip_loss, !kRef, kOld, "PPO clip (eps_low/eps_high) with dual-clip c"});
-  r.add("vanilla", {ppo_clip_loss, !kRef, kOld, "verl's name of ppo (actor.policy_loss default)"});
-  r.add("dapo", {ppo_clip_loss, !kRef, kOld, "ppo; DAPO is clip-higher + token-mean + dynamic sampling"});
-  r.add("rfpp", {ppo_clip_loss, !kRef, kOld, "ppo; REINFORCE++ is its advantage + KL in the reward"});
-  r.add("rfppb", {ppo_clip_loss, !kRef, kOld, "ppo; REINFORCE++-baseline"});
-  r.add("rloo", {ppo_clip_loss, !kRef, kOld, "ppo; RLOO is its advantage estimator"});
-  r.add("grpo", {grpo_loss, kRef, kOld, "ppo + beta * k3(pi_ref/pi_theta), no importance weight (Sec. 2.2)", kOwnKl});
-  r.add("grpo_corrected", {grpo_corrected_loss, kRef, kOld, "ppo + beta * w * k3(pi_ref/pi_theta) (Sec. 2.2)", kOwnKl});
-  r.add("gspo", {gspo_loss, !kRef, kOld, "sequence-level importance ratio (Zheng et al. 2025)"});
-  r.add("cispo", {cispo_loss, !kRef, kOld, "clipped stop-gradient IS weight x log-prob (MiniMax-M1)"});
-  r.add("rpg", {rpg_loss, !kRef, kOld, "fully differentiable RPG surrogate, KL to pi_old (Tables 1, 4; Alg. 1)", kOwnKl});
+  r.add("ppo", {ppo_clip_loss, !kRef, "PPO clip (eps_low/eps_high) with dual-clip c"});
+  r.add("vanilla", {ppo_clip_loss, !kRef, "verl's name of ppo (actor.policy_loss default)"});
+  r.add("dapo", {ppo_clip_loss, !kRef, "ppo; DAPO is clip-higher + token-mean + dynamic sampling"});
+  r.add("rfpp", {ppo_clip_loss, !kRef, "ppo; REINFORCE++ is its advantage + KL in the reward"});
+  r.add("rfppb", {ppo_clip_loss, !kRef, "ppo; REINFORCE++-baseline"});
+  r.add("rloo", {ppo_clip_loss, !kRef, "ppo; RLOO is its advantage estimator"});
+  r.add("grpo", {grpo_loss, kRef, "ppo + beta * k3(pi_ref/pi_theta), no importance weight (Sec. 2.2)", kOwnKl});
+  r.add("grpo_corrected", {grpo_corrected_loss, kRef, "ppo + beta * w * k3(pi_ref/pi_theta) (Sec. 2.2)", kOwnKl});
+  r.add("gspo", {gspo_loss, !kRef, "sequence-level importance ratio (Zheng et al. 2025)"});
+  r.add("cispo", {cispo_loss, !kRef, "clipped stop-gradient IS weight x log-prob (MiniMax-M1)"});
+  r.add("rpg", {rpg_loss, !kRef, "fully differentiable RPG surrogate, KL to pi_old (Tables 1, 4; Alg. 1)", kOwnKl});
   r.add("rpg_reinforce",
-        {rpg_reinforce_loss, !kRef, kOld, "REINFORCE-style RPG surrogate, KL to pi_old (Table 2; Alg. 2)", kOwnKl});
+        {rpg_reinforce_loss, !kRef, "REINFORCE-style RPG surrogate, KL to pi_old (Table 2; Alg. 2)", kOwnKl});
 }
 
 }  // namespace

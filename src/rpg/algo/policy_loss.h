@@ -89,16 +89,13 @@ struct PolicyLossEntry {
   // Its KL term (kl_coef > 0, i.e. use_kl_loss) is towards pi_ref: a reference model's
   // log-probs (ref_log_probs) are required.
   bool needs_reference = false;
-  // It uses the sampling policy's log-probs (the importance ratio / RPG's target pi_old).
-  bool needs_old_log_probs = true;
   const char* description = "";
   // It applies config.kl_coef itself (grpo*: towards pi_ref, rpg*: towards pi_old). For the
   // others the trainer adds verl's KL loss term kl_coef * agg(kl_estimate(log_prob, pi_ref))
   // outside the loss when use_kl_loss is on (verl dp_actor), so the term is never dropped.
   bool own_kl_term = false;
-  PolicyLossEntry(PolicyLossFn f, bool needs_ref = false, bool needs_old = true, const char* what = "",  // NOLINT
-                  bool own_kl = false)
-      : fn(f), needs_reference(needs_ref), needs_old_log_probs(needs_old), description(what), own_kl_term(own_kl) {}
+  PolicyLossEntry(PolicyLossFn f, bool needs_ref = false, const char* what = "", bool own_kl = false)  // NOLINT
+      : fn(f), needs_reference(needs_ref), description(what), own_kl_term(own_kl) {}
 };
 
 // The registry of every policy loss, filled once by register_policy_losses() (policy_loss.cpp).
