@@ -246,7 +246,7 @@ int64_t train_fresh(const train::TrainConfig& c, const Trainer::ValidationStop& 
   fs::remove_all(run_dir);
   fs::create_directories(run_dir);
   write_file_atomic(run_dir / "config.yaml", config_to_yaml(c));
-  Trainer trainer(c, reward::builtin_scorers());
+  Trainer trainer(c);
   trainer.fit(stop);
   return trainer.global_step();
 }

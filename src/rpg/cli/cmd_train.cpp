@@ -53,11 +53,9 @@ int run_train(const std::string& full_name, const std::vector<std::string>& args
   const bool run_dir_existed = std::filesystem::exists(run_dir);
   std::optional<train::RunDirLock> lock;
   if (dist::is_main()) lock.emplace(run_dir);
-  reward::ScorerOptions scoring;
-  scoring.dapo_variant = config.choices.dapo_variant;  // reward_model.reward_kwargs.dapo_variant / rpg.semantics
   std::unique_ptr<train::Trainer> trainer;
   try {
-    trainer = std::make_unique<train::Trainer>(std::move(config), reward::builtin_scorers(scoring));
+    trainer = std::make_unique<train::Trainer>(std::move(config));
   } catch (...) {
     // Refused before training (config, data, model, resume state): leave no run directory
     // behind that the refused command made (remove only succeeds on an empty one).

@@ -323,6 +323,17 @@ void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>
   }
 }
 
+namespace {
+reward::ScorerRegistry builtin_scorers_for(TrainConfig config) {
+  config.resolve();  // idempotent: the Trainer resolves (and reports) again
+  reward::ScorerOptions options;
+  options.dapo_variant = config.choices.dapo_variant;
+  return reward::builtin_scorers(options);
+}
+}  // namespace
+
+Trainer::Trainer(TrainConfig config) : Trainer(config, builtin_scorers_for(config)) {}
+
 Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
   for (const auto& notice : config.resolve()) log_info(notice);
   config.validate();

@@ -67,6 +67,9 @@ class Trainer {
   // Loads the model, tokenizer and datasets; throws ConfigError / FormatError / IoError
   // naming the key or file at fault.
   Trainer(TrainConfig config, reward::ScorerRegistry scorers);
+  // With the built-in scorers as the resolved config asks for them (the DAPO rule variant of
+  // reward_model.reward_kwargs.dapo_variant / rpg.semantics): what `rpg train` and the demo run.
+  explicit Trainer(TrainConfig config);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
