@@ -1,0 +1,285 @@
+// The decoder layer's arithmetic, shared by every forward mode (training forward, split-prompt
+// and packed scoring, KV-cache decode): projections with LoRA, RMSNorm, RoPE, attention through
+// SDPA (or the CPU decode kernel), the MLP. The numerics follow transformers' eager/SDPA path
+// operation by operation (RMSNorm in fp32, RoPE tables in fp32 cast to the compute dtype) so
+// that bf16 results agree with it as closely as fp32 ones do.
+#include "rpg/model/layer.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "rpg/core/log.h"
+#include "rpg/model/decode_attention.h"
+#include "rpg/model/skinny_linear.h"
+
+namespace rpg::model {
+namespace detail {
+namespace {
+
+// Set while decode() / decode_all_slots() run: their projections of a few rows go to the
+// decode kernel (linear_for_decode); every other forward keeps at::linear's arithmetic (the
+// trainer's log-probs are compared bit for bit with the fork's).
+thread_local bool t_decoding = false;
+
+}  // namespace
+
+DecodingScope::DecodingScope() { t_decoding = true; }
+DecodingScope::~DecodingScope() { t_decoding = false; }
+
+std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
+  std::vector<at::Tensor*> s = {&w.input_norm, &w.q_w};
+  if (c.qkv_bias) s.push_back(&w.q_b);
+  s.push_back(&w.k_w);
+  if (c.qkv_bias) s.push_back(&w.k_b);
+  s.push_back(&w.v_w);
+  if (c.qkv_bias) s.push_back(&w.v_b);
+  s.push_back(&w.o_w);
+  if (c.qk_norm) {
+    s.push_back(&w.q_norm);
+    s.push_back(&w.k_norm);
+  }
+  for (at::Tensor* t : {&w.post_norm, &w.gate_w, &w.up_w, &w.down_w}) s.push_back(t);
+  return s;
+}
+
+std::vector<LoraSlot> lora_slots(LayerWeights& w) {
+  return {{"self_attn.q_proj", &w.q_w, &w.q_lora},     {"self_attn.k_proj", &w.k_w, &w.k_lora},
+          {"self_attn.v_proj", &w.v_w, &w.v_lora},     {"self_attn.o_proj", &w.o_w, &w.o_lora},
+          {"mlp.gate_proj", &w.gate_w, &w.gate_lora}, {"mlp.up_proj", &w.up_w, &w.up_lora},
+          {"mlp.down_proj", &w.down_w, &w.down_lora}};
+}
+
+// What a checkpointed layer saves and differentiates: its weights, then its adapters.
+std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
+  auto s = layer_slots(w, c);
+  for (const LoraSlot& slot : lora_slots(w))
+    if (slot.lora->a.defined()) s.insert(s.end(), {&slot.lora->a, &slot.lora->b});
+  return s;
+}
+
+// A projection: x W^T + b, plus LoRA's (x A^T) B^T * scale in PEFT's order of operations.
+// Adapters in another dtype than the base (fp32 on a bf16 model, PEFT's autocast_adapter_dtype)
+// compute their branch in their dtype, and the sum is rounded to the base's, as PEFT does.
+at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
+                   double scale) {
+  at::Tensor y = t_decoding ? linear_for_decode(x, weight, bias) : at::linear(x, weight, bias);
+  if (scale == 0 || !lora.a.defined()) return y;
+  if (lora.a.scalar_type() == x.scalar_type()) return y + at::linear(at::linear(x, lora.a), lora.b) * scale;
+  const at::Tensor delta = at::linear(at::linear(x.to(lora.a.scalar_type()), lora.a), lora.b) * scale;
+  return (y + delta).to(y.scalar_type());
+}
+
+// transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor xf = x.to(at::kFloat);
+  at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
+}
+
+namespace {
+
+// The two halves of the last dimension swapped: [x1, x2] -> [x2, x1]. With the sign of the
+// first half folded into the sine table (rope_tables), x * cos + swap_halves(x) * sin is
+// transformers' x * cos + rotate_half(x) * sin bit for bit (negation is exact), and its
+// backward is another swap: rotate_half's narrows each zero-fill a full-size gradient.
+at::Tensor swap_halves(const at::Tensor& x) {
+  std::vector<int64_t> halves(x.sizes().begin(), x.sizes().end() - 1);
+  halves.insert(halves.end(), {2, x.size(-1) / 2});
+  return x.reshape(halves).flip(-2).reshape(x.sizes());
+}
+
+}  // namespace
+
+// RoPE tables for positions [B, T] -> cos, sin [B, T, 1, D] in `dtype` (broadcast over
+// heads); sin carries rotate_half's sign: [-sin, sin] (see swap_halves).
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, const at::Tensor& positions,
+                                              at::ScalarType dtype) {
+  at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
+  at::Tensor sin = freqs.sin();
+  return {at::cat({freqs, freqs}, -1).unsqueeze(2).cos().to(dtype), at::cat({-sin, sin}, -1).unsqueeze(2).to(dtype)};
+}
+
+Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
+                const at::Tensor& sin, bool with_q) {
+  const int64_t B = x.size(0), T = x.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                D = c.head_dim;
+  Qkv r;
+  if (with_q) r.q = project(x, w.q_w, w.q_b, w.q_lora, w.lora_scale).view({B, T, H, D});
+  r.k = project(x, w.k_w, w.k_b, w.k_lora, w.lora_scale).view({B, T, Hkv, D});
+  r.v = project(x, w.v_w, w.v_b, w.v_lora, w.lora_scale).view({B, T, Hkv, D});
+  if (c.qk_norm) {
+    if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
+    r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
+  }
+  if (with_q) r.q = r.q * cos + swap_halves(r.q) * sin;
+  r.k = r.k * cos + swap_halves(r.k) * sin;
+  return r;
+}
+
+at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
+                     const CacheStep* cache) {
+  const int64_t T = x.size(1), H = c.num_attention_heads, D = c.head_dim;
+  auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin);
+  if (cache) {
+    // The cache is heads-major; written through [S, capacity, Hkv, D] views.
+    const at::Tensor keys = cache->keys_transposed ? cache->k->transpose(2, 3) : *cache->k;  // [S, Hkv, cap, D]
+    keys.transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
+    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
+    if (cache->kernel_slots.defined())
+      return project(decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v, cache->kernel_slots,
+                                      cache->kernel_positions)
+                         .view({q.size(0), 1, H * D}),
+                     w.o_w, {}, w.o_lora, w.lora_scale);
+    at::Tensor rows = cache->slot_index.view({-1});
+    k = keys.narrow(2, 0, cache->kv_len);  // [S, Hkv, L, D]
+    v = cache->v->narrow(2, 0, cache->kv_len);
+    if (cache->read == CacheStep::Read::kGather) {
+      k = k.index_select(0, rows);
+      v = v.index_select(0, rows);
+    } else if (cache->keys_transposed) {
+      k = k.contiguous();  // a prefill over every slot (SDPA wants the last dim contiguous)
+    }
+    if (cache->read == CacheStep::Read::kDense) {
+      const int64_t S = cache->k->size(0);
+      at::Tensor qs = at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q);
+      at::Tensor o = attend(c, qs, k.transpose(1, 2), v.transpose(1, 2), a);
+      return project(o.index_select(0, rows), w.o_w, {}, w.o_lora, w.lora_scale);
+    }
+    return project(attend(c, q, k.transpose(1, 2), v.transpose(1, 2), a), w.o_w, {}, w.o_lora, w.lora_scale);
+  }
+  return project(attend(c, q, k, v, a), w.o_w, {}, w.o_lora, w.lora_scale);
+}
+
+namespace {
+
+// The SDPA kernel each kind of attention call gets ("cuda/bf16/causal" -> "flash_attention"),
+// asked once per key with at::_fused_sdp_choice (the dispatcher scaled_dot_product_attention
+// itself uses). A math fallback on a GPU is one warning line: never silent.
+std::mutex g_sdpa_mutex;
+std::map<std::string, std::string>& sdpa_seen() {
+  static std::map<std::string, std::string> seen;
+  return seen;
+}
+
+void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const std::optional<at::Tensor>& mask, bool is_causal, bool gqa) {
+  std::string key = std::string(q.device().is_cuda() ? "cuda" : "cpu") + "/" + c10::toString(q.scalar_type()) + "/" + kind;
+  {
+    std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+    if (sdpa_seen().count(key)) return;
+  }
+  const int64_t choice = at::_fused_sdp_choice(q, k, v, mask, 0.0, is_causal, std::nullopt, gqa);
+  static const char* const names[] = {"math", "flash_attention", "efficient_attention", "cudnn_attention", "overrideable"};
+  const std::string name = choice >= 0 && choice <= 4 ? names[choice] : "error";
+  {
+    std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+    if (!sdpa_seen().emplace(key, name).second) return;
+  }
+  if (q.device().is_cuda() && choice <= 0)
+    log_warn("attention ", key, ": scaled_dot_product_attention falls back to the ", name,
+             " kernel (no fused kernel supports this call: q ", q.sizes(), ", kv ", k.sizes(),
+             mask ? ", with a mask" : "", ")");
+}
+
+}  // namespace
+
+// softmax(q k^T / sqrt(D) + mask) v for q [B, T, H, D], k and v [B, S, Hkv, D] -> [B, T, H*D].
+at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const AttnInputs& a) {
+  const int64_t B = q.size(0), T = q.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                D = c.head_dim;
+  const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
+  if (!a.seq_lens.empty()) {
+    // Block-diagonal causal attention over a packed stream: one causal SDPA per sequence
+    // on its slice of the stream (no [N, N] mask, no cross-sequence work). The slices come
+    // from one split per tensor, whose backward concatenates the slices' gradients (S
+    // separate narrows would each materialise a zero gradient of the whole stream).
+    const auto qs = q.transpose(1, 2).split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
+    const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
+    std::vector<at::Tensor> outs;
+    outs.reserve(a.seq_lens.size());
+    note_sdpa("packed", qs[0], ks[0], vs[0], std::nullopt, true, H != Hkv);
+    for (size_t i = 0; i < a.seq_lens.size(); ++i)
+      outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
+                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
+                                                      /*enable_gqa=*/H != Hkv));
+    at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);  // [1, H, N, D]
+    return o.transpose(1, 2).reshape({B, T, H * D});
+  }
+  if (H != Hkv && a.mask.defined()) {
+    // Grouped-query attention with a mask: fold each group's query heads into the query
+    // length, [B, T, H, D] -> [B, Hkv, rep*T, D] (head h = kv * rep + r reads K/V head kv,
+    // as repeat_kv does), and attend over the Hkv heads directly with the mask folded the
+    // same way (make_mask). Nothing of size K/V is copied, unlike repeating K/V to H heads
+    // (which a decode step would pay for the whole cache) or SDPA's GQA fallback.
+    const int64_t rep = H / Hkv;
+    at::Tensor qf = q.view({B, T, Hkv, rep, D}).permute({0, 2, 3, 1, 4}).reshape({B, Hkv, rep * T, D});
+    note_sdpa("masked_gqa", qf, kt, vt, a.mask, false, false);
+    at::Tensor o = at::scaled_dot_product_attention(qf, kt, vt, a.mask);  // [B, Hkv, rep*T, D]
+    return o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D});
+  }
+  // Without a mask SDPA's enable_gqa shares K/V heads in place (flash supports it).
+  const std::optional<at::Tensor> mask = a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt;
+  note_sdpa(mask ? "masked" : a.is_causal ? "causal" : "full", q.transpose(1, 2), kt, vt, mask, a.is_causal, H != Hkv);
+  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, mask, /*dropout_p=*/0.0, a.is_causal,
+                                                  /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
+  return o.transpose(1, 2).reshape({B, T, H * D});
+}
+
+// The attention mask as attention() consumes it: [B, 1, T, S] bool, or for grouped-query
+// models [B, 1, rep*T, S] with each query row repeated for the rep heads folded into it.
+at::Tensor make_mask(const at::Tensor& mask, const ModelConfig& c) {
+  const int64_t rep = c.num_attention_heads / c.num_key_value_heads;
+  if (rep == 1) return mask;
+  const int64_t B = mask.size(0), T = mask.size(2), S = mask.size(3);
+  return mask.unsqueeze(2).expand({B, 1, rep, T, S}).reshape({B, 1, rep * T, S});
+}
+
+// The MLP half of a layer on the attention block's output h: h + down(silu(gate(n)) * up(n)).
+at::Tensor mlp_block(const LayerWeights& w, const ModelConfig& c, const at::Tensor& h) {
+  at::Tensor n = rms_norm(h, w.post_norm, c.rms_norm_eps);
+  const double r = w.lora_scale;
+  return h + project(at::silu(project(n, w.gate_w, {}, w.gate_lora, r)) * project(n, w.up_w, {}, w.up_lora, r), w.down_w,
+                     {}, w.down_lora, r);
+}
+
+at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
+                         const CacheStep* cache) {
+  return mlp_block(w, c, x + attention(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache));
+}
+
+at::Tensor default_positions(const at::Tensor& input_ids, const at::Tensor& attention_mask) {
+  if (attention_mask.defined()) return (attention_mask.to(at::kLong).cumsum(-1) - 1).clamp_min(0);
+  return at::arange(input_ids.size(1), input_ids.options().dtype(at::kLong)).unsqueeze(0).expand_as(input_ids);
+}
+
+// Token ids must be [B, T] integers; out-of-vocabulary ids are caught by at::embedding.
+void check_ids(const at::Tensor& ids, const char* what) {
+  TORCH_CHECK(ids.defined() && ids.dim() == 2, what, " must be [B, T], got ", ids.defined() ? ids.sizes() : at::IntArrayRef{});
+  TORCH_CHECK(ids.scalar_type() == at::kLong || ids.scalar_type() == at::kInt, what, " must be integer");
+}
+
+// A padded batch: [B, T] ids with an optional mask and positions of the same shape.
+void check_batch(const at::Tensor& input_ids, const at::Tensor& attention_mask, const at::Tensor& position_ids) {
+  check_ids(input_ids, "input_ids");
+  if (attention_mask.defined())
+    TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ", attention_mask.sizes(),
+                " must match input_ids ", input_ids.sizes());
+  if (position_ids.defined())
+    TORCH_CHECK(position_ids.sizes() == input_ids.sizes(), "position_ids ", position_ids.sizes(),
+                " must match input_ids ", input_ids.sizes());
+}
+
+std::map<std::string, std::string> sdpa_backends_seen() {
+  std::lock_guard<std::mutex> lock(g_sdpa_mutex);
+  return sdpa_seen();
+}
+
+}  // namespace detail
+
+std::map<std::string, std::string> sdpa_backends() { return detail::sdpa_backends_seen(); }
+
+}  // namespace rpg::model
