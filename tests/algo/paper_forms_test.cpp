@@ -80,10 +80,11 @@ TEST_F(PaperForms, FormsAreDistinguishable) {
   for (const char* kind : {"table", "rf", "alg1", "alg2"})
     for (auto a : kForms)
       for (auto b : kForms)
-        if (a != b)
+        if (a != b) {
           EXPECT_GT(test::max_abs_diff(p(str(kind, "/", to_string(a), "/grad")), p(str(kind, "/", to_string(b), "/grad"))),
                     1e-3)
               << kind << " " << to_string(a) << " vs " << to_string(b);
+        }
 }
 
 // Tables 1 and 4, no clip. rpg's values differ from the printed rows by a constant that the

@@ -156,7 +156,9 @@ TEST_F(RewardCli, ABrokenFunctionStopsTheRunBeforeAnythingIsWritten) {
     // leaves no checkpoint and no half-written file.
     EXPECT_EQ(test::expect_only_complete_checkpoints(run), 0) << c.name;
     EXPECT_TRUE(test::temporaries(run).empty()) << c.name;
-    if (c.name == "syntax.py" || c.name == "missing.py") EXPECT_FALSE(fs::exists(run)) << c.name;
+    if (c.name == "syntax.py" || c.name == "missing.py") {
+      EXPECT_FALSE(fs::exists(run)) << c.name;
+    }
   }
 }
 

@@ -25,7 +25,7 @@
 #include "rpg/core/error.h"
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/process_group.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 #include "rpg/train/optim.h"
 
 namespace {

@@ -405,8 +405,9 @@ TEST(ReportRender, ThreeRunComparisonTable3AndLegend) {
     const std::string run = cell["run"], metric = cell["metric"], col = cell["col"], text = cell["text"];
     const auto& want = all_oracle.at((dir / "runs" / run).string()).at(metric);
     EXPECT_NEAR(std::stod(text), want.at(col).get<double>(), 5e-5) << run << " " << metric << " " << col;
-    if (col == "best")
+    if (col == "best") {
       EXPECT_EQ(text.substr(text.find('(')), "(" + std::to_string(want["best_step"].get<int>()) + ")") << run << " " << metric;
+    }
     std_cells += metric == "val-core/amc23/acc/std@32";
     EXPECT_NE(markdown.find("| " + metric + " |"), std::string::npos) << metric << "\n" << markdown;
   }

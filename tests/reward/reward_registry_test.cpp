@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "oracle_cases.h"
 #include "rpg/core/error.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/reward/registry.h"
+#include "test_util.h"
 
 namespace rpg::test {
 namespace {
@@ -36,6 +40,28 @@ TEST(RewardRegistry, UnknownDataSourceListsTheKnownOnes) {
   EXPECT_FALSE(reg.contains("ai"));
   EXPECT_FALSE(reg.contains("Math_dapo"));
   EXPECT_TRUE(reg.contains("aime"));
+}
+
+// docs/rewards.md's data_source table lists every key the registry holds (the "how to add a
+// scorer" step of docs/architecture.md), in both DAPO variants.
+TEST(RewardRegistry, EveryDataSourceIsDocumented) {
+  std::ifstream in(source_dir() / "docs" / "rewards.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string doc = text.str();
+  ASSERT_FALSE(doc.empty()) << "docs/rewards.md";
+  for (const char* variant : {"math_dapo", "math_dapo_fork"}) {
+    reward::ScorerOptions options;
+    options.dapo_variant = variant;
+    const auto entries = reward::builtin_scorers(options).entries();
+    ASSERT_GE(entries.size(), 5u);
+    for (const auto& [key, description] : entries) {
+      EXPECT_NE(doc.find("`" + key + "`"), std::string::npos) << "docs/rewards.md does not list data_source " << key;
+      EXPECT_FALSE(description.empty()) << key;
+    }
+  }
+  for (const auto& v : reward::dapo_variant_names())
+    EXPECT_NE(doc.find("`" + v + "`"), std::string::npos) << "docs/rewards.md does not name dapo_variant " << v;
 }
 
 TEST(RewardRegistry, DuplicateOrEmptyRegistrationIsAnError) {

@@ -16,7 +16,9 @@
 
 #include <nlohmann/json.hpp>
 #include <cmath>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include "rpg/algo/fork_loss.h"
 #include "rpg/algo/policy_loss.h"
@@ -612,7 +614,9 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
         const at::Tensor& w_replay = ref.at(str("r.", s, ".", name));
         const at::Tensor dw = (w - starts[s].at(name)).to(at::kDouble), dw_fork = (w_fork - starts[s].at(name)).to(at::kDouble);
         // The first step's LR is 0 (constant schedule with warm-up): nothing moves then.
-        if (s > 0) EXPECT_GT(dw_fork.abs().max().item<double>(), 0.0) << at_step << ": " << name << " did not move";
+        if (s > 0) {
+          EXPECT_GT(dw_fork.abs().max().item<double>(), 0.0) << at_step << ": " << name << " did not move";
+        }
         if (const double r = rel(w, w_fork); r > worst_w) worst_w = r, worst_w_name = name;
         if (const double r = rel(dw, dw_fork); r > worst_dw) worst_dw = r, worst_dw_name = name;
         if (const double r = rel(w, w_replay); r > worst_opt) worst_opt = r, worst_opt_name = name;
@@ -1773,6 +1777,66 @@ TEST(TrainConfigResolve, EnumTablesResolveToTheirEnumerators) {
        [](const TrainConfig& c) { return c.choices.filter_metric; }, "algorithm.filter_groups.metric");
   each(kResumeModeNames, [](TrainConfig& c, const char* v) { c.trainer.resume_mode = v; },
        [](const TrainConfig& c) { return c.choices.resume_mode; }, "trainer.resume_mode");
+}
+
+// docs/architecture.md's "how to add a rule set": every rpg.semantics name resolves to its
+// enumerator, make_rules builds a rule set for it from its own file (<name>_rules.cpp), and the
+// doc names that file.
+TEST(TrainConfigResolve, EverySemanticsNameHasItsRuleSet) {
+  std::ifstream doc_in(test::source_dir() / "docs" / "architecture.md");
+  std::stringstream doc;
+  doc << doc_in.rdbuf();
+  for (size_t i = 0; i < kSemanticsNames.size(); ++i) {
+    TrainConfig c;
+    c.rpg.semantics = kSemanticsNames[i];
+    c.resolve();
+    c.validate();
+    EXPECT_EQ(static_cast<size_t>(c.choices.semantics), i) << kSemanticsNames[i];
+    EXPECT_NE(make_rules(c), nullptr) << kSemanticsNames[i];
+    const std::string file = std::string(kSemanticsNames[i]) + "_rules.cpp";
+    EXPECT_TRUE(fs::exists(test::source_dir() / "src" / "rpg" / "train" / file)) << file;
+    EXPECT_NE(doc.str().find("`" + file + "`"), std::string::npos) << "docs/architecture.md does not name " << file;
+  }
+  TrainConfig bad;
+  bad.rpg.semantics = "upstream";
+  try {
+    bad.validate();
+    ADD_FAILURE() << "rpg.semantics=upstream accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), "rpg.semantics: got 'upstream', expected one of auto, paper, fork");
+  }
+}
+
+// Every key of a config struct with its help text (or an ignored key's reason), by dotted name.
+struct CollectHelp {
+  std::string prefix;
+  std::map<std::string, std::string>* help;
+  std::vector<std::string>* duplicates;
+  void add(std::string_view key, std::string_view text) {
+    const std::string full = prefix.empty() ? std::string(key) : prefix + "." + std::string(key);
+    if (!help->emplace(full, std::string(text)).second) duplicates->push_back(full);
+  }
+  template <class T>
+  void operator()(std::string_view key, T&, std::string_view text) { add(key, text); }
+  template <class S>
+  void section(std::string_view key, S& sub, std::string_view = {}) {
+    CollectHelp inner{prefix.empty() ? std::string(key) : prefix + "." + std::string(key), help, duplicates};
+    sub.visit(inner);
+  }
+  void ignored(std::string_view key, std::string_view why) { add(key, why); }
+};
+
+// docs/architecture.md's "how to add a config key": every key has a help text, every key rpg
+// accepts without acting on a reason, and no key is declared twice.
+TEST(TrainConfigKeys, EveryKeyHasHelpAndEveryIgnoredKeyAReason) {
+  std::map<std::string, std::string> help;
+  std::vector<std::string> duplicates;
+  CollectHelp root{"", &help, &duplicates};
+  TrainConfig c;
+  c.visit(root);
+  EXPECT_GT(help.size(), 100u);
+  EXPECT_TRUE(duplicates.empty()) << duplicates.front();
+  for (const auto& [key, text] : help) EXPECT_FALSE(text.empty()) << key << ": no help text";
 }
 
 TEST(TrainConfigResolve, ForkSpellingsSelectForkSemantics) {

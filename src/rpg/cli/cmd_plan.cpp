@@ -6,7 +6,7 @@
 #include "rpg/core/args.h"
 #include "rpg/core/error.h"
 #include "rpg/dist/plan.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 
 namespace rpg::cli {
 

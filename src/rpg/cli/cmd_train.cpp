@@ -16,7 +16,7 @@
 #include "rpg/model/lora.h"
 #include "rpg/reward/reward_spec.h"
 #include "rpg/train/checkpoint.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 #include "rpg/train/trainer.h"
 
 namespace rpg::cli {

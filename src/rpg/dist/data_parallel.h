@@ -4,7 +4,7 @@
 // divided by the *global* normaliser (token or group counts all-reduced), the summed
 // gradient equals the one-process gradient of the whole batch.
 //
-// `rpg train` uses them through its hooks in src/rpg/train/data_parallel.h.
+// `rpg train` uses them through its hooks in src/rpg/train/dp.h.
 #pragma once
 
 #include <cstdint>

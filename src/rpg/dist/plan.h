@@ -1,6 +1,6 @@
 // `rpg plan`'s memory model (docs/scaling.md): the bytes one rank of a data-parallel run
 // needs, from a model directory's shapes and a run's batch / dtype / ZeRO settings.
-// src/rpg/train/data_parallel.h turns a TrainConfig into a PlanInput; `rpg plan` prints it.
+// src/rpg/train/dp.h turns a TrainConfig into a PlanInput; `rpg plan` prints it.
 #pragma once
 
 #include <algorithm>

@@ -3,164 +3,25 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
-#include <regex>
 #include <set>
 #include <sstream>
 
-#include "rpg/core/config.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
-#include "rpg/core/jsonl.h"
 #include "rpg/core/text.h"
 #include "rpg/eval/chart.h"
+#include "rpg/eval/report_run.h"
 
 namespace fs = std::filesystem;
 
 namespace rpg::eval {
 namespace {
 
+using namespace report_detail;  // NOLINT: the report's own run model
+
 constexpr double kDefaultSmoothing = 0.6;  // TensorBoard's default slider position
-
-// Past this many points a training series is thinned (TensorBoard keeps 1,000 per scalar).
-constexpr size_t kMaxSeriesPoints = 1000;
-
-bool is_validation(const std::string& metric) { return metric.rfind("val-core/", 0) == 0 || metric.rfind("val-aux/", 0) == 0; }
-
-// A metric's values by step, as read from metrics.jsonl. The trainer rewrites the report at
-// every checkpoint, so what the report holds must not grow with the run (scripts/soak.sh saw
-// the trainer's RSS creep with its metrics.jsonl): past kMaxSeriesPoints a training series
-// keeps only the steps that are multiples of a doubling stride, and always the newest step,
-// as TensorBoard downsamples its scalars. Count, sum, min and max stay exact over every value
-// read (the time split's means, the captions, the constant test). Validation series
-// (val-core/, val-aux/) are never thinned: they have one point per validation, and the
-// tables show their start, last and best. A step logged twice keeps its later value (the
-// trainer cuts metrics.jsonl back to the checkpoint it resumes from, so it does not log one
-// twice itself; when the earlier copy was thinned away, count and sum hold both).
-struct Series {
-  std::map<double, double> points;
-  double stride = 0;  // 0: every step kept
-  bool thin = true;
-  size_t count = 0;
-  double sum = 0, lo = INFINITY, hi = -INFINITY;
-
-  bool on_stride(double step) const { return stride == 0 || std::fmod(step, stride) == 0; }
-  void set(double step, double v) {
-    lo = std::min(lo, v), hi = std::max(hi, v);
-    if (auto it = points.find(step); it != points.end()) {
-      sum += v - it->second;
-      it->second = v;
-      return;
-    }
-    sum += v, ++count;
-    if (!points.empty()) {
-      const double newest = points.rbegin()->first;
-      if (step < newest && !on_stride(step)) return;
-      if (step > newest && !on_stride(newest)) points.erase(std::prev(points.end()));  // no longer the newest
-    }
-    points.emplace(step, v);
-    while (thin && points.size() > kMaxSeriesPoints) {
-      stride = stride == 0 ? 2 : 2 * stride;
-      const double newest = points.rbegin()->first;
-      std::erase_if(points, [&](const auto& p) { return p.first != newest && !on_stride(p.first); });
-    }
-  }
-  void erase(double step) {  // a later record made this step NaN / inf
-    if (auto it = points.find(step); it != points.end()) sum -= it->second, --count, points.erase(it);
-  }
-  bool empty() const { return count == 0; }
-  double mean() const { return count ? sum / static_cast<double>(count) : NAN; }
-};
-
-// Steps where a metric was NaN / inf (logged as null): the count, and the first
-// kMaxSeriesPoints steps (a report names at most 8).
-struct NonFinite {
-  std::set<double> steps;
-  size_t count = 0;
-  void add(double step) {
-    if (steps.count(step)) return;
-    ++count;
-    if (steps.size() < kMaxSeriesPoints) steps.insert(step);
-  }
-  void erase(double step) {
-    if (steps.erase(step)) --count;
-  }
-};
-
-// One run as read from its directory.
-struct Run {
-  std::string name;
-  fs::path dir;
-  size_t records = 0;
-  std::map<std::string, Series> values;
-  std::map<std::string, NonFinite> nonfinite;
-  std::optional<ConfigNode> config;
-  std::string config_text, config_error;
-  std::string algorithm;  // algorithm.txt: the trainer's statement of what ran
-  std::vector<nlohmann::json> samples;  // the newest logged step's, at most kSamplesShown
-  double last_step() const {
-    double s = -INFINITY;
-    for (const auto& [k, v] : values)
-      if (!v.points.empty()) s = std::max(s, v.points.rbegin()->first);
-    return s;
-  }
-};
-
-constexpr size_t kSamplesShown = 8;
-
-Run load_run(const RunInput& in) {
-  Run run;
-  run.name = in.name;
-  run.dir = in.dir;
-  const fs::path metrics = in.dir / "metrics.jsonl";
-  if (!fs::exists(metrics)) throw IoError(str("no ", metrics.string(), ": not a run directory"));
-  // One row at a time, never the whole file as JSON objects (~10x its size): the trainer
-  // writes this report at every checkpoint, so a long run's process would otherwise grow
-  // with its metrics.jsonl (seen in scripts/soak.sh: +20 MB RSS by step 3,000).
-  jsonl::for_each(metrics, [&](size_t, nlohmann::json& r) {  // a torn last line is skipped
-    ++run.records;
-    if (!r.contains("step") || !r["step"].is_number()) return;
-    const double step = r["step"].get<double>();
-    for (const auto& [k, v] : r.items()) {
-      if (k == "step") continue;
-      if (v.is_number() && std::isfinite(v.get<double>())) {
-        auto [it, added] = run.values.try_emplace(k);
-        if (added) it->second.thin = !is_validation(k);
-        it->second.set(step, v.get<double>());
-        if (auto nf = run.nonfinite.find(k); nf != run.nonfinite.end()) nf->second.erase(step);
-      } else if (v.is_null() || v.is_number()) {  // the metrics logger writes NaN / inf as null
-        run.nonfinite[k].add(step);
-        if (auto it = run.values.find(k); it != run.values.end()) it->second.erase(step);
-      }
-    }
-  });
-  if (fs::exists(in.dir / "config.yaml")) {
-    run.config_text = read_file(in.dir / "config.yaml");
-    try {
-      run.config = parse_yaml(run.config_text, (in.dir / "config.yaml").string());
-    } catch (const Error& e) {
-      run.config_error = e.what();  // the charts are still worth showing
-    }
-  }
-  if (const fs::path algorithm = in.dir / "algorithm.txt"; fs::exists(algorithm)) {
-    run.algorithm = read_file(algorithm, 64 * 1024, "algorithm.txt");
-    while (!run.algorithm.empty() && (run.algorithm.back() == '\n' || run.algorithm.back() == '\r')) run.algorithm.pop_back();
-  }
-  // Only the newest step's generations are shown: keep those, not the whole file.
-  if (const fs::path samples = in.dir / "samples.jsonl"; fs::exists(samples))
-    jsonl::for_each(samples, [&](size_t, nlohmann::json& j) {
-      const nlohmann::json step = j.contains("step") ? j["step"] : nlohmann::json();
-      if (!run.samples.empty() && run.samples.back().value("step", nlohmann::json()) != step) run.samples.clear();
-      if (run.samples.size() == kSamplesShown) run.samples.erase(run.samples.begin());
-      run.samples.push_back(std::move(j));
-    });
-  return run;
-}
 
 std::string fixed(double v, int digits) {
   if (!std::isfinite(v)) return format_number(v);
@@ -179,82 +40,9 @@ std::string format_step(double step) {
   return buf;
 }
 
-// A dotted key of the run's config.yaml as written, or "" when absent.
-std::string cfg(const Run& run, const std::string& dotted) {
-  if (!run.config) return "";
-  const ConfigNode* n = &*run.config;
-  std::stringstream path(dotted);
-  for (std::string part; std::getline(path, part, '.');) {
-    n = n->find(part);
-    if (!n) return "";
-  }
-  if (n->kind == ConfigNode::Kind::Scalar) return n->scalar;
-  if (n->kind == ConfigNode::Kind::List) {
-    std::string s;
-    for (const auto& item : n->list) s += (s.empty() ? "" : ", ") + item.scalar;
-    return s;
-  }
-  return "";
-}
-
 // ---- what the summary shows ------------------------------------------------------------
 
-// Headline validation metrics: per data source, the mean over samples (mean@n), as the
-// paper's Table 3 reports; the other validation statistics (std, best@k, maj@k, pass@k) are
-// charted.
-bool is_headline(const std::string& metric) {
-  static const std::regex re("^val-core/.+/mean@[0-9]+$");
-  return std::regex_match(metric, re);
-}
-
-struct Held {
-  bool any = false;
-  double start = NAN, start_step = NAN, last = NAN, last_step = NAN, best = NAN, best_step = NAN;
-};
-
-// Start = the first value, Last = the newest, Best = the highest after step 0 (step 0 is the
-// model before any update); when every value is at step 0, Best is over all of them.
-Held held_out(const Run& run, const std::string& metric) {
-  Held h;
-  const auto it = run.values.find(metric);
-  if (it == run.values.end() || it->second.empty()) return h;
-  const auto& v = it->second.points;  // validation series are never thinned
-  h.any = true;
-  h.start_step = v.begin()->first, h.start = v.begin()->second;
-  h.last_step = v.rbegin()->first, h.last = v.rbegin()->second;
-  const bool after_zero = v.rbegin()->first > 0;
-  for (const auto& [step, value] : v)
-    if ((!after_zero || step > 0) && (std::isnan(h.best) || value > h.best)) h.best = value, h.best_step = step;
-  return h;
-}
-
-std::vector<std::string> headline_metrics(const std::vector<Run>& runs) {
-  std::set<std::string> names;
-  for (const auto& r : runs)
-    for (const auto& [k, v] : r.values)
-      if (is_headline(k)) names.insert(k);
-  for (const auto& r : runs)  // a metric that was logged but only as NaN still gets its column
-    for (const auto& [k, v] : r.nonfinite)
-      if (is_headline(k)) names.insert(k);
-  return {names.begin(), names.end()};
-}
-
 std::string short_metric(const std::string& m) { return m.rfind("val-core/", 0) == 0 ? m.substr(9) : m; }
-
-// What the trainer wrote it ran (algorithm.txt); a run directory from before that file
-// existed shows its loss and estimator keys.
-std::string algorithm_description(const Run& r) {
-  if (!r.algorithm.empty()) return r.algorithm;
-  std::string loss = cfg(r, "actor_rollout_ref.actor.policy_loss"), adv = cfg(r, "algorithm.adv_estimator");
-  std::string s = loss.empty() ? "" : loss;
-  if (!adv.empty()) s += (s.empty() ? "" : ", ") + str("advantage ", adv);
-  return s;
-}
-
-double mean_of(const Run& r, const std::string& metric) {
-  const auto it = r.values.find(metric);
-  return it == r.values.end() ? NAN : it->second.mean();
-}
 
 std::string runs_table(const std::vector<Run>& runs) {
   std::ostringstream h;
@@ -596,42 +384,6 @@ constexpr const char* kScript = R"JS(<script>
 
 }  // namespace
 
-std::vector<nlohmann::json> read_jsonl(const fs::path& path, bool required) {
-  if (!fs::exists(path)) {
-    if (required) throw IoError(str("no ", path.string(), ": not a run directory"));
-    return {};
-  }
-  return jsonl::read(path);  // a run being written (or killed) may have a torn last line
-}
-
-std::vector<RunInput> name_runs(const std::vector<fs::path>& dirs) {
-  std::vector<std::vector<std::string>> parts;
-  for (const auto& d : dirs) {
-    std::vector<std::string> p;
-    for (const auto& part : fs::absolute(d).lexically_normal())
-      if (!part.empty() && part != "/") p.push_back(part.string());
-    parts.push_back(p);
-  }
-  std::vector<RunInput> out;
-  for (size_t i = 0; i < dirs.size(); ++i) {
-    std::string name;
-    for (size_t k = 1; k <= parts[i].size(); ++k) {
-      auto suffix = [&](const std::vector<std::string>& p) {
-        std::string s;
-        for (size_t j = p.size() >= k ? p.size() - k : 0; j < p.size(); ++j) s += (s.empty() ? "" : "/") + p[j];
-        return s;
-      };
-      name = suffix(parts[i]);
-      bool unique = true;
-      for (size_t j = 0; j < dirs.size(); ++j)
-        if (j != i && suffix(parts[j]) == name) unique = false;
-      if (unique) break;
-    }
-    out.push_back({name.empty() ? dirs[i].string() : name, dirs[i]});
-  }
-  return out;
-}
-
 std::string render_report(const std::vector<RunInput>& inputs) {
   if (inputs.empty()) throw UsageError("report: no run directory given");
   std::vector<Run> runs;
@@ -770,12 +522,6 @@ std::string table3_markdown(const std::vector<RunInput>& inputs) {
 
 fs::path write_report(const std::vector<RunInput>& runs, const fs::path& out) {
   write_file_atomic(out, render_report(runs));
-#ifdef __GLIBC__
-  // The report's working set grows with the run (every metric of every step); the trainer
-  // writes it at each checkpoint. Hand the freed heap back so the process's RSS stays at
-  // its steady state between reports instead of ratcheting up with them.
-  malloc_trim(0);
-#endif
   return out;
 }
 

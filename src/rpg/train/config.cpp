@@ -66,6 +66,15 @@ E choice(const std::string& value, const std::array<const char*, N>& names, cons
   return E{};  // unreachable: require_one_of threw
 }
 
+// rpg.semantics after "auto" is decided; ConfigError listing auto and the table otherwise.
+Semantics semantics_named(const std::string& value) {
+  for (size_t i = 0; i < kSemanticsNames.size(); ++i)
+    if (value == kSemanticsNames[i]) return static_cast<Semantics>(i);
+  std::string names = "auto";
+  for (const char* n : kSemanticsNames) names += str(", ", n);
+  throw ConfigError(str("rpg.semantics: got '", value, "', expected one of ", names));
+}
+
 }  // namespace
 
 void DataConfig::validate() const {
@@ -118,7 +127,7 @@ void ActorConfig::validate() const {
   in_range(optim.min_lr_ratio, 0, 1, /*hi_open=*/false, p + "optim.min_lr_ratio");
   above(optim.num_cycles, 0.0, p + "optim.num_cycles");
   minus_one_or_at_least(optim.total_training_steps, 1, p + "optim.total_training_steps", "set by the trainer");
-  // "schedulefree" (the fork's spelling) trains in fork semantics only (TrainConfig::check_trainable).
+  // "schedulefree" (the fork's spelling) runs in fork semantics only (TrainConfig::check_trainable).
   require_one_of(optim.optim_type, {"adamw", "schedule_free_adamw", "schedulefree"}, p + "optim.optim_type");
   require_one_of(optim.warmup_style.value_or(optim.lr_scheduler_type), {"constant", "cosine"},
                  p + (optim.warmup_style ? "optim.warmup_style" : "optim.lr_scheduler_type"));
@@ -140,6 +149,20 @@ void TrainConfig::validate() const {
   require_registered(algo::advantage_registry().contains(algorithm.adv_estimator), "algorithm.adv_estimator",
                      algorithm.adv_estimator, algo::advantage_names());
   actor_rollout_ref.actor.validate();
+  // KL estimator names (k1, k3, low_var_kl, ...): algorithm.kl_penalty in both rule sets; the
+  // actor's kl_loss_type in paper semantics (the fork's kl_loss_type is checked against its own
+  // forms by check_fork_semantics; an rpg_* spelling is rewritten by resolve()).
+  auto estimator = [](const std::string& name, const std::string& key) {
+    try {
+      (void)algo::parse_kl_estimator(name);
+    } catch (const ValueError& e) {
+      throw ConfigError(str(key, ": ", e.what()));
+    }
+  };
+  estimator(algorithm.kl_penalty, "algorithm.kl_penalty");
+  if (!fork_semantics() && actor_rollout_ref.actor.kl_loss_type.rfind("rpg_", 0) != 0)
+    estimator(actor_rollout_ref.actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type");
+  check_trainable();
   const auto& r = actor_rollout_ref.rollout;
   const std::string p = "actor_rollout_ref.rollout.";
   at_least<int64_t>(r.n, 1, p + "n");
@@ -201,7 +224,7 @@ void TrainConfig::validate() const {
     if (v && std::find(names.begin(), names.end(), *v) == names.end())
       throw ConfigError(str("reward_model.reward_kwargs.dapo_variant: got '", *v, "', expected math_dapo or math_dapo_fork"));
   }
-  require_one_of(rpg.semantics, {"auto", "fork", "paper"}, "rpg.semantics");
+  if (rpg.semantics != "auto") (void)semantics_named(rpg.semantics);
   if (rpg.semantics == "fork") check_fork_semantics();
   at_least<int64_t>(reward_model.overlong_buffer.len, 0, "reward_model.overlong_buffer.len");
   at_least(reward_model.overlong_buffer.penalty_factor, 0.0, "reward_model.overlong_buffer.penalty_factor");
@@ -383,7 +406,7 @@ void TrainConfig::check_fork_semantics() const {
 
 void TrainConfig::check_trainable() const {
   const auto& o = actor_rollout_ref.actor.optim;
-  require(o.optim_type != "schedulefree" || choices.semantics == Semantics::kFork,
+  require(o.optim_type != "schedulefree" || fork_semantics(),
           "actor_rollout_ref.actor.optim.optim_type",
           "'schedulefree' is the authors' fork's optimizer as its code runs it (schedulefree.AdamWScheduleFree with "
           "verl's LambdaLR on top, old log-probs at x, sampling/training/validation/saving at y) and needs "
@@ -414,7 +437,7 @@ std::vector<std::string> TrainConfig::resolve() {
                             "); set rpg.semantics=paper for the paper's algorithms under these keys"));
     }
   }
-  choices.semantics = rpg.semantics == "fork" ? Semantics::kFork : Semantics::kPaper;
+  choices.semantics = semantics_named(rpg.semantics);
   // verl's deprecated global micro-batch (ray_trainer.py check_mutually_exclusive,
   // fsdp_workers.py: ppo_micro_batch_size //= world size, then it is the per-GPU one), over
   // trainer.nnodes x trainer.n_gpus_per_node processes (checked against the launch at start).

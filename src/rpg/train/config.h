@@ -48,6 +48,10 @@ std::string one_of(const std::array<const char*, N>& names) {
 //           (algo/fork_loss.h), in-reward KL with actor.kl_loss_type, per-micro-batch
 //           weighting, steps = floor(N / gen_batch_size) x epochs, reward math_dapo_fork.
 enum class Semantics { kPaper, kFork };
+// rpg.semantics also takes "auto" (fork when the config uses the fork's spellings). A new rule
+// set is one enumerator and one name here, one file implementing train::Rules and one line in
+// make_rules (docs/architecture.md).
+inline constexpr std::array<const char*, 2> kSemanticsNames = {"paper", "fork"};
 
 struct ResolvedChoices {
   Truncation truncation = Truncation::kError;
@@ -589,14 +593,15 @@ struct DistConfig {
 
 // Keys of rpg's own (no verl counterpart).
 struct RpgConfig {
-  std::string semantics = "auto";  // auto | fork | paper
+  std::string semantics = "auto";  // auto, or one of kSemanticsNames
 
   template <class V>
   void visit(V& v) {
     v("semantics", semantics,
-      "fork (compute what the authors' verl fork computes for these keys) | paper (the paper's algorithms "
-      "under rpg's names) | auto (fork when the config uses the fork's spellings: kl_loss_type=rpg_*, "
-      "optim_type=schedulefree, reward_manager=rpg; else paper). docs/fork-vs-paper.md");
+      "auto | " + one_of(kSemanticsNames) +
+          ": paper (the paper's algorithms under rpg's names), fork (compute what the authors' verl fork "
+          "computes for these keys), auto (fork when the config uses the fork's spellings: kl_loss_type=rpg_*, "
+          "optim_type=schedulefree, reward_manager=rpg; else paper). docs/fork-vs-paper.md");
   }
 };
 
@@ -642,8 +647,8 @@ struct TrainConfig {
   // (another policy_loss, seq-mean-token-sum-norm, a kl_loss_type the fork lacks, rollout
   // old log-probs, ref_kl_target, rollout correction).
   void check_fork_semantics() const;
-  // What loads (and `rpg config show` prints) but `rpg train` cannot run: optim_type=schedulefree
-  // outside fork semantics.
+  // optim_type=schedulefree outside fork semantics (the fork's optimizer as its code runs it):
+  // one of validate()'s rules, callable alone.
   void check_trainable() const;
   // actor_rollout_ref.model.lora_* as the model's adapter configuration (target_modules
   // all-linear expanded); ConfigError naming the key for an unknown or repeated projection.

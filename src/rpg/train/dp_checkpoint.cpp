@@ -1,4 +1,4 @@
-// The collective parts of checkpoints and preemption (data_parallel.h): per-rank optimizer
+// The collective parts of checkpoints and preemption (dp.h): per-rank optimizer
 // shards, their manifest, agreement on success, and on a stop signal.
 #include <ATen/ATen.h>
 
@@ -10,7 +10,7 @@
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/world.h"
 #include "rpg/train/checkpoint.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 
 namespace rpg::train::dp {
 namespace {

@@ -7,7 +7,7 @@
 #include "rpg/core/error.h"
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/world.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 
 namespace rpg::train::dp {
 namespace {

@@ -18,7 +18,7 @@
 #include "rpg/dist/world.h"
 #include "rpg/model/cuda_graph.h"
 #include "rpg/reward/overlong.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 #include "rpg/train/perf_metrics.h"
 #include "rpg/train/trainer_impl.h"
 

@@ -30,7 +30,7 @@
 #include "rpg/core/signals.h"
 #include "rpg/data/dataset.h"
 #include "rpg/eval/evaluate.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 #include "rpg/eval/report.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/reward/reward_spec.h"
@@ -249,7 +249,7 @@ void Trainer::Impl::build_optimizer() {
   // With LoRA the adapters, in PEFT's order (the fork's FSDP order is of full weights).
   NamedTensors params = lora ? policy.model.lora_parameters() : rules->optimizer_order(policy.model.named_parameters());
   // ZeRO-1/2: sharded. dist.shard_master_weights: the parameters are bf16, their fp32 masters
-  // are the optimizer's (1/N per rank), and gradients accumulate in fp32 (data_parallel.h).
+  // are the optimizer's (1/N per rank), and gradients accumulate in fp32 (zero_optimizer.h).
   optimizer = dp::make_optimizer(oo, std::move(params), cfg.dist.zero_stage,
                                  static_cast<int64_t>(cfg.dist.reduce_bucket_mb * 1024 * 1024), shard_master);
   schedule = LrSchedule{o.warmup_style.value_or(o.lr_scheduler_type), warmup, total_steps, o.min_lr_ratio,
@@ -324,31 +324,38 @@ void Trainer::Impl::log_step(const Metrics& m, const std::vector<nlohmann::json>
 }
 
 namespace {
-reward::ScorerRegistry builtin_scorers_for(TrainConfig config) {
-  config.resolve();  // idempotent: the Trainer resolves (and reports) again
+// The one place the trainer resolves (logging what resolve() rewrote; nothing when `rpg train`
+// resolved it already: resolve() is idempotent) and validates its config, every rule at once.
+TrainConfig prepared(TrainConfig config) {
+  for (const auto& notice : config.resolve()) log_info(notice);
+  config.validate();
+  if (config.actor_rollout_ref.model.path.empty())
+    throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
+  return config;
+}
+
+reward::ScorerRegistry builtin_scorers_for(const TrainConfig& resolved) {
   reward::ScorerOptions options;
-  options.dapo_variant = config.choices.dapo_variant;
+  options.dapo_variant = resolved.choices.dapo_variant;
   return reward::builtin_scorers(options);
 }
 }  // namespace
 
-Trainer::Trainer(TrainConfig config) : Trainer(config, builtin_scorers_for(config)) {}
+Trainer::Trainer(TrainConfig config) : Trainer(Prepared{prepared(std::move(config))}) {}
 
-Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers) {
-  for (const auto& notice : config.resolve()) log_info(notice);
-  config.validate();
-  config.check_trainable();
+Trainer::Trainer(Prepared p) : Trainer(p, builtin_scorers_for(p.config)) {}
+
+Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers)
+    : Trainer(Prepared{prepared(std::move(config))}, std::move(scorers)) {}
+
+Trainer::Trainer(Prepared p, reward::ScorerRegistry scorers) {
+  TrainConfig& config = p.config;
   log_info(config.choices.algorithm_summary);  // the one line stating what runs
-  if (config.actor_rollout_ref.model.path.empty())
-    throw ConfigError("actor_rollout_ref.model.path: required (a Hugging Face model directory)");
   impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
   Impl& s = *impl_;
   const auto& cfg = s.cfg;
   at::manual_seed(static_cast<uint64_t>(cfg.trainer.seed));
   s.policy.model.set_gradient_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing);
-  (void)algo::advantage_registry().get(cfg.algorithm.adv_estimator);  // unknown names fail now, not at step 1
-  (void)algo::policy_loss_registry().get(cfg.actor_rollout_ref.actor.policy_loss);
-  (void)algo::parse_kl_estimator(cfg.algorithm.kl_penalty);  // refused by name in either rule set
   s.rules = make_rules(cfg);  // the loss's string keys parsed and checked once
   s.load_data();
   s.attach_adapters();

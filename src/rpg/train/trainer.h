@@ -107,6 +107,13 @@ class Trainer {
   // reference is used), advantages, token_level_scores (outcome scores on the last token).
   const rollout::Batch& last_batch() const;
  private:
+  // A config resolved and validated (trainer.cpp's prepared()): the public constructors prepare
+  // theirs once, then build from it.
+  struct Prepared {
+    TrainConfig config;
+  };
+  explicit Trainer(Prepared p);
+  Trainer(Prepared p, reward::ScorerRegistry scorers);
   friend struct TrainerTesting;  // trainer_testing.h: hooks for tests that rebuild an update
   struct Impl;
   std::unique_ptr<Impl> impl_;

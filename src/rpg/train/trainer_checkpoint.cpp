@@ -16,7 +16,7 @@
 #include "rpg/core/log.h"
 #include "rpg/model/lora.h"
 #include "rpg/train/checkpoint.h"
-#include "rpg/train/data_parallel.h"
+#include "rpg/train/dp.h"
 #include "rpg/train/resume_check.h"
 #include "rpg/train/trainer_impl.h"
 
@@ -43,7 +43,7 @@ nlohmann::json Trainer::Impl::fingerprint_with_layout() const {
 
 void Trainer::Impl::save_checkpoint() {
   const auto t_save = Clock::now();
-  // Data-parallel (data_parallel.h): every rank writes its optimizer shard into rank 0's
+  // Data-parallel (dp.h): every rank writes its optimizer shard into rank 0's
   // temporary directory; each part is agreed on (all_or_none), so a rank's failure stops all
   // of them at the same point; rank 0 writes the manifest (train_state.json) last and
   // publishes. A process alone runs the same code without collectives.
