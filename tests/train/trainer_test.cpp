@@ -605,7 +605,12 @@ TEST_F(TrainerTest, ForkSemanticsStepEqualsTheForksUpdateLoop) {
         for (size_t i = 0; i < names.size(); ++i) {
           const double r = rel(updates[s][u].grads[i], ref.at(str("g.", s, ".", u, ".", names[i].first)));
           worst_grad = std::max(worst_grad, r);
-          EXPECT_LE(r, 1e-6) << at_step << ": gradient of " << names[i].first << " at optimizer step " << u;
+          // 16 fp32 ulps of the largest entry. 1e-6 (8 ulps) held on the AMD EPYC machines; on an
+          // Intel Xeon with AVX-512 (the same commit, torch and transformers) model.embed_tokens'
+          // gradient at the first optimizer step of run_dapo_7b and run_grpo_7b is 1.22e-6 off, the
+          // other steps ~1e-9: the tied embedding's gradient sums over every token, and AVX-512
+          // reductions round that sum differently. A wrong formula is orders of magnitude off.
+          EXPECT_LE(r, 2e-6) << at_step << ": gradient of " << names[i].first << " at optimizer step " << u;
         }
       double worst_w = 0, worst_dw = 0, worst_opt = 0, worst_chain = 0, diff2 = 0, update2 = 0;
       std::string worst_w_name, worst_dw_name, worst_opt_name, worst_chain_name;
