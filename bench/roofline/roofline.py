@@ -74,43 +74,14 @@ def median_seconds(f, repeats=args.repeats):
     return statistics.median(times)
 
 
-# ---- the model's work, from config.json -------------------------------------------------
-cfg = json.load(open(os.path.join(args.model, "config.json")))
-C, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-H = cfg["num_attention_heads"]
-Hkv = cfg.get("num_key_value_heads", H)
-D = cfg.get("head_dim") or C // H
-I = cfg["intermediate_size"]
-LAYER_SHAPES = [(H * D, C), (Hkv * D, C), (Hkv * D, C), (C, H * D), (I, C), (I, C), (C, I)]  # (out, in)
-LAYER_WEIGHTS = sum(o * i for o, i in LAYER_SHAPES)
-BYTES = torch.tensor([], dtype=DT).element_size()
+# ---- the model's work, from config.json (flops.py) -----------------------------------------
+sys.path.insert(0, HERE)
+from flops import ModelWork  # noqa: E402
 
-
-def forward_flops(tokens, keys_seen, logits):
-    """tokens through the layers; keys_seen = sum over those tokens of the keys each attends to;
-    logits = positions whose lm_head row is computed."""
-    return 2 * tokens * L * LAYER_WEIGHTS + L * 4 * H * D * keys_seen + 2 * logits * C * V
-
-
-def causal_keys(n):
-    return n * (n + 1) // 2
-
-
-def work(m):
-    """(FLOPs, bytes or None) of one measurement line."""
-    P = m["prompt_len"]
-    if m["phase"] == "decode":
-        S, T = m["seqs"], m["new_tokens"]
-        steps = range(1, T)  # step k feeds token k-1 of the response at position P+k-1: P+k keys
-        flops = sum(forward_flops(S, S * (P + k), S) for k in steps)
-        weight_bytes = (L * LAYER_WEIGHTS + C * V) * BYTES
-        kv_bytes = sum(S * L * 2 * Hkv * D * (P + k) * BYTES for k in steps)
-        return flops, len(steps) * weight_bytes + kv_bytes
-    if m["phase"] == "prefill":
-        return forward_flops(m["seqs"] * P, m["seqs"] * causal_keys(P), m["seqs"]), None
-    B, R = m["rows"], m["response"]
-    f = forward_flops(B * (P + R), B * causal_keys(P + R), B * R)
-    return (3 * f if m["phase"] == "update" else f), None
+MW = ModelWork(args.model, torch.tensor([], dtype=DT).element_size())
+C, L, V, H, Hkv, D, I = MW.C, MW.L, MW.V, MW.H, MW.Hkv, MW.D, MW.I
+LAYER_SHAPES, LAYER_WEIGHTS = MW.layer_shapes, MW.layer_weights
+work = MW.work
 
 
 # ---- the machine's peak -----------------------------------------------------------------

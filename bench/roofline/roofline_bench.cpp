@@ -5,7 +5,7 @@
 //   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update]
 //                  [--decode-seqs 1,8,64] [--new-tokens 64] [--prompt-len 128]
 //                  [--prefill-seqs 8] [--rows 16] [--response 128] [--group 1] [--repeats 3] [--ops 0]
-//                  [--dtype float32]
+//                  [--dtype float32] [--warmup 1] [--checkpointing 0]
 //
 // Prints one JSON object per measurement (median seconds of --repeats after a warm-up):
 //   decode:  the engine's generate() for one prompt x n=S at fixed length (EOS ignored), with
@@ -54,8 +54,8 @@ double seconds_of(const std::function<void()>& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double median_seconds(const std::function<void()>& f, int repeats) {
-  f();  // warm-up: allocator, MKL buffers, first-touch pages
+double median_seconds(const std::function<void()>& f, int repeats, bool warmup) {
+  if (warmup) f();  // allocator, MKL buffers, first-touch pages
   std::vector<double> t;
   for (int i = 0; i < repeats; ++i) t.push_back(seconds_of(f));
   std::sort(t.begin(), t.end());
@@ -111,6 +111,8 @@ nlohmann::json op_profile(const std::function<void()>& f, int64_t k) {
 struct Bench {
   int repeats;
   int64_t ops;
+  bool warmup;
+  double median(const std::function<void()>& f) const { return median_seconds(f, repeats, warmup); }
 
   void emit(nlohmann::json j, const std::function<void()>& f, double seconds) {
     j["seconds"] = seconds;
@@ -124,7 +126,7 @@ struct Bench {
 int main(int argc, char** argv) {
   std::string model_dir, phases = "decode,prefill,logprob,update", decode_seqs = "1,8,64", dtype = "float32";
   int64_t threads = 2, new_tokens = 64, prompt_len = 128, prefill_seqs = 8, rows = 16, response = 128, group = 1,
-          repeats = 3, ops = 0;
+          repeats = 3, ops = 0, warmup = 1, checkpointing = 0;
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
@@ -138,7 +140,9 @@ int main(int argc, char** argv) {
       .option("--group", &group, "log-prob / update rows sharing a prompt (rpg computes it once)")
       .option("--repeats", &repeats, "timed runs per measurement (median)")
       .option("--ops", &ops, "also profile: the K ops with the most self time")
-      .option("--dtype", &dtype, "float32 | bfloat16", "DTYPE");
+      .option("--dtype", &dtype, "float32 | bfloat16", "DTYPE")
+      .option("--warmup", &warmup, "1: one untimed run before the timed ones; 0: none (cold, as a step is)")
+      .option("--checkpointing", &checkpointing, "1: gradient checkpointing in the update (rpg train's option)");
   try {
     if (!parser.parse(std::vector<std::string>(argv + 1, argv + argc))) return 0;
     if (model_dir.empty()) throw std::invalid_argument("--model is required");
@@ -151,7 +155,8 @@ int main(int argc, char** argv) {
     else throw std::invalid_argument("--dtype: float32 or bfloat16, not '" + dtype + "'");
     CausalLM model = CausalLM::from_pretrained(model_dir, lo);
     const int64_t V = model.config().vocab_size;
-    Bench b{static_cast<int>(repeats), ops};
+    model.set_gradient_checkpointing(checkpointing != 0);
+    Bench b{static_cast<int>(repeats), ops, warmup != 0};
     at::manual_seed(0);
     const at::Tensor prompt_ids = at::randint(1, V, {prefill_seqs, prompt_len}, at::kLong);
     const std::set<std::string> want = [&] {
@@ -176,8 +181,8 @@ int main(int argc, char** argv) {
           sp.max_new_tokens = tokens;
           return [&engine, &prompt, sp] { engine.generate({prompt}, sp); };
         };
-        const double full = median_seconds(run(new_tokens), b.repeats);
-        const double first = median_seconds(run(1), b.repeats);
+        const double full = b.median(run(new_tokens));
+        const double first = b.median(run(1));
         b.emit({{"phase", "decode"}, {"seqs", S}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
                 {"generate_seconds", full}, {"prefill_seconds", first}},
                run(new_tokens), full - first);
@@ -192,7 +197,7 @@ int main(int argc, char** argv) {
         o.last_only = true;
         model.decode(cache, slots, prompt_ids, o);
       };
-      b.emit({{"phase", "prefill"}, {"seqs", prefill_seqs}, {"prompt_len", prompt_len}}, f, median_seconds(f, b.repeats));
+      b.emit({{"phase", "prefill"}, {"seqs", prefill_seqs}, {"prompt_len", prompt_len}}, f, b.median(f));
     }
     if (want.count("logprob") || want.count("update")) {
       // Rows in groups sharing a prompt (GRPO's layout), full length, no padding: both sides
@@ -212,7 +217,7 @@ int main(int argc, char** argv) {
         };
         nlohmann::json j = shape;
         j["phase"] = "logprob";
-        b.emit(j, f, median_seconds(f, b.repeats));
+        b.emit(j, f, b.median(f));
       }
       if (want.count("update")) {
         auto f = [&] {
@@ -226,7 +231,7 @@ int main(int argc, char** argv) {
         };
         nlohmann::json j = shape;
         j["phase"] = "update";
-        b.emit(j, f, median_seconds(f, b.repeats));
+        b.emit(j, f, b.median(f));
       }
     }
   } catch (const std::exception& ex) {
