@@ -42,20 +42,12 @@ Known known_tests() {
       if (auto slash = sname.find('/'); slash != std::string::npos) k.exact.insert(full.substr(slash + 1));
     }
   }
-  static const std::regex decl(R"(\b(TEST|TEST_F|TEST_P|TYPED_TEST)\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\))");
-  for (const auto& e : std::filesystem::recursive_directory_iterator(source_dir() / "tests")) {
-    if (e.path().extension() != ".cpp") continue;
-    std::ifstream in(e.path());
-    std::stringstream text;
-    text << in.rdbuf();
-    std::string s = text.str();
-    for (std::sregex_iterator it(s.begin(), s.end(), decl), end; it != end; ++it) {
-      std::string name = (*it)[2].str() + "." + (*it)[3].str();
-      if ((*it)[1] == "TEST_P")
-        k.patterns.insert(name + "/");
-      else
-        k.exact.insert(name);
-    }
+  for (const auto& d : declared_tests()) {
+    const std::string name = d.suite + "." + d.name;
+    if (d.macro == "TEST_P")
+      k.patterns.insert(name + "/");
+    else
+      k.exact.insert(name);
   }
   return k;
 }

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <regex>
+#include <sstream>
 #include <stdexcept>
 
 #include "rpg/core/build_info.h"
@@ -186,6 +188,21 @@ void write_text(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary);
   out << text;
   if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::vector<TestDeclaration> declared_tests() {
+  static const std::regex decl(R"(\b(TEST|TEST_F|TEST_P|TYPED_TEST)\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\))");
+  std::vector<TestDeclaration> out;
+  for (const auto& e : fs::recursive_directory_iterator(source_dir() / "tests")) {
+    if (e.path().extension() != ".cpp") continue;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    for (std::sregex_iterator it(s.begin(), s.end(), decl), end; it != end; ++it)
+      out.push_back({(*it)[1].str(), (*it)[2].str(), (*it)[3].str()});
+  }
+  return out;
 }
 
 }  // namespace rpg::test

@@ -18,6 +18,13 @@ std::filesystem::path python();       // the venv's python
 // `pq`, and leave the new table in `out`. Fails the calling test when Python fails.
 void edit_parquet(const std::filesystem::path& dir, const std::string& out, const std::string& edit);
 
+// The TEST / TEST_F / TEST_P / TYPED_TEST declarations of every .cpp file under tests/ (all
+// binaries), for docs that cite tests by name.
+struct TestDeclaration {
+  std::string macro, suite, name;
+};
+std::vector<TestDeclaration> declared_tests();
+
 struct ProcessResult {
   int exit_code = -1;  // -signal when killed by a signal
   std::string out, err;

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <regex>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "rpg/core/io.h"
 #include "test_util.h"
 
 namespace rpg::test {
@@ -20,13 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Graph = std::map<std::string, std::set<std::string>>;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 std::string show(const std::set<std::string>& s) {
   std::string out;
@@ -50,7 +43,7 @@ Graph include_graph() {
     for (const auto& e : fs::recursive_directory_iterator(source_dir() / "src" / "rpg" / m)) {
       const std::string ext = e.path().extension().string();
       if (ext != ".h" && ext != ".cpp") continue;
-      const std::string text = slurp(e.path());
+      const std::string text = read_file(e.path());
       for (std::sregex_iterator it(text.begin(), text.end(), inc), end; it != end; ++it)
         if ((*it)[1] != m) g[m].insert((*it)[1]);
     }
@@ -75,7 +68,7 @@ Graph cmake_graph() {
   Graph g;
   for (const auto& m : mods) {
     g[m];
-    std::string text = slurp(source_dir() / "src" / "rpg" / m / "CMakeLists.txt");
+    std::string text = read_file(source_dir() / "src" / "rpg" / m / "CMakeLists.txt");
     text = std::regex_replace(text, std::regex("#[^\n]*"), "");
     for (std::sregex_iterator it(text.begin(), text.end(), call), end; it != end; ++it) {
       std::istringstream args((*it)[2].str());
@@ -97,7 +90,7 @@ Graph cmake_graph() {
   return g;
 }
 
-std::string architecture_md() { return slurp(source_dir() / "docs" / "architecture.md"); }
+std::string architecture_md() { return read_file(source_dir() / "docs" / "architecture.md"); }
 
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == ' ' || s.back() == '`')) s.pop_back();
@@ -191,15 +184,10 @@ TEST(Architecture, TheDiagramHasEveryModuleOnceAndEdgesPointDown) {
 // The "How to add" steps name the tests that hold them ([`Suite.Name`], `Prefix/Suite.*`, or
 // `Suite.*`): each must be a test declared under tests/.
 TEST(Architecture, HowToAddCitesTestsThatExist) {
-  static const std::regex decl(R"(\b(TEST|TEST_F|TEST_P)\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\))");
   std::set<std::string> tests, suites;
-  for (const auto& e : fs::recursive_directory_iterator(source_dir() / "tests")) {
-    if (e.path().extension() != ".cpp") continue;
-    const std::string text = slurp(e.path());
-    for (std::sregex_iterator it(text.begin(), text.end(), decl), end; it != end; ++it) {
-      tests.insert((*it)[2].str() + "." + (*it)[3].str());
-      suites.insert((*it)[2].str());
-    }
+  for (const auto& d : declared_tests()) {
+    tests.insert(d.suite + "." + d.name);
+    suites.insert(d.suite);
   }
   const std::string md = architecture_md();
   const std::string howto = md.substr(md.find("## How to add"));

@@ -4,13 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "oracle_cases.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/reward/overlong.h"
 #include "rpg/reward/registry.h"
 #include "test_util.h"
@@ -45,10 +43,7 @@ TEST(RewardRegistry, UnknownDataSourceListsTheKnownOnes) {
 // docs/rewards.md's data_source table lists every key the registry holds (the "how to add a
 // scorer" step of docs/architecture.md), in both DAPO variants.
 TEST(RewardRegistry, EveryDataSourceIsDocumented) {
-  std::ifstream in(source_dir() / "docs" / "rewards.md");
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string doc = text.str();
+  const std::string doc = read_file(source_dir() / "docs" / "rewards.md");
   ASSERT_FALSE(doc.empty()) << "docs/rewards.md";
   for (const char* variant : {"math_dapo", "math_dapo_fork"}) {
     reward::ScorerOptions options;

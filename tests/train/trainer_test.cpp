@@ -16,7 +16,6 @@
 
 #include <nlohmann/json.hpp>
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -1788,9 +1787,7 @@ TEST(TrainConfigResolve, EnumTablesResolveToTheirEnumerators) {
 // enumerator, make_rules builds a rule set for it from its own file (<name>_rules.cpp), and the
 // doc names that file.
 TEST(TrainConfigResolve, EverySemanticsNameHasItsRuleSet) {
-  std::ifstream doc_in(test::source_dir() / "docs" / "architecture.md");
-  std::stringstream doc;
-  doc << doc_in.rdbuf();
+  const std::string doc = read_file(test::source_dir() / "docs" / "architecture.md");
   for (size_t i = 0; i < kSemanticsNames.size(); ++i) {
     TrainConfig c;
     c.rpg.semantics = kSemanticsNames[i];
@@ -1800,7 +1797,7 @@ TEST(TrainConfigResolve, EverySemanticsNameHasItsRuleSet) {
     EXPECT_NE(make_rules(c), nullptr) << kSemanticsNames[i];
     const std::string file = std::string(kSemanticsNames[i]) + "_rules.cpp";
     EXPECT_TRUE(fs::exists(test::source_dir() / "src" / "rpg" / "train" / file)) << file;
-    EXPECT_NE(doc.str().find("`" + file + "`"), std::string::npos) << "docs/architecture.md does not name " << file;
+    EXPECT_NE(doc.find("`" + file + "`"), std::string::npos) << "docs/architecture.md does not name " << file;
   }
   TrainConfig bad;
   bad.rpg.semantics = "upstream";

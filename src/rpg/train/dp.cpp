@@ -2,15 +2,13 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
-
 #include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/process_group.h"
 #include "rpg/dist/world.h"
-#include "rpg/model/causal_lm.h"
+#include "rpg/model/causal_lm.h"  // model::LoraConfig (plan_input)
 #include "rpg/train/config.h"
 
 namespace rpg::train::dp {

@@ -341,17 +341,15 @@ reward::ScorerRegistry builtin_scorers_for(const TrainConfig& resolved) {
 }
 }  // namespace
 
-Trainer::Trainer(TrainConfig config) : Trainer(Prepared{prepared(std::move(config))}) {}
-
-Trainer::Trainer(Prepared p) : Trainer(p, builtin_scorers_for(p.config)) {}
+Trainer::Trainer(TrainConfig config) : Trainer(Prepared{prepared(std::move(config))}, std::nullopt) {}
 
 Trainer::Trainer(TrainConfig config, reward::ScorerRegistry scorers)
     : Trainer(Prepared{prepared(std::move(config))}, std::move(scorers)) {}
 
-Trainer::Trainer(Prepared p, reward::ScorerRegistry scorers) {
-  TrainConfig& config = p.config;
-  log_info(config.choices.algorithm_summary);  // the one line stating what runs
-  impl_ = std::make_unique<Impl>(std::move(config), std::move(scorers));
+Trainer::Trainer(Prepared p, std::optional<reward::ScorerRegistry> scorers) {
+  log_info(p.config.choices.algorithm_summary);  // the one line stating what runs
+  if (!scorers) scorers = builtin_scorers_for(p.config);
+  impl_ = std::make_unique<Impl>(std::move(p.config), std::move(*scorers));
   Impl& s = *impl_;
   const auto& cfg = s.cfg;
   at::manual_seed(static_cast<uint64_t>(cfg.trainer.seed));

@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,12 +109,11 @@ class Trainer {
   const rollout::Batch& last_batch() const;
  private:
   // A config resolved and validated (trainer.cpp's prepared()): the public constructors prepare
-  // theirs once, then build from it.
+  // theirs once, then build from it; no scorers: the built-in ones its resolved choices ask for.
   struct Prepared {
     TrainConfig config;
   };
-  explicit Trainer(Prepared p);
-  Trainer(Prepared p, reward::ScorerRegistry scorers);
+  Trainer(Prepared p, std::optional<reward::ScorerRegistry> scorers);
   friend struct TrainerTesting;  // trainer_testing.h: hooks for tests that rebuild an update
   struct Impl;
   std::unique_ptr<Impl> impl_;

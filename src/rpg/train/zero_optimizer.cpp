@@ -11,9 +11,7 @@
 #include <limits>
 #include <set>
 
-#include "rpg/core/device.h"
 #include "rpg/core/error.h"
-#include "rpg/core/log.h"
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/memory.h"
 #include "rpg/dist/process_group.h"
