@@ -5,7 +5,8 @@
 //   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update]
 //                  [--decode-seqs 1,8,64] [--new-tokens 64] [--prompt-len 128]
 //                  [--prefill-seqs 8] [--rows 16] [--response 128] [--group 1] [--repeats 3] [--ops 0]
-//                  [--dtype float32] [--warmup 1] [--checkpointing 0]
+//                  [--dtype float32] [--warmup 1] [--checkpointing 0] [--ops-by-shape 0]
+//                  [--pack-weights 1]
 //
 // Prints one JSON object per measurement (median seconds of --repeats after a warm-up):
 //   decode:  the engine's generate() for one prompt x n=S at fixed length (EOS ignored), with
@@ -62,12 +63,24 @@ double median_seconds(const std::function<void()>& f, int repeats, bool warmup) 
   return t[t.size() / 2];
 }
 
+std::string with_shapes(const std::string& name, c10::ArrayRef<std::vector<int64_t>> shapes) {
+  std::string s = name;
+  for (const auto& shape : shapes) {
+    s += " [";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+    s += "]";
+  }
+  return s;
+}
+
 // Self time per op name of one run of f: an event's duration minus its children's (events
 // nest on a thread by time), summed by name; the top k by self time.
-nlohmann::json op_profile(const std::function<void()>& f, int64_t k) {
+// With by_shape, ops are told apart by their input shapes too ("aten::mul [32,96,576] [576]").
+nlohmann::json op_profile(const std::function<void()>& f, int64_t k, bool by_shape) {
   const std::set<torch::profiler::impl::ActivityType> cpu{torch::profiler::impl::ActivityType::CPU};
-  prof::prepareProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO), cpu);
-  prof::enableProfiler(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::KINETO), cpu);
+  const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO, by_shape);
+  prof::prepareProfiler(config, cpu);
+  prof::enableProfiler(config, cpu);
   f();
   auto result = prof::disableProfiler();
   struct Ev {
@@ -77,7 +90,7 @@ nlohmann::json op_profile(const std::function<void()>& f, int64_t k) {
   std::vector<Ev> evs;
   for (const auto& e : result->events())
     if (e.deviceType() == c10::DeviceType::CPU && e.durationNs() > 0)
-      evs.push_back({e.startNs(), e.endNs(), e.startThreadId(), e.name()});
+      evs.push_back({e.startNs(), e.endNs(), e.startThreadId(), by_shape ? with_shapes(e.name(), e.shapes()) : e.name()});
   std::sort(evs.begin(), evs.end(), [](const Ev& a, const Ev& b) {
     return a.tid != b.tid ? a.tid < b.tid : a.start != b.start ? a.start < b.start : a.end > b.end;
   });
@@ -112,11 +125,12 @@ struct Bench {
   int repeats;
   int64_t ops;
   bool warmup;
+  bool ops_by_shape;
   double median(const std::function<void()>& f) const { return median_seconds(f, repeats, warmup); }
 
   void emit(nlohmann::json j, const std::function<void()>& f, double seconds) {
     j["seconds"] = seconds;
-    if (ops > 0) j["ops"] = op_profile(f, ops);
+    if (ops > 0) j["ops"] = op_profile(f, ops, ops_by_shape);
     std::cout << j.dump() << std::endl;
   }
 };
@@ -126,7 +140,7 @@ struct Bench {
 int main(int argc, char** argv) {
   std::string model_dir, phases = "decode,prefill,logprob,update", decode_seqs = "1,8,64", dtype = "float32";
   int64_t threads = 2, new_tokens = 64, prompt_len = 128, prefill_seqs = 8, rows = 16, response = 128, group = 1,
-          repeats = 3, ops = 0, warmup = 1, checkpointing = 0;
+          repeats = 3, ops = 0, warmup = 1, checkpointing = 0, ops_by_shape = 0, pack_weights = 1;
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
@@ -140,6 +154,8 @@ int main(int argc, char** argv) {
       .option("--group", &group, "log-prob / update rows sharing a prompt (rpg computes it once)")
       .option("--repeats", &repeats, "timed runs per measurement (median)")
       .option("--ops", &ops, "also profile: the K ops with the most self time")
+      .option("--pack-weights", &pack_weights, "0: decode without packing the weights per generate() (EngineOptions)")
+      .option("--ops-by-shape", &ops_by_shape, "1: --ops tells ops apart by their input shapes too")
       .option("--dtype", &dtype, "float32 | bfloat16", "DTYPE")
       .option("--warmup", &warmup, "1: one untimed run before the timed ones; 0: none (cold, as a step is)")
       .option("--checkpointing", &checkpointing, "1: gradient checkpointing in the update (rpg train's option)");
@@ -156,7 +172,7 @@ int main(int argc, char** argv) {
     CausalLM model = CausalLM::from_pretrained(model_dir, lo);
     const int64_t V = model.config().vocab_size;
     model.set_gradient_checkpointing(checkpointing != 0);
-    Bench b{static_cast<int>(repeats), ops, warmup != 0};
+    Bench b{static_cast<int>(repeats), ops, warmup != 0, ops_by_shape != 0};
     at::manual_seed(0);
     const at::Tensor prompt_ids = at::randint(1, V, {prefill_seqs, prompt_len}, at::kLong);
     const std::set<std::string> want = [&] {
@@ -173,6 +189,7 @@ int main(int argc, char** argv) {
       for (int64_t S : parse_list(decode_seqs)) {
         rpg::rollout::EngineOptions eo;
         eo.max_num_seqs = S;
+        eo.pack_weights = pack_weights != 0;
         rpg::rollout::RolloutEngine engine(model, eo);
         rpg::rollout::SamplingParams sp;
         sp.n = S;

@@ -1,4 +1,6 @@
-// The CPU decode kernels. skinny_linear_kernel against at::linear in fp64 (tile and tail
+// The CPU decode kernels. MKL's packed GEMM (packed_gemm.h) against at::linear in fp64 for
+// every row count a decode step can have, its staleness check, and decode() with packed
+// weights against decode() without on every family; skinny_linear_kernel against at::linear in fp64 (tile and tail
 // shapes, with and without bias) and linear_for_decode's choice of path; the decode-attention
 // kernel against attention written out with ATen ops (scores,
 // masked softmax, weighted sum in fp64) and against SDPA: shapes with and without grouped
@@ -11,7 +13,10 @@
 
 #include <c10/core/GradMode.h>
 
+#include "model_test_util.h"
+#include "rpg/model/causal_lm.h"
 #include "rpg/model/decode_attention.h"
+#include "rpg/model/packed_gemm.h"
 #include "rpg/model/skinny_linear.h"
 
 namespace rpg::model {
@@ -124,6 +129,76 @@ TEST(SkinnyLinear, LinearForDecodeTakesTheKernelOnlyWhereItIsFaster) {
   {
     c10::AutoGradMode grad(true);  // recording autograd: never the kernel
     EXPECT_TRUE(at::equal(linear_for_decode(x1, w, {}), at::linear(x1, w)));
+  }
+}
+
+TEST(PackedGemm, IsAvailableWhereLibtorchHasMkl) {
+  // The torch wheels for x86-64 carry MKL and export its CBLAS symbols; the self-check runs
+  // on this CPU. false here with MKL present means the check failed: decode lost its packing.
+  EXPECT_EQ(detail::packed_gemm_available(), at::hasMKL());
+}
+
+TEST(PackedGemm, EqualsLinearForEveryRowCountWithAndWithoutBias) {
+  if (!detail::packed_gemm_available()) GTEST_FAIL() << "no packed GEMM in this libtorch (see IsAvailableWhereLibtorchHasMkl)";
+  // One packing serves every row count: 1 (where MKL ignores beta, see PackedWeight::linear),
+  // the tails around its blocks, and up to kPackedMaxRows.
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{40, 24}, {37, 29}, {192, 96}, {7, 130}}) {
+    at::manual_seed(N * 31 + K);
+    const at::Tensor w = at::randn({N, K}), b = at::randn({N});
+    const detail::PackedWeight p = detail::PackedWeight::pack(w);
+    ASSERT_TRUE(p.defined() && p.current());
+    for (int64_t M : std::vector<int64_t>{1, 2, 3, 5, 8, 15, 16, 17, 63, 64, 65, 200, detail::kPackedMaxRows}) {
+      const at::Tensor x = at::randn({M, 1, K});
+      const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
+      const double tol = 1e-6 * static_cast<double>(K);  // fp32 sums of K products of unit-scale terms
+      const at::Tensor y = p.linear(x, b);
+      ASSERT_EQ(y.sizes(), (std::vector<int64_t>{M, 1, N}));
+      EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), tol) << M << "x" << K << " by " << N;
+      EXPECT_LE((p.linear(x, {}).to(at::kDouble) - (ref - b.to(at::kDouble))).abs().max().item<double>(), tol)
+          << M << "x" << K << " by " << N << " without bias";
+    }
+  }
+}
+
+TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
+  at::Tensor w = at::randn({16, 8});
+  EXPECT_FALSE(detail::PackedWeight::pack(w.to(at::kBFloat16)).defined());
+  EXPECT_FALSE(detail::PackedWeight::pack(w.t()).defined());  // not contiguous
+  EXPECT_FALSE(detail::PackedWeight::pack(at::randn({16})).defined());
+  detail::PackedWeights packs;
+  packs.add(w);
+  packs.add(w);  // once per tensor
+  ASSERT_EQ(packs.size(), detail::packed_gemm_available() ? 1u : 0u);
+  if (packs.size() == 0) GTEST_FAIL() << "no packed GEMM in this libtorch";
+  ASSERT_NE(packs.find(w), nullptr);
+  EXPECT_EQ(packs.find(at::randn({16, 8})), nullptr);
+  w.mul_(2);  // an optimizer step in place: the packing is stale and no longer found
+  EXPECT_EQ(packs.find(w), nullptr);
+}
+
+TEST(PackedGemm, DecodeWithPackedWeightsEqualsDecodeWithout) {
+  for (const char* family : {"qwen2", "qwen3", "llama"}) {
+    CausalLM m = test::random_model(family, at::kFloat, R"("tie_word_embeddings": true)", 11);
+    const int64_t V = m.config().vocab_size;
+    at::manual_seed(2);
+    const at::Tensor prompt = at::randint(1, V, {3, 6}, at::kLong), step = at::randint(1, V, {3, 1}, at::kLong);
+    auto run = [&] {  // a prefill of 3 slots, then one step of two of them
+      KVCache cache = m.new_cache(3, 8);
+      at::Tensor a = m.decode(cache, {0, 1, 2}, prompt);
+      return std::make_pair(a, m.decode(cache, {2, 0}, step.narrow(0, 0, 2)));
+    };
+    const auto plain = run();
+    {
+      const CausalLM::DecodePacks packs = m.pack_weights_for_decode();
+      // q, k, v, o, gate, up, down per layer and the (tied) lm_head.
+      EXPECT_EQ(packs.size(), detail::packed_gemm_available() ? 7 * m.config().num_hidden_layers + 1 : 0) << family;
+      const auto packed = run();
+      EXPECT_LE((packed.first - plain.first).abs().max().item<double>(), 1e-5) << family;
+      EXPECT_LE((packed.second - plain.second).abs().max().item<double>(), 1e-5) << family;
+    }
+    const auto after = run();  // the handle is gone: at::linear again, bit for bit
+    EXPECT_TRUE(at::equal(after.first, plain.first) && at::equal(after.second, plain.second)) << family;
+    EXPECT_EQ(test::random_model(family, at::kBFloat16).pack_weights_for_decode().size(), 0u) << family;
   }
 }
 

@@ -3,11 +3,13 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <memory>
+#include <utility>
 
 #include "rpg/core/error.h"
 #include "rpg/model/decode_attention.h"
 #include "rpg/model/layer.h"
-#include "rpg/model/skinny_linear.h"
+#include "rpg/model/packed_gemm.h"
 
 namespace rpg::model {
 
@@ -93,7 +95,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     all_slots = all_slots && s == i;
   }
   at::NoGradGuard no_grad;
-  DecodingScope decoding;
+  DecodingScope decoding(m.decode_packs.get());
   auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
   at::Tensor start = at::tensor(starts, at::kLong).to(m.device);                       // [N]
   at::Tensor pos = start.unsqueeze(1) + at::arange(T, long_opt).unsqueeze(0);          // [N, T]
@@ -132,7 +134,31 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     at::Tensor last = at::tensor(counts, at::kLong).to(m.device).sub_(1).view({N, 1, 1}).expand({N, 1, x.size(2)});
     x = x.gather(1, last).squeeze(1);  // [N, C]
   }
-  return linear_for_decode(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head, {});
+  return decode_linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head, {});
+}
+
+CausalLM::DecodePacks::DecodePacks(DecodePacks&& other) noexcept
+    : impl_(std::exchange(other.impl_, nullptr)), packs_(std::move(other.packs_)), previous_(std::move(other.previous_)) {}
+
+CausalLM::DecodePacks::~DecodePacks() {
+  if (impl_ && impl_->decode_packs == packs_) impl_->decode_packs = previous_;
+}
+
+size_t CausalLM::DecodePacks::size() const { return packs_ ? packs_->size() : 0; }
+
+CausalLM::DecodePacks CausalLM::pack_weights_for_decode() const {
+  DecodePacks handle;
+  const Impl& m = *impl_;
+  if (m.dtype != at::kFloat || !m.device.is_cpu() || !packed_gemm_available()) return handle;
+  auto packs = std::make_shared<PackedWeights>();
+  for (const LayerWeights& w : m.layers)
+    for (const at::Tensor* t : {&w.q_w, &w.k_w, &w.v_w, &w.o_w, &w.gate_w, &w.up_w, &w.down_w}) packs->add(*t);
+  packs->add(m.lm_head);
+  handle.impl_ = impl_.get();
+  handle.previous_ = impl_->decode_packs;
+  handle.packs_ = std::move(packs);
+  impl_->decode_packs = handle.packs_;
+  return handle;
 }
 
 at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const {
@@ -147,7 +173,7 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
       positions.device() != m.device)
     throw ValueError(str("decode_all_slots: positions must be int64 [", S, "] on ", m.device.str()));
   at::NoGradGuard no_grad;
-  DecodingScope decoding;
+  DecodingScope decoding(m.decode_packs.get());
   auto long_opt = at::TensorOptions().dtype(at::kLong).device(m.device);
   at::Tensor pos = positions.view({S, 1});
   AttnInputs a;
@@ -170,6 +196,6 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
     step.v = &cache.v_[l];
     x = layer_forward(m.layers[l], m.config, x, a, &step);
   }
-  return linear_for_decode(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head, {});
+  return decode_linear(rms_norm(x, m.final_norm, m.config.rms_norm_eps), m.lm_head, {});
 }
 }  // namespace rpg::model

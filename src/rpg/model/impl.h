@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ struct CausalLM::Impl {
   bool checkpointing = false;
   std::optional<LoraConfig> lora;  // the attached adapters' configuration
   bool lora_enabled = true;
+  // Set while a DecodePacks handle lives (pack_weights_for_decode): the weights decode()
+  // multiplies by, packed for the CPU GEMM.
+  std::shared_ptr<const detail::PackedWeights> decode_packs;
 
   // Pointers to the parameter members in ModelConfig::parameter_shapes() order.
   std::vector<at::Tensor*> slots();

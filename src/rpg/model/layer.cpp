@@ -6,6 +6,7 @@
 #include "rpg/model/layer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <map>
 #include <mutex>
@@ -13,21 +14,35 @@
 
 #include "rpg/core/log.h"
 #include "rpg/model/decode_attention.h"
+#include "rpg/model/packed_gemm.h"
 #include "rpg/model/skinny_linear.h"
 
 namespace rpg::model {
 namespace detail {
 namespace {
 
-// Set while decode() / decode_all_slots() run: their projections of a few rows go to the
-// decode kernel (linear_for_decode); every other forward keeps at::linear's arithmetic (the
-// trainer's log-probs are compared bit for bit with the fork's).
+// Set while decode() / decode_all_slots() run: their projections go through decode_linear();
+// every other forward keeps at::linear's arithmetic (the trainer's log-probs are compared bit
+// for bit with the fork's).
 thread_local bool t_decoding = false;
+thread_local const PackedWeights* t_packs = nullptr;
 
 }  // namespace
 
-DecodingScope::DecodingScope() { t_decoding = true; }
-DecodingScope::~DecodingScope() { t_decoding = false; }
+DecodingScope::DecodingScope(const PackedWeights* packs) {
+  t_decoding = true;
+  t_packs = packs;
+}
+DecodingScope::~DecodingScope() {
+  t_decoding = false;
+  t_packs = nullptr;
+}
+
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (t_packs && x.dim() >= 1 && x.numel() <= kPackedMaxRows * x.size(-1) && !c10::GradMode::is_enabled())
+    if (const PackedWeight* p = t_packs->find(weight)) return p->linear(x, bias);
+  return linear_for_decode(x, weight, bias);
+}
 
 std::vector<at::Tensor*> layer_slots(LayerWeights& w, const ModelConfig& c) {
   std::vector<at::Tensor*> s = {&w.input_norm, &w.q_w};
@@ -65,7 +80,7 @@ std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
 // compute their branch in their dtype, and the sum is rounded to the base's, as PEFT does.
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
                    double scale) {
-  at::Tensor y = t_decoding ? linear_for_decode(x, weight, bias) : at::linear(x, weight, bias);
+  at::Tensor y = t_decoding ? decode_linear(x, weight, bias) : at::linear(x, weight, bias);
   if (scale == 0 || !lora.a.defined()) return y;
   if (lora.a.scalar_type() == x.scalar_type()) return y + at::linear(at::linear(x, lora.a), lora.b) * scale;
   const at::Tensor delta = at::linear(at::linear(x.to(lora.a.scalar_type()), lora.a), lora.b) * scale;

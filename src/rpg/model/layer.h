@@ -29,13 +29,15 @@ std::vector<LoraSlot> lora_slots(LayerWeights& w);
 std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c);
 
 // ---- one layer -----------------------------------------------------------------------------
-// Set for its lifetime on this thread: projections of a few rows go to the CPU decode kernel
-// (linear_for_decode) instead of at::linear. Only decode() / decode_all_slots() set it: every
-// other forward keeps at::linear's arithmetic (the trainer's log-probs are compared bit for
-// bit with the fork's).
+class PackedWeights;
+
+// Set for its lifetime on this thread: projections go through decode_linear() instead of
+// at::linear. Only decode() / decode_all_slots() set it: every other forward keeps
+// at::linear's arithmetic (the trainer's log-probs are compared bit for bit with the fork's).
 class DecodingScope {
  public:
-  DecodingScope();
+  // packs: the model's weights packed for this rollout (CausalLM::pack_weights_for_decode), or null.
+  explicit DecodingScope(const PackedWeights* packs);
   ~DecodingScope();
   DecodingScope(const DecodingScope&) = delete;
   DecodingScope& operator=(const DecodingScope&) = delete;
@@ -78,6 +80,9 @@ struct Qkv {
   at::Tensor q, k, v;
 };
 
+// x W^T + b inside a DecodingScope: the packed weight when the scope has a current one and
+// x has at most kPackedMaxRows rows, else linear_for_decode (the skinny kernel or at::linear).
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 // A projection: x W^T + b, plus LoRA's (x A^T) B^T * scale in PEFT's order of operations.
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
                    double scale);

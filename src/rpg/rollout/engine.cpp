@@ -99,6 +99,9 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
 
   c10::NoGradGuard no_grad;
   const auto t_start = Clock::now();
+  // The weights do not change during a rollout: packed once for the CPU GEMM (a no-op elsewhere).
+  const model::CausalLM::DecodePacks packs =
+      options_.pack_weights ? model_.pack_weights_for_decode() : model::CausalLM::DecodePacks{};
   model::KVCache cache = model_.new_cache(slots, capacity);
   std::vector<int64_t> free_slots;
   for (int64_t s = slots - 1; s >= 0; --s) free_slots.push_back(s);

@@ -1,0 +1,59 @@
+// Internal: weights packed once in MKL's own GEMM layout for the decode steps of a rollout.
+// Not part of the public API (CausalLM::pack_weights_for_decode() is).
+//
+// Why: every at::linear call hands MKL the weight as a plain matrix, and MKL copies it into
+// its blocked layout before multiplying ("packing"). A decode step multiplies a few rows by
+// every weight of the model, so that copy is most of the work: on SmolLM2-135M the packed
+// products are 1.3-5x faster for 1-64 rows (docs/benchmarks.md). Packing costs about one
+// read and write of the weights, once per rollout.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <unordered_map>
+
+namespace rpg::model::detail {
+
+// cblas_sgemm_pack / cblas_sgemm_compute are exported by the torch wheel's libtorch_cpu (its
+// MKL). True when they are there and a packed product on this CPU passed a check against an
+// exact result for several row counts (the packing is done once for all of them); false on
+// a libtorch without MKL, where callers keep at::linear.
+bool packed_gemm_available();
+
+// One weight [N, K] (fp32, CPU) in MKL's packed layout, for x W^T (+ b).
+class PackedWeight {
+ public:
+  // Packs `weight`, or returns an empty PackedWeight (defined() false) when it is not
+  // float32 / CPU / contiguous 2-D or packing is unavailable.
+  static PackedWeight pack(const at::Tensor& weight);
+  bool defined() const { return buffer_.defined(); }
+  // True while the source weight has not been modified in place since it was packed.
+  bool current() const { return defined() && source_._version() == version_; }
+  // x [..., K] float32 on the CPU -> [..., N]; bias [N] or undefined.
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& bias) const;
+
+ private:
+  at::Tensor source_;  // kept alive: its address keys PackedWeights and cannot be reused
+  at::Tensor buffer_;  // MKL's packed copy (never copied elsewhere: MKL's layout depends on its address)
+  int64_t version_ = 0, n_ = 0, k_ = 0;
+};
+
+// The packed weights of one model, by the weight tensor they were made from.
+class PackedWeights {
+ public:
+  void add(const at::Tensor& weight);
+  // The packed copy of `weight`, or nullptr if it was not packed or has changed since.
+  const PackedWeight* find(const at::Tensor& weight) const;
+  size_t size() const { return packed_.size(); }
+
+ private:
+  std::unordered_map<const void*, PackedWeight> packed_;
+};
+
+// Rows above which a product goes back to at::linear: for many rows MKL's own packing is
+// a small part of the product and its blocking for large M is better (measured: 0.85-0.94x
+// at 2048 rows, 1.0-1.4x at 512).
+inline constexpr int64_t kPackedMaxRows = 512;
+
+}  // namespace rpg::model::detail
