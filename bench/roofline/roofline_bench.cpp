@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "rpg/core/args.h"
+#include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/rollout/engine.h"
 
@@ -138,6 +139,7 @@ struct Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
+  rpg::malloc_env::keep_freed_memory();  // as rpg-torch does (core/malloc_env.h)
   std::string model_dir, phases = "decode,prefill,logprob,update", decode_seqs = "1,8,64", dtype = "float32";
   int64_t threads = 2, new_tokens = 64, prompt_len = 128, prefill_seqs = 8, rows = 16, response = 128, group = 1,
           repeats = 3, ops = 0, warmup = 1, checkpointing = 0, ops_by_shape = 0, pack_weights = 1;

@@ -96,5 +96,19 @@ TEST(CliThreads, WaitPolicyIsPassiveOnlyWhenTheMachineIsBusyAndTheUserWins) {
   EXPECT_EQ(line(spin), "openmp wait policy default (GOMP_SPINCOUNT=1000 set by the user)") << spin.out;
 }
 
+// core/malloc_env.h: rpg-torch keeps freed memory for reuse unless the user tuned glibc's malloc.
+TEST(CliThreads, MallocKeepsFreedMemoryUnlessTheUserTunedIt) {
+  auto line = [](const ProcessResult& r) {
+    const size_t at = r.out.find("malloc ");
+    return at == std::string::npos ? std::string() : r.out.substr(at, r.out.find('\n', at) - at);
+  };
+  ProcessResult plain = rpg({"version"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(line(plain), "malloc freed memory kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)") << plain.out;
+  ProcessResult user = rpg({"version"}, {"MALLOC_MMAP_THRESHOLD_=65536"});
+  ASSERT_EQ(user.exit_code, 0) << user.err;
+  EXPECT_EQ(line(user), "malloc glibc's settings (MALLOC_MMAP_THRESHOLD_ set by the user)") << user.out;
+}
+
 }  // namespace
 }  // namespace rpg

@@ -11,6 +11,7 @@
 #include "rpg/core/config.h"
 #include "rpg/algo/policy_loss.h"
 #include "rpg/core/log.h"
+#include "rpg/core/malloc_env.h"
 #include "rpg/train/config.h"
 
 namespace rpg::cli {
@@ -48,7 +49,8 @@ int run_version(const std::string& full_name, const std::vector<std::string>& ar
                    "Prints the versions of rpg and of the libtorch it was built against, and the\n"
                    "intra-op thread count this process uses (rpg --threads N / RPG_NUM_THREADS) and its\n"
                    "OpenMP wait policy (passive when the machine was busy at start, else libgomp's default;\n"
-                   "OMP_WAIT_POLICY or GOMP_SPINCOUNT set by you win).");
+                   "OMP_WAIT_POLICY or GOMP_SPINCOUNT set by you win), and how glibc's malloc is set up\n"
+                   "(freed memory kept for reuse unless you set GLIBC_TUNABLES or MALLOC_*_ thresholds).");
   if (!parser.parse(args)) return 0;
   std::cout << "rpg " << RPG_VERSION_STRING << " (libtorch " << RPG_TORCH_VERSION_STRING << ")\n";
   std::cout << "threads " << at::get_num_threads() << " (libtorch intra-op)\n";
@@ -58,6 +60,7 @@ int run_version(const std::string& full_name, const std::vector<std::string>& ar
   const char* choice = std::getenv("RPG_OMP_WAIT_POLICY_CHOICE");
   std::cout << "openmp wait policy " << (policy && *policy ? policy : "default") << " ("
             << (choice && *choice ? choice : "rpg-torch started directly: not chosen by rpg") << ")\n";
+  std::cout << "malloc " << malloc_env::choice() << "\n";
   return 0;
 }
 

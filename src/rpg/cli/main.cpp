@@ -33,6 +33,7 @@
 #include "rpg/core/build_info.h"
 #include "rpg/core/config.h"
 #include "rpg/core/error.h"
+#include "rpg/core/malloc_env.h"
 #include "rpg/core/openmp_env.h"
 #include "rpg/core/signals.h"
 #include "rpg/core/test_hook.h"
@@ -209,6 +210,9 @@ int dispatch(std::vector<std::string> args, [[maybe_unused]] char** argv) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+#ifndef RPG_CLI_FRONT
+  rpg::malloc_env::keep_freed_memory();  // before the first tensor (core/malloc_env.h)
+#endif
   try {
     return dispatch(args, argv);
   } catch (const rpg::Preempted& e) {
