@@ -84,6 +84,12 @@ TEST_P(PerFamily, ChunkedLogProbsAndEntropiesEqualNaiveValuesAndGradients) {
     TokenLogProbs c = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {1.0, false, 4});
     EXPECT_FALSE(c.entropy.defined());
     EXPECT_TRUE(c.log_probs.requires_grad());
+    // Entropy computed but left out of the loss (the trainer's metric at entropy_coeff 0): the
+    // gradient is the log-probs' alone, bit for bit (its term is skipped, not multiplied by 0).
+    TokenLogProbs e = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, {1.0, true, 4});
+    auto g_lp_only = grads_of(m, (c.log_probs * w_lp).sum());
+    auto g_unused_ent = grads_of(m, (e.log_probs * w_lp).sum());
+    for (size_t i = 0; i < g_lp_only.size(); ++i) EXPECT_TRUE(at::equal(g_lp_only[i], g_unused_ent[i])) << i;
   }
 }
 

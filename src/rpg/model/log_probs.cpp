@@ -49,6 +49,9 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
       lp.narrow(0, s, n).copy_(z.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1) - lse);
       if (with_entropy) ent.narrow(0, s, n).copy_(lse - row_dot(at::softmax(z, -1), z));
     }
+    // An output the loss does not use (the entropy when entropy_coeff is 0, a metric only)
+    // gets an undefined gradient instead of zeros: backward skips its term.
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({hidden, weight, targets});
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["with_entropy"] = with_entropy;
@@ -68,8 +71,9 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     const int64_t N = hidden.size(0);
     bool need_h = hidden.requires_grad(), need_w = weight.requires_grad();
     at::Tensor grad_h = need_h ? at::empty_like(hidden) : at::Tensor();
-    // fp32 accumulator: summing many chunk products in bf16 would lose the small ones.
-    at::Tensor grad_w = need_w ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
+    // fp32 accumulator: summing many chunk products in bf16 would lose the small ones. The
+    // first chunk's product starts it (no zero-filled [V, C] to add to: 0 + x is x exactly).
+    at::Tensor grad_w;
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor h = hidden.narrow(0, s, n);
@@ -104,9 +108,12 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
       if (need_h) grad_h.narrow(0, s, n).copy_(at::matmul(gz, weight));
       if (need_w) {
         const at::Tensor factor = low && autograd_backward ? gz.to(at::kFloat) : gs;
-        grad_w.addmm_(factor.t(), h.scalar_type() == at::kFloat ? h : h.to(at::kFloat));
+        const at::Tensor hf = h.scalar_type() == at::kFloat ? h : h.to(at::kFloat);
+        if (grad_w.defined()) grad_w.addmm_(factor.t(), hf);
+        else grad_w = at::mm(factor.t(), hf);
       }
     }
+    if (need_w && !grad_w.defined()) grad_w = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));  // N = 0
     return {grad_h, need_w ? grad_w.to(weight.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor()};
   }
