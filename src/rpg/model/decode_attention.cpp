@@ -33,12 +33,22 @@ inline __attribute__((always_inline)) void axpy(float a, const T* __restrict x, 
 
 // Scores of one (row, KV head): s[i * L + j] = scale * q_i . k_j for the rep query heads i
 // and keys j < n_keys; -inf for n_keys <= j < L. kt: D rows of `stride` positions.
+// Cache lines of [p, p + bytes) requested ahead of use: the next item's keys or values,
+// while this item's are computed on (the K/V cache is read from memory once per step, in
+// short rows the hardware prefetcher does not follow far enough).
+inline __attribute__((always_inline)) void prefetch(const void* p, int64_t bytes) {
+  if (!p) return;
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
+}
+
 template <class T>
 inline __attribute__((always_inline)) void scores_item(const float* __restrict q, const T* __restrict kt,
                                                        int64_t stride, int64_t n_keys, int64_t L, int64_t rep,
-                                                       int64_t D, float scale, float* __restrict s) {
+                                                       int64_t D, float scale, float* __restrict s,
+                                                       const T* next_kt, int64_t next_n) {
   for (int64_t x = 0; x < rep * L; ++x) s[x] = 0;
   for (int64_t d = 0; d < D; ++d) {
+    prefetch(next_kt ? next_kt + d * stride : nullptr, next_n * static_cast<int64_t>(sizeof(T)));
     const T* __restrict row = kt + d * stride;
     for (int64_t i = 0; i < rep; ++i) {
       axpy(q[i * D + d] * scale, row, s + i * L, n_keys);
@@ -52,9 +62,12 @@ inline __attribute__((always_inline)) void scores_item(const float* __restrict q
 template <class T>
 inline __attribute__((always_inline)) void values_item(const float* __restrict p, const T* __restrict v,
                                                        int64_t n_keys, int64_t L, int64_t rep, int64_t D,
-                                                       float* __restrict acc) {
+                                                       float* __restrict acc, const T* next_v, int64_t next_n) {
   for (int64_t x = 0; x < rep * D; ++x) acc[x] = 0;
+  // The next item's values, spread over this item's keys.
+  const int64_t ahead = next_v ? (next_n * D * static_cast<int64_t>(sizeof(T)) + n_keys - 1) / n_keys : 0;
   for (int64_t j = 0; j < n_keys; ++j) {
+    if (next_v) prefetch(reinterpret_cast<const char*>(next_v) + j * ahead, ahead);
     const T* __restrict vj = v + j * D;
     for (int64_t i = 0; i < rep; ++i) {
       axpy(p[i * L + j], vj, acc + i * D, D);
@@ -67,20 +80,21 @@ inline __attribute__((always_inline)) void values_item(const float* __restrict p
 #define RPG_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 RPG_CPU_CLONES void scores_f32(const float* q, const float* kt, int64_t stride, int64_t n, int64_t L, int64_t rep,
-                               int64_t D, float scale, float* s) {
-  scores_item(q, kt, stride, n, L, rep, D, scale, s);
+                               int64_t D, float scale, float* s, const float* next_kt, int64_t next_n) {
+  scores_item(q, kt, stride, n, L, rep, D, scale, s, next_kt, next_n);
 }
 RPG_CPU_CLONES void scores_bf16(const float* q, const c10::BFloat16* kt, int64_t stride, int64_t n, int64_t L,
-                                int64_t rep, int64_t D, float scale, float* s) {
-  scores_item(q, kt, stride, n, L, rep, D, scale, s);
+                                int64_t rep, int64_t D, float scale, float* s, const c10::BFloat16* next_kt,
+                                int64_t next_n) {
+  scores_item(q, kt, stride, n, L, rep, D, scale, s, next_kt, next_n);
 }
 RPG_CPU_CLONES void values_f32(const float* p, const float* v, int64_t n, int64_t L, int64_t rep, int64_t D,
-                               float* acc) {
-  values_item(p, v, n, L, rep, D, acc);
+                               float* acc, const float* next_v, int64_t next_n) {
+  values_item(p, v, n, L, rep, D, acc, next_v, next_n);
 }
 RPG_CPU_CLONES void values_bf16(const float* p, const c10::BFloat16* v, int64_t n, int64_t L, int64_t rep,
-                                int64_t D, float* acc) {
-  values_item(p, v, n, L, rep, D, acc);
+                                int64_t D, float* acc, const c10::BFloat16* next_v, int64_t next_n) {
+  values_item(p, v, n, L, rep, D, acc, next_v, next_n);
 }
 
 template <class T>
@@ -105,13 +119,18 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   const T* vp = v_cache.data_ptr<T>();
   float* sp = scores.data_ptr<float>();
   const int64_t head_stride = cap * D;  // one (slot, KV head)'s keys or values
+  // Item it's keys or values (cache) and key count; the next item's for the prefetch.
+  auto item_kv = [&](const T* cache, int64_t it) { return cache + (slot[it / Hkv] * Hkv + it % Hkv) * head_stride; };
+  auto item_n = [&](int64_t it) { return pos[it / Hkv] + 1; };
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
     for (int64_t it = b; it < e; ++it) {
       const int64_t r = it / Hkv, g = it % Hkv;
-      const T* k = kp + (slot[r] * Hkv + g) * head_stride;
       const float* qi = qp + (r * H + g * rep) * D;
-      if constexpr (std::is_same_v<T, float>) scores_f32(qi, k, cap, pos[r] + 1, L, rep, D, scale, sp + it * rep * L);
-      else scores_bf16(qi, k, cap, pos[r] + 1, L, rep, D, scale, sp + it * rep * L);
+      const T* next = it + 1 < e ? item_kv(kp, it + 1) : nullptr;
+      const int64_t next_n = it + 1 < e ? item_n(it + 1) : 0;
+      if constexpr (std::is_same_v<T, float>)
+        scores_f32(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
+      else scores_bf16(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
     }
   });
   const at::Tensor probs = at::softmax(scores, -1);  // ATen's vectorised exp; -inf keys get 0
@@ -122,9 +141,11 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     std::vector<float> acc(static_cast<size_t>(rep * D));
     for (int64_t it = b; it < e; ++it) {
       const int64_t r = it / Hkv, g = it % Hkv;
-      const T* v = vp + (slot[r] * Hkv + g) * head_stride;
-      if constexpr (std::is_same_v<T, float>) values_f32(pp + it * rep * L, v, pos[r] + 1, L, rep, D, acc.data());
-      else values_bf16(pp + it * rep * L, v, pos[r] + 1, L, rep, D, acc.data());
+      const T* next = it + 1 < e ? item_kv(vp, it + 1) : nullptr;
+      const int64_t next_n = it + 1 < e ? item_n(it + 1) : 0;
+      if constexpr (std::is_same_v<T, float>)
+        values_f32(pp + it * rep * L, item_kv(vp, it), item_n(it), L, rep, D, acc.data(), next, next_n);
+      else values_bf16(pp + it * rep * L, item_kv(vp, it), item_n(it), L, rep, D, acc.data(), next, next_n);
       T* o = op + (r * H + g * rep) * D;
       for (int64_t x = 0; x < rep * D; ++x) o[x] = static_cast<T>(acc[static_cast<size_t>(x)]);
     }
