@@ -631,7 +631,7 @@ struct TrainConfig {
     v.ignored("critic", "rpg trains no critic");
     v.ignored("ray_init", "no Ray");
     v.ignored("ray_kwargs", "no Ray");
-    v.ignored("global_profiler", "use RPG_PROFILE");
+    v.ignored("global_profiler", "no profiler hook; bench/roofline/roofline_bench --ops K lists the ops of each phase");
   }
   void validate() const;
   // A Python reward function or a reward service scores instead of the built-in rules.
