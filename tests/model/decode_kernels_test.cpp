@@ -12,8 +12,13 @@
 #include <gtest/gtest.h>
 
 #include <c10/core/GradMode.h>
+#include <malloc.h>
+
+#include <fstream>
+#include <string>
 
 #include "model_test_util.h"
+#include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/decode_attention.h"
 #include "rpg/model/packed_gemm.h"
@@ -174,6 +179,31 @@ TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
   EXPECT_EQ(packs.find(at::randn({16, 8})), nullptr);
   w.mul_(2);  // an optimizer step in place: the packing is stale and no longer found
   EXPECT_EQ(packs.find(w), nullptr);
+}
+
+// rpg-torch's heap keeps freed memory (core/malloc_env.h), so a packing taken from it would
+// stay resident after its rollout; the buffers are mapped from the kernel instead (about 4x
+// the weight asked, 1x written) and given back whole when the packing goes.
+TEST(PackedGemm, BuffersAreMappedAndGivenBackNotTakenFromTheHeap) {
+  malloc_env::keep_freed_memory();
+  const at::Tensor w = at::randn({1024, 1024});  // 4 MiB
+  ASSERT_TRUE(detail::packed_gemm_available());
+  const size_t heap_before = mallinfo2().arena, mapped_before = mallinfo2().hblkhd;
+  auto rss_kib = [] {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8));
+    return -1LL;
+  };
+  const long long rss_before = rss_kib();
+  {
+    const detail::PackedWeight packed = detail::PackedWeight::pack(w);
+    ASSERT_TRUE(packed.defined());
+    EXPECT_LT(mallinfo2().arena, heap_before + (1u << 20)) << "the packing came from the heap";
+    EXPECT_EQ(mallinfo2().hblkhd, mapped_before) << "the packing came from malloc";
+    EXPECT_GT(rss_kib(), rss_before + 3 * 1024) << "the packing wrote less than the weight";
+  }
+  EXPECT_LT(rss_kib(), rss_before + 1024) << "the packing's pages stayed resident";
 }
 
 TEST(PackedGemm, DecodeWithPackedWeightsEqualsDecodeWithout) {
