@@ -34,6 +34,8 @@ class ModelWork:
 
     def work(self, m):
         """(FLOPs, bytes or None) of one roofline_bench measurement line."""
+        if m["phase"] == "optimizer":  # AdamW: 4 arrays of fp32 read, 3 written; ~12 FLOPs per parameter
+            return 12 * m["params"], 7 * 4 * m["params"]
         P = m["prompt_len"]
         if m["phase"] == "decode":
             S, T = m["seqs"], m["new_tokens"]

@@ -17,6 +17,8 @@ the same model, shapes and thread count, in one run.
      logprob  --rows rows of prompt + response without autograd (old / reference log-probs),
               log-probs of the response tokens (transformers: logits_to_keep, as TRL does)
      update   the same with autograd, entropy and backward (the actor update's pass)
+     optimizer  AdamW's step over every parameter (transformers side: torch.optim.AdamW,
+              single-tensor as verl's on the CPU; fused, TRL's default, printed too)
 3. FLOPs per phase from config.json, one formula for both sides (model FLOPs: 2 per weight
    per token through every projection, the lm_head only where logits are used, attention's
    QK^T and PV over the keys each query sees; backward = 2 x forward); bytes for decode
@@ -183,6 +185,17 @@ if not args.skip_hf:
                 with torch.no_grad():
                     model(ids, use_cache=True, logits_to_keep=1)
             hf[key(m)] = median_seconds(prefill)
+        elif m["phase"] == "optimizer":
+            # torch.optim.AdamW as the fork's verl builds it (single-tensor on the CPU: the same
+            # ATen calls, and numbers, as rpg's one pass) and fused, as TRL / HF Trainer's default.
+            for p in model.parameters():
+                p.grad = torch.randn_like(p)
+            for fused in (False, True):
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, foreach=False, fused=fused)
+                hf[("optimizer_fused" if fused else "optimizer", None)] = median_seconds(opt.step)
+            model.zero_grad(set_to_none=True)
+            print(f"torch AdamW fused=True (TRL's default): {hf[('optimizer_fused', None)]:.3f} s, "
+                  f"rpg {m['seconds']:.3f} s")
         else:
             B, R = m["rows"], m["response"]
             g = torch.Generator().manual_seed(1)

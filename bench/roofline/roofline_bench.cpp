@@ -2,7 +2,7 @@
 // machine's peak and transformers on the same shapes, and turns seconds into FLOP/s and %
 // of peak; the FLOP model lives there, once, for both sides).
 //
-//   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update]
+//   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update,optimizer]
 //                  [--decode-seqs 1,8,64] [--new-tokens 64] [--prompt-len 128]
 //                  [--prefill-seqs 8] [--rows 16] [--response 128] [--group 1] [--repeats 3] [--ops 0]
 //                  [--dtype float32] [--warmup 1] [--checkpointing 0] [--ops-by-shape 0]
@@ -36,6 +36,7 @@
 #include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/rollout/engine.h"
+#include "rpg/train/optim.h"
 
 namespace {
 
@@ -146,7 +147,7 @@ int main(int argc, char** argv) {
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
-      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update", "LIST")
+      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer", "LIST")
       .option("--decode-seqs", &decode_seqs, "sequences decoding together, comma-separated", "LIST")
       .option("--new-tokens", &new_tokens, "tokens per response in decode")
       .option("--prompt-len", &prompt_len, "prompt tokens")
@@ -252,6 +253,18 @@ int main(int argc, char** argv) {
         j["phase"] = "update";
         b.emit(j, f, b.median(f));
       }
+    }
+    if (want.count("optimizer")) {
+      // AdamW's step over every parameter, random gradients: memory-bound (parameter,
+      // gradient and both moments read, three of them written).
+      for (auto& p : model.parameters()) p.mutable_grad() = at::randn_like(p);
+      rpg::train::OptimizerOptions oo;
+      oo.weight_decay = 0.01;
+      auto opt = rpg::train::make_optimizer(oo, model.named_parameters());
+      auto f = [&] { opt->step(1e-6); };
+      int64_t params = 0;
+      for (const auto& p : model.parameters()) params += p.numel();
+      b.emit({{"phase", "optimizer"}, {"params", params}, {"prompt_len", 0}}, f, b.median(f));
     }
   } catch (const std::exception& ex) {
     std::cerr << "roofline_bench: error: " << ex.what() << "\n";

@@ -88,6 +88,40 @@ TEST(Optim, AdamWWithVerlWarmupMatchesTorch) {
   EXPECT_TRUE(at::equal(ref.at("p.0.0"), pr.init[0]));
 }
 
+// fp32 AdamW equals torch.optim.AdamW (single-tensor, as verl builds it on the CPU) bit for
+// bit, torch itself live: tensors large enough for ATen's vector loops, their tails and its
+// parallel split, gradients from 1e-4 to 1e4 in size, weight decay, the warm-up's LR 0 and a
+// skipped parameter. (torch's sqrt is MKL's, within 1 ulp: a hand-written one-pass step with
+// std::sqrt differed on a fifth of the elements; docs/benchmarks.md, the optimizer row.)
+TEST(Optim, AdamWFp32EqualsTorchBitForBit) {
+  at::manual_seed(5);
+  Problem pr;
+  pr.steps = 6;
+  pr.init = {at::randn({300, 257}), at::randn({70001}), at::randn({33})};
+  for (int s = 0; s < pr.steps; ++s)
+    for (size_t i = 0; i < pr.init.size(); ++i) {
+      if (s == 2 && i == 1) continue;
+      const at::Tensor& p = pr.init[i];
+      pr.grads[str("g.", s, ".", i)] = at::randn_like(p) * at::exp(at::randn_like(p) * 3.0).clamp(1e-4, 1e4);
+    }
+  OptimizerOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  nlohmann::json c = {{"kind", "adamw"}, {"num_params", 3}, {"steps", pr.steps}, {"lr", o.lr}, {"beta1", o.beta1},
+                      {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}, {"warmup", 2}};
+  TensorMap ref = run_oracle_case(c, pr);
+  ASSERT_EQ(ref.at("p.0.0").scalar_type(), at::kFloat);
+  NamedTensors ps = make_params(pr, at::kFloat);
+  auto opt = make_optimizer(o, ps);
+  LrSchedule sched{"constant", 2};
+  for (int s = 0; s < pr.steps; ++s) {
+    set_grads(ps, pr, s);
+    opt->step(o.lr * sched.factor(opt->step_count()));
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_TRUE(at::equal(ps[i].second.detach(), ref.at(str("p.", s, ".", i)))) << "step " << s << " param " << i;
+  }
+}
+
 TEST(Optim, ScheduleFreeAdamWMatchesReferenceImplementation) {
   Problem pr = make_problem(8, 2);
   OptimizerOptions o;
