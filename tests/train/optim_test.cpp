@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <cstdio>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -68,22 +69,34 @@ void expect_close(const at::Tensor& ours, const at::Tensor& ref, double tol, con
   EXPECT_LE(diff, tol) << what;
 }
 
-TEST(Optim, AdamWWithVerlWarmupMatchesTorch) {
-  Problem pr = make_problem(7, 1);
+// torch.optim.AdamW live on `pr` (lr 1e-2, weight decay 0.1, verl's constant schedule with
+// `warmup` steps) and rpg's AdamW on the same problem in `dtype`; check(ours, torch's, what)
+// after every step. Returns torch's parameters.
+TensorMap adamw_against_torch(const Problem& pr, int warmup, at::ScalarType dtype,
+                              const std::function<void(const at::Tensor&, const at::Tensor&, const std::string&)>& check) {
   OptimizerOptions o;
   o.lr = 1e-2;
   o.weight_decay = 0.1;
-  nlohmann::json c = {{"kind", "adamw"}, {"num_params", 3}, {"steps", pr.steps}, {"lr", o.lr}, {"beta1", o.beta1},
-                      {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}, {"warmup", 3}};
+  nlohmann::json c = {{"kind", "adamw"}, {"num_params", pr.init.size()}, {"steps", pr.steps}, {"lr", o.lr},
+                      {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+                      {"warmup", warmup}};
   TensorMap ref = run_oracle_case(c, pr);
-  NamedTensors ps = make_params(pr);
+  NamedTensors ps = make_params(pr, dtype);
   auto opt = make_optimizer(o, ps);
-  LrSchedule sched{"constant", 3};
+  LrSchedule sched{"constant", warmup};
   for (int s = 0; s < pr.steps; ++s) {
     set_grads(ps, pr, s);
     opt->step(o.lr * sched.factor(opt->step_count()));
-    for (size_t i = 0; i < ps.size(); ++i) expect_close(ps[i].second, ref.at(str("p.", s, ".", i)), 1e-14, str("step ", s, " param ", i));
+    for (size_t i = 0; i < ps.size(); ++i) check(ps[i].second.detach(), ref.at(str("p.", s, ".", i)), str("step ", s, " param ", i));
   }
+  return ref;
+}
+
+TEST(Optim, AdamWWithVerlWarmupMatchesTorch) {
+  Problem pr = make_problem(7, 1);
+  TensorMap ref = adamw_against_torch(pr, 3, at::kDouble, [](const at::Tensor& ours, const at::Tensor& torch, const std::string& what) {
+    expect_close(ours, torch, 1e-14, what);
+  });
   // The first step has LR 0 under verl's warm-up (factor(0) = 0): parameters unchanged.
   EXPECT_TRUE(at::equal(ref.at("p.0.0"), pr.init[0]));
 }
@@ -104,22 +117,10 @@ TEST(Optim, AdamWFp32EqualsTorchBitForBit) {
       const at::Tensor& p = pr.init[i];
       pr.grads[str("g.", s, ".", i)] = at::randn_like(p) * at::exp(at::randn_like(p) * 3.0).clamp(1e-4, 1e4);
     }
-  OptimizerOptions o;
-  o.lr = 1e-2;
-  o.weight_decay = 0.1;
-  nlohmann::json c = {{"kind", "adamw"}, {"num_params", 3}, {"steps", pr.steps}, {"lr", o.lr}, {"beta1", o.beta1},
-                      {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}, {"warmup", 2}};
-  TensorMap ref = run_oracle_case(c, pr);
-  ASSERT_EQ(ref.at("p.0.0").scalar_type(), at::kFloat);
-  NamedTensors ps = make_params(pr, at::kFloat);
-  auto opt = make_optimizer(o, ps);
-  LrSchedule sched{"constant", 2};
-  for (int s = 0; s < pr.steps; ++s) {
-    set_grads(ps, pr, s);
-    opt->step(o.lr * sched.factor(opt->step_count()));
-    for (size_t i = 0; i < ps.size(); ++i)
-      EXPECT_TRUE(at::equal(ps[i].second.detach(), ref.at(str("p.", s, ".", i)))) << "step " << s << " param " << i;
-  }
+  TensorMap ref = adamw_against_torch(pr, 2, at::kFloat, [](const at::Tensor& ours, const at::Tensor& torch, const std::string& what) {
+    EXPECT_TRUE(at::equal(ours, torch)) << what;
+  });
+  EXPECT_EQ(ref.at("p.0.0").scalar_type(), at::kFloat);
 }
 
 TEST(Optim, ScheduleFreeAdamWMatchesReferenceImplementation) {
