@@ -7,11 +7,29 @@
 #include <stdlib.h>
 
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "rpg/core/malloc_env.h"
 
 namespace rpg {
 namespace {
+
+// Writes n bytes at p where the compiler cannot drop them: a malloc'd block that is only
+// written and freed may otherwise be optimised away, allocation and all.
+void touch(void* p, size_t n) {
+  std::memset(p, 1, n);
+  asm volatile("" : : "r"(p) : "memory");
+}
+
+// Resident anonymous memory in KiB, from the page tables (smaps_rollup; /proc/self/status's
+// counters are batched and lag).
+long long anon_kib() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Anonymous:", 0) == 0) return std::stoll(line.substr(10));
+  return -1;
+}
 
 TEST(MallocEnv, LargeBlocksComeFromTheHeapAndStayForReuse) {
   unsetenv("GLIBC_TUNABLES");
@@ -38,6 +56,44 @@ TEST(MallocEnv, TheUsersTunablesWin) {
   setenv("GLIBC_TUNABLES", "glibc.cpu.hwcaps=-AVX2", 1);  // not malloc's
   EXPECT_EQ(malloc_env::keep_freed_memory().rfind("freed memory kept for reuse", 0), 0u);
   unsetenv("GLIBC_TUNABLES");
+}
+
+// release_free_memory() hands the heap's free pages back (a setup's transients), where
+// keep_freed_memory() keeps them otherwise. Residency from the page tables (smaps_rollup).
+TEST(MallocEnv, ReleaseHandsTheHeapsFreePagesBack) {
+  unsetenv("GLIBC_TUNABLES");
+  malloc_env::keep_freed_memory();
+  const size_t big = 64u << 20;
+  void* block = malloc(big);
+  ASSERT_NE(block, nullptr);
+  touch(block, big);
+  void* after = malloc(64);  // keeps the block off the heap's top: freed, it is a hole
+  touch(after, 64);
+  free(block);
+  const long long kept = anon_kib();
+  malloc_env::release_free_memory();
+  EXPECT_LT(anon_kib(), kept - 60 * 1024) << "the freed block's pages are still resident";
+  free(after);
+}
+
+// At a step's end memory is handed back only if the heap grew by more than a sixteenth past
+// its size at the last release: a step that grows it back to that size (after a release trimmed it) or reuses
+// its free memory keeps its pages resident for the next.
+TEST(MallocEnv, AStepHandsMemoryBackOnlyWhenTheHeapGrew) {
+  unsetenv("GLIBC_TUNABLES");
+  malloc_env::keep_freed_memory();
+  malloc_env::release_free_memory();
+  const size_t big = 160u << 20;  // larger than any hole the other tests leave: grows the heap
+  for (int step = 0; step < 2; ++step) {
+    void* block = malloc(big);
+    ASSERT_NE(block, nullptr);
+    touch(block, big);
+    free(block);
+    const long long resident = anon_kib();
+    malloc_env::release_if_heap_grew();
+    if (step == 0) EXPECT_LT(anon_kib(), resident - 150 * 1024) << "the heap grew and its free pages stayed resident";
+    else EXPECT_GT(anon_kib(), resident - 1024) << "a step within the heap's earlier size had its memory handed back";
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -32,5 +33,24 @@ std::string keep_freed_memory() {
 }
 
 const std::string& choice() { return chosen(); }
+
+namespace {
+bool keeping() { return chosen().rfind("freed memory kept", 0) == 0; }
+// The heap's largest size (every arena) seen at a release. Measured before trimming: a step
+// that grows the heap back to where it was before the last release is not growth.
+size_t heap_high_water = 0;
+}  // namespace
+
+void release_free_memory() {
+  if (!keeping()) return;
+  heap_high_water = std::max(heap_high_water, mallinfo2().arena);
+  malloc_trim(0);
+}
+
+void release_if_heap_grew() {
+  // By more than 1/16: a step's own small variations (a few pages) are not a trend, and a
+  // release costs the next step its page faults (SmolLM2: 5 s).
+  if (keeping() && mallinfo2().arena > heap_high_water + heap_high_water / 16) release_free_memory();
+}
 
 }  // namespace rpg::malloc_env

@@ -38,6 +38,7 @@
 #include "rpg/rollout/engine.h"
 #include "rpg/rollout/policy.h"
 #include "rpg/train/checkpoint.h"
+#include "rpg/core/malloc_env.h"
 #include "rpg/train/resume_check.h"
 #include "rpg/train/trainer_testing.h"
 #include "rpg/train/optim.h"
@@ -360,6 +361,7 @@ Trainer::Trainer(Prepared p, std::optional<reward::ScorerRegistry> scorers) {
   s.build_optimizer();
   s.build_models();
   s.open_run_dir();
+  malloc_env::release_free_memory();  // the setup's and resume's transients (core/malloc_env.h)
   log_info(str("train: ", s.prompts.size(), " prompts, ", s.steps_per_epoch, " steps per epoch, ", s.total_steps,
                " steps; policy loss ", cfg.actor_rollout_ref.actor.policy_loss, ", advantages ",
                cfg.algorithm.adv_estimator, "; run dir ", s.run_dir.root().string()));
@@ -466,6 +468,7 @@ Metrics Trainer::train_step() {
   s.perf_metrics(sb, lp, plan, up, m);
   s.last_batch = std::move(sb.batch);
   s.log_step(m, gen.samples);
+  malloc_env::release_if_heap_grew();  // no creep over a long run (core/malloc_env.h)
   return m;
 }
 
