@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 namespace rpg::malloc_env {
 namespace {
@@ -50,7 +51,10 @@ void release_free_memory() {
 void release_if_heap_grew() {
   // By more than 1/16: a step's own small variations (a few pages) are not a trend, and a
   // release costs the next step its page faults (SmolLM2: 5 s).
-  if (keeping() && mallinfo2().arena > heap_high_water + heap_high_water / 16) release_free_memory();
+  if (!keeping()) return;
+  static bool first = true;  // the first step grows the heap to its working size: that is recorded, not released
+  if (std::exchange(first, false)) heap_high_water = std::max(heap_high_water, mallinfo2().arena);
+  else if (mallinfo2().arena > heap_high_water + heap_high_water / 16) release_free_memory();
 }
 
 }  // namespace rpg::malloc_env

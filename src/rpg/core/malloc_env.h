@@ -25,7 +25,8 @@ const std::string& choice();
 // A no-op unless keep_freed_memory() applied its settings (glibc's defaults give it back).
 void release_free_memory();
 // The same, at the end of a training step, but only when the heap has grown by more than a
-// sixteenth past its size at the last release: a step that fits in the memory the previous ones left free reuses it untouched (its
+// sixteenth past its size at the last release (the first call only records the size the
+// first step grew it to): a step that fits in the memory the previous ones left free reuses it untouched (its
 // pages stay resident: handing them back every step cost SmolLM2's step 5 s of page faults),
 // while holes between long-lived blocks cannot pile up into resident memory over a long run
 // (a 10-minute soak crept +14% without any release).
