@@ -187,7 +187,7 @@ if not args.skip_hf:
             hf[key(m)] = median_seconds(prefill)
         elif m["phase"] == "optimizer":
             # torch.optim.AdamW as the fork's verl builds it (single-tensor on the CPU: the same
-            # ATen calls, and numbers, as rpg's one pass) and fused, as TRL / HF Trainer's default.
+            # ATen calls, and numbers, as rpg's step) and fused, as TRL / HF Trainer's default.
             for p in model.parameters():
                 p.grad = torch.randn_like(p)
             for fused in (False, True):

@@ -190,6 +190,13 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
+long long resident_anonymous_kib() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("Anonymous:", 0) == 0) return std::stoll(line.substr(10));
+  throw std::runtime_error("no Anonymous: line in /proc/self/smaps_rollup");
+}
+
 std::vector<TestDeclaration> declared_tests() {
   static const std::regex decl(R"(\b(TEST|TEST_F|TEST_P|TYPED_TEST)\(\s*([A-Za-z_]\w*)\s*,\s*([A-Za-z_]\w*)\s*\))");
   std::vector<TestDeclaration> out;

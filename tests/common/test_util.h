@@ -60,4 +60,8 @@ class TempDir {
 
 void write_text(const std::filesystem::path& path, const std::string& text);
 
+// This process's resident anonymous memory in KiB, read from its page tables
+// (/proc/self/smaps_rollup): /proc/self/status's counters are batched per CPU and lag by MiBs.
+long long resident_anonymous_kib();
+
 }  // namespace rpg::test

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "rpg/core/malloc_env.h"
+#include "test_util.h"
 
 namespace rpg {
 namespace {
@@ -20,15 +20,6 @@ namespace {
 void touch(void* p, size_t n) {
   std::memset(p, 1, n);
   asm volatile("" : : "r"(p) : "memory");
-}
-
-// Resident anonymous memory in KiB, from the page tables (smaps_rollup; /proc/self/status's
-// counters are batched and lag).
-long long anon_kib() {
-  std::ifstream in("/proc/self/smaps_rollup");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("Anonymous:", 0) == 0) return std::stoll(line.substr(10));
-  return -1;
 }
 
 TEST(MallocEnv, LargeBlocksComeFromTheHeapAndStayForReuse) {
@@ -70,9 +61,9 @@ TEST(MallocEnv, ReleaseHandsTheHeapsFreePagesBack) {
   void* after = malloc(64);  // keeps the block off the heap's top: freed, it is a hole
   touch(after, 64);
   free(block);
-  const long long kept = anon_kib();
+  const long long kept = test::resident_anonymous_kib();
   malloc_env::release_free_memory();
-  EXPECT_LT(anon_kib(), kept - 60 * 1024) << "the freed block's pages are still resident";
+  EXPECT_LT(test::resident_anonymous_kib(), kept - 60 * 1024) << "the freed block's pages are still resident";
   free(after);
 }
 
@@ -90,10 +81,10 @@ TEST(MallocEnv, AStepHandsMemoryBackOnlyWhenTheHeapGrew) {
     ASSERT_NE(block, nullptr);
     touch(block, big);
     free(block);
-    const long long resident = anon_kib();
+    const long long resident = test::resident_anonymous_kib();
     malloc_env::release_if_heap_grew();
-    if (step == 0) EXPECT_LT(anon_kib(), resident - 150 * 1024) << "the heap grew and its free pages stayed resident";
-    else EXPECT_GT(anon_kib(), resident - 1024) << "a step within the heap's earlier size had its memory handed back";
+    if (step == 0) EXPECT_LT(test::resident_anonymous_kib(), resident - 150 * 1024) << "the heap grew and its free pages stayed resident";
+    else EXPECT_GT(test::resident_anonymous_kib(), resident - 1024) << "a step within the heap's earlier size had its memory handed back";
   }
 }
 

@@ -16,10 +16,10 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "model_test_util.h"
+#include "test_util.h"
 #include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/decode_attention.h"
@@ -187,28 +187,22 @@ TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
 // reuses it and leaves its pages for the next tensors; one that had to extend the heap --
 // MKL asks for up to 4x the weight and writes about 1x -- gives its pages back when it goes,
 // so that they do not stay resident under the tensors that come after. Residency is read
-// from the page tables (smaps_rollup): /proc/self/status's counters lag by up to 17 MiB here.
+// from the page tables (test::resident_anonymous_kib).
 TEST(PackedGemm, BuffersReuseTheHeapAndGiveBackOnlyWhatTheyAddedToIt) {
   malloc_env::keep_freed_memory();
   ASSERT_TRUE(detail::packed_gemm_available());
-  auto rss_kib = [] {
-    std::ifstream status("/proc/self/smaps_rollup");
-    for (std::string line; std::getline(status, line);)
-      if (line.rfind("Anonymous:", 0) == 0) return std::stoll(line.substr(10));
-    return -1LL;
-  };
   const at::Tensor w = at::randn({2048, 2048});  // 16 MiB
   {
     ASSERT_LT(mallinfo2().fordblks, 16u << 20) << "the heap has room: this case would not extend it";
     const size_t heap_before = mallinfo2().arena;
-    const long long rss_before = rss_kib();
+    const long long rss_before = rpg::test::resident_anonymous_kib();
     {
       const detail::PackedWeight packed = detail::PackedWeight::pack(w);
       ASSERT_TRUE(packed.defined());
       EXPECT_GT(mallinfo2().arena, heap_before + (16u << 20)) << "the packing did not come from the heap";
-      EXPECT_GT(rss_kib(), rss_before + 15 * 1024) << "the packing wrote less than the weight";
+      EXPECT_GT(rpg::test::resident_anonymous_kib(), rss_before + 15 * 1024) << "the packing wrote less than the weight";
     }
-    EXPECT_LT(rss_kib(), rss_before + 1024) << "the packing extended the heap and its pages stayed resident";
+    EXPECT_LT(rpg::test::resident_anonymous_kib(), rss_before + 1024) << "the packing extended the heap and its pages stayed resident";
   }
   {
     void* room = std::malloc(96u << 20);  // resident free memory in the heap, as an update leaves
@@ -220,9 +214,9 @@ TEST(PackedGemm, BuffersReuseTheHeapAndGiveBackOnlyWhatTheyAddedToIt) {
       const detail::PackedWeight packed = detail::PackedWeight::pack(w);
       ASSERT_TRUE(packed.defined());
       EXPECT_EQ(mallinfo2().arena, heap_before) << "the packing did not reuse the heap's free memory";
-      rss_with = rss_kib();
+      rss_with = rpg::test::resident_anonymous_kib();
     }
-    EXPECT_GT(rss_kib(), rss_with - 1024) << "memory the heap had kept was handed back";
+    EXPECT_GT(rpg::test::resident_anonymous_kib(), rss_with - 1024) << "memory the heap had kept was handed back";
   }
 }
 

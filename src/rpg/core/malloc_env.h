@@ -24,12 +24,12 @@ const std::string& choice();
 // checkpoint and rewrite the metrics and samples files (transients that grow with the run).
 // A no-op unless keep_freed_memory() applied its settings (glibc's defaults give it back).
 void release_free_memory();
-// The same, at the end of a training step, but only when the heap has grown by more than a
-// sixteenth past its size at the last release (the first call only records the size the
-// first step grew it to): a step that fits in the memory the previous ones left free reuses it untouched (its
-// pages stay resident: handing them back every step cost SmolLM2's step 5 s of page faults),
-// while holes between long-lived blocks cannot pile up into resident memory over a long run
-// (a 10-minute soak crept +14% without any release).
+// The same at the end of a training step, but only when the heap has grown by more than a
+// sixteenth past its size at the last release (the process's first call only records the
+// size its first step grew it to). A step that fits in the memory the previous ones left
+// free reuses it with its pages resident (handing them back every step cost SmolLM2's step
+// 5 s of page faults), while holes between long-lived blocks cannot pile up into resident
+// memory over a long run (a 10-minute soak crept +14% without any release).
 void release_if_heap_grew();
 
 }  // namespace rpg::malloc_env
