@@ -6,7 +6,7 @@
 //                  [--decode-seqs 1,8,64] [--new-tokens 64] [--prompt-len 128]
 //                  [--prefill-seqs 8] [--rows 16] [--response 128] [--group 1] [--repeats 3] [--ops 0]
 //                  [--dtype float32] [--warmup 1] [--checkpointing 0] [--ops-by-shape 0]
-//                  [--pack-weights 1]
+//                  [--pack-weights 1] [--keep-logits-mb 1024]
 //
 // Prints one JSON object per measurement (median seconds of --repeats after a warm-up):
 //   decode:  the engine's generate() for one prompt x n=S at fixed length (EOS ignored), with
@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
   rpg::malloc_env::keep_freed_memory();  // as rpg-torch does (core/malloc_env.h)
   std::string model_dir, phases = "decode,prefill,logprob,update", decode_seqs = "1,8,64", dtype = "float32";
   int64_t threads = 2, new_tokens = 64, prompt_len = 128, prefill_seqs = 8, rows = 16, response = 128, group = 1,
-          repeats = 3, ops = 0, warmup = 1, checkpointing = 0, ops_by_shape = 0, pack_weights = 1;
+          repeats = 3, ops = 0, warmup = 1, checkpointing = 0, ops_by_shape = 0, pack_weights = 1,
+          keep_logits_mb = rpg::model::LogProbOptions{}.keep_logits_bytes >> 20;
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
@@ -158,6 +159,8 @@ int main(int argc, char** argv) {
       .option("--repeats", &repeats, "timed runs per measurement (median)")
       .option("--ops", &ops, "also profile: the K ops with the most self time")
       .option("--pack-weights", &pack_weights, "0: decode without packing the weights per generate() (EngineOptions)")
+      .option("--keep-logits-mb", &keep_logits_mb,
+              "update: keep the lm_head's log-probs for the backward up to this size (LogProbOptions); 0 recomputes")
       .option("--ops-by-shape", &ops_by_shape, "1: --ops tells ops apart by their input shapes too")
       .option("--dtype", &dtype, "float32 | bfloat16", "DTYPE")
       .option("--warmup", &warmup, "1: one untimed run before the timed ones; 0: none (cold, as a step is)")
@@ -243,6 +246,7 @@ int main(int argc, char** argv) {
         auto f = [&] {
           rpg::model::LogProbOptions o;
           o.with_entropy = true;
+          o.keep_logits_bytes = keep_logits_mb << 20;
           auto out = model.log_probs(ids, mask, pos, targets, o);
           at::Tensor ratio = (out.log_probs - out.log_probs.detach()).exp();
           at::Tensor loss = (-adv * ratio).mean() - 1e-3 * out.entropy.mean();
@@ -251,6 +255,7 @@ int main(int argc, char** argv) {
         };
         nlohmann::json j = shape;
         j["phase"] = "update";
+        j["keep_logits_mb"] = keep_logits_mb;
         b.emit(j, f, b.median(f));
       }
     }

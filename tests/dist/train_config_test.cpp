@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "rpg/dist/launch.h"
+#include "rpg/dist/plan.h"
 #include "test_util.h"
 
 namespace rpg::dist {
@@ -234,6 +235,27 @@ TEST(TrainDistConfig, PlanCountsLoraAdaptersAsPeftDoes) {
     EXPECT_NEAR(bytes(bf16, "weights (bf16)"), bytes(fixed_ref, "weights (fp32)") / 2, 0.06 * mib) << bf16;
     EXPECT_EQ(bytes(bf16, "compute copy (bf16)"), 0.0) << bf16;
   }
+}
+
+// The update keeps a micro-batch's fp32 log-probabilities [response tokens, vocab] for its
+// backward when they fit LogProbOptions::keep_logits_bytes: the plan adds exactly those bytes
+// to the activations then, and nothing when they are one byte over.
+TEST(TrainDistConfig, PlanCountsKeptLogProbsOnlyWhenTheyFit) {
+  PlanInput in;
+  in.model.parameters = 1000000;
+  in.model.hidden = 64, in.model.layers = 2, in.model.intermediate = 128, in.model.heads = 4, in.model.kv_heads = 2;
+  in.model.head_dim = 16, in.model.vocab = 1000;
+  in.sequence = 96, in.micro_batch_tokens = 4 * 96, in.micro_batch_responses = 4 * 32;
+  const double bytes = 4.0 * 32 * 1000 * 4;
+  in.keep_logits_bytes = bytes;
+  const MemoryPlan kept = estimate(in);
+  in.keep_logits_bytes = bytes - 1;
+  const MemoryPlan recomputed = estimate(in);
+  EXPECT_EQ(kept.kept_logits, bytes);
+  EXPECT_EQ(recomputed.kept_logits, 0);
+  EXPECT_EQ(kept.activations - recomputed.activations, bytes);
+  EXPECT_NE(format_plan("m", in, kept).find("log-probs kept for the backward: 0.5 MiB"), std::string::npos)
+      << format_plan("m", in, kept);
 }
 
 }  // namespace

@@ -93,6 +93,59 @@ TEST_P(PerFamily, ChunkedLogProbsAndEntropiesEqualNaiveValuesAndGradients) {
   }
 }
 
+// LogProbOptions::keep_logits_bytes: a forward that keeps its log-probabilities for the
+// backward gives the values and gradients of one that recomputes them there, bit for bit, in
+// both backward forms, with and without the entropy's term, at two temperatures, padded and
+// packed, fp32 and bf16; a no-grad pass and a budget one byte short keep nothing; a second
+// backward over the same graph (retain_graph) recomputes and agrees too.
+TEST_P(PerFamily, KeptLogProbsGiveTheRecomputedGradientsBitForBit) {
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    CausalLM m = random_model(family(), dtype, R"("tie_word_embeddings": true)", 3, device());
+    auto b = padded_batch(m.config().vocab_size, 7);
+    at::Tensor targets = b.input_ids.narrow(1, b.P, b.R);
+    at::manual_seed(5);
+    at::Tensor w_lp = at::randn({4, b.R}).to(device()), w_ent = at::randn({4, b.R}).to(device());
+    const int64_t all_rows_bytes = 4 * b.R * m.config().vocab_size * 4;  // padded path: every [B, R] row
+    for (bool autograd_backward : {false, true})
+      for (bool packed : {false, true})
+        for (double tau : {1.0, 0.6})
+          for (bool entropy_in_loss : {false, true}) {
+            SCOPED_TRACE(testing::Message() << at::toString(dtype) << " autograd_backward " << autograd_backward
+                                            << " packed " << packed << " tau " << tau << " entropy "
+                                            << entropy_in_loss);
+            auto run = [&](int64_t budget, bool twice) {
+              LogProbOptions o{tau, true, 3};
+              o.autograd_backward = autograd_backward;
+              o.remove_padding = packed;
+              o.keep_logits_bytes = budget;
+              TokenLogProbs c = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets, o);
+              at::Tensor loss = (c.log_probs * w_lp).sum();
+              if (entropy_in_loss) loss = loss + (c.entropy * w_ent).sum();
+              auto params = m.parameters();
+              auto g = torch::autograd::grad({loss}, params, {}, /*retain_graph=*/twice, false, true);
+              if (twice) {
+                auto again = torch::autograd::grad({loss}, params, {}, false, false, true);
+                for (size_t i = 0; i < g.size(); ++i) EXPECT_TRUE(at::equal(g[i], again[i])) << "second backward " << i;
+              }
+              return std::make_pair(c, g);
+            };
+            auto [recomputed, g_recomputed] = run(0, false);
+            EXPECT_EQ(recomputed.kept_logits_bytes, 0);
+            auto [kept, g_kept] = run(int64_t{1} << 40, true);
+            EXPECT_GT(kept.kept_logits_bytes, 0);
+            EXPECT_LE(kept.kept_logits_bytes, all_rows_bytes);
+            EXPECT_TRUE(at::equal(kept.log_probs, recomputed.log_probs));
+            EXPECT_TRUE(at::equal(kept.entropy, recomputed.entropy));
+            for (size_t i = 0; i < g_kept.size(); ++i) EXPECT_TRUE(at::equal(g_kept[i], g_recomputed[i])) << i;
+            auto [short_budget, g_short] = run(kept.kept_logits_bytes - 1, false);
+            EXPECT_EQ(short_budget.kept_logits_bytes, 0);
+          }
+    c10::NoGradGuard no_grad;
+    TokenLogProbs c = m.log_probs(b.input_ids, b.attention_mask, b.position_ids, targets);
+    EXPECT_EQ(c.kept_logits_bytes, 0);
+  }
+}
+
 // LogProbOptions::split_prompt (each distinct prompt prefix once, the last layer's K/V only
 // there) against the full forward over every column (split_prompt = false): log-probs,
 // entropies and gradients, on groups of rows sharing a left-padded prompt, responses of

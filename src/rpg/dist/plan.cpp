@@ -173,6 +173,10 @@ MemoryPlan estimate(const PlanInput& in) {
   // Backward of a layer holds its activations and their gradients at once (2 x layer_full).
   p.activations = in.gradient_checkpointing ? L * h * T * b + 2 * layer_full + scores
                                             : L * (layer_full + h * T * b + scores) + layer_full;
+  // A full-length micro-batch's log-probabilities, when they fit the keep budget.
+  const double logits = in.micro_batch_responses * static_cast<double>(m.vocab) * 4;
+  p.kept_logits = logits <= in.keep_logits_bytes ? logits : 0;
+  p.activations += p.kept_logits;
   // Rollouts: every sequence of this rank's share at full length, fp32 K and V.
   p.rollout_sequences = std::min(static_cast<double>(in.max_num_seqs), std::ceil(static_cast<double>(in.rollout_sequences) / N));
   p.kv_cache = 2.0 * static_cast<double>(m.layers) * static_cast<double>(m.kv_heads) * static_cast<double>(m.head_dim) * (sm ? 2 : 4) * p.rollout_sequences *
@@ -211,7 +215,8 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << gib(p.reference) << "\n"
     << "  states                    " << gib(p.states) << "\n"
     << "  activations               " << gib(p.activations) << " (" << static_cast<int64_t>(p.micro_batch_tokens)
-    << " tokens per micro-batch, gradient checkpointing " << (in.gradient_checkpointing ? "on" : "off") << ")\n"
+    << " tokens per micro-batch, gradient checkpointing " << (in.gradient_checkpointing ? "on" : "off")
+    << (p.kept_logits > 0 ? ", the lm_head's log-probs kept for the backward: " + gib(p.kept_logits) : std::string()) << ")\n"
     << (in.shard_master ? "  KV cache (rollout, bf16)  " : "  KV cache (rollout, fp32)  ") << gib(p.kv_cache) << " (" << static_cast<int64_t>(p.rollout_sequences)
     << " sequences x " << in.sequence << " tokens)\n"
     << "  peak = states + max(activations, KV cache)\n"

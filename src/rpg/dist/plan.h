@@ -50,6 +50,10 @@ struct PlanInput {
   bool gradient_checkpointing = false;
   int64_t sequence = 0;          // max prompt + max response tokens
   double micro_batch_tokens = 0;  // tokens per micro-batch
+  double micro_batch_responses = 0;  // response tokens per micro-batch (the lm_head's scored rows)
+  // LogProbOptions::keep_logits_bytes: the update keeps the scored rows' fp32 log-probabilities
+  // [rows, vocab] for its backward when they take at most this many bytes.
+  double keep_logits_bytes = 0;
   int64_t rollout_sequences = 0;  // sequences generated per step (whole world)
   int64_t max_num_seqs = 0;       // the rollout engine's concurrent sequences
   std::string optimizer;          // named in the output only
@@ -62,6 +66,7 @@ struct MemoryPlan {
   double master = 0;  // fp32 master weights held by the optimizer (shard_master only; else `weights` is the master)
   double adapters = 0;  // LoRA: the fp32 adapters (`weights` is then the frozen base)
   double activations = 0, kv_cache = 0, total = 0;
+  double kept_logits = 0;  // part of `activations`: the update's kept log-probabilities (or 0)
   double micro_batch_tokens = 0, rollout_sequences = 0;
 };
 MemoryPlan estimate(const PlanInput& in);

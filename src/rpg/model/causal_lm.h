@@ -89,11 +89,17 @@ struct LogProbOptions {
   // Off by default: with it, 2-rank bf16 ZeRO-2 runs drifted past 1e-6 of the 1-rank run by
   // step 2 (DataParallelTrain.ZeroTwoBf16*), with log_softmax they do not.
   bool autograd_backward = false;
+  // When the scored rows' fp32 log-probabilities [rows, V] take at most this many bytes, a
+  // forward that autograd records keeps them for its backward instead of recomputing each
+  // chunk's lm_head product there (2 x rows x hidden x V FLOPs, the update's largest single
+  // GEMM on a small model). Same gradients bit for bit; 0 always recomputes.
+  int64_t keep_logits_bytes = int64_t{1} << 30;
 };
 
 struct TokenLogProbs {
   at::Tensor log_probs;  // [B, R] fp32
   at::Tensor entropy;    // [B, R] fp32, or undefined without with_entropy
+  int64_t kept_logits_bytes = 0;  // held for the backward (LogProbOptions::keep_logits_bytes), or 0
 };
 
 // Key/value cache for incremental decoding: a fixed number S of independent sequence

@@ -126,9 +126,14 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
 
 // ---- log-probs (log_probs.cpp) --------------------------------------------------------------
 // Log-probs (and entropies when asked) of `targets` [N] under hidden [N, C] x weight [V, C]^T
-// / temperature, in row chunks of `chunk` whose [n, V] logits autograd never stores.
-std::vector<at::Tensor> chunked_log_probs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                          double temperature, bool with_entropy, int64_t chunk,
-                                          bool autograd_backward);
+// / options.temperature, in row chunks of options.chunk_tokens whose [n, V] logits autograd
+// never stores (LogProbOptions::keep_logits_bytes: the log-probabilities, when they fit).
+// Returns [N] log-probs, [N] entropies (or an empty tensor) and the bytes kept.
+struct ChunkedLogProbsOut {
+  at::Tensor log_probs, entropy;
+  int64_t kept_logits_bytes = 0;
+};
+ChunkedLogProbsOut chunked_log_probs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                     const LogProbOptions& options);
 
 }  // namespace rpg::model::detail

@@ -1,6 +1,7 @@
 // Token log-probs and entropies (the trainer's scoring pass): the padded, split-prompt and
 // packed (remove_padding) forms, each ending in the lm_head applied in row chunks.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -16,13 +17,15 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Log-probs / entropies of target tokens through the lm_head in row chunks. Forward and
-// backward both recompute each chunk's logits, so autograd never stores [N, V] either.
+// Log-probs / entropies of target tokens through the lm_head in row chunks. Unless `keep`,
+// forward and backward both compute each chunk's logits, so autograd never stores [N, V].
 //   log p_t = s_t - lse(s),  s = z / tau,  H = lse(s) - sum_k p_k s_k
 //   d log p_t / ds = onehot_t - p,  dH/ds_k = -p_k (log p_k + H)
 // Each chunk works in at most two [n, V] fp32 buffers (updated in place; row-wise dot
 // products go through bmm instead of an elementwise temporary), so the peak is about
-// 2 * n * V * 4 bytes plus the [n, V] matmul output in the weight dtype.
+// 2 * n * V * 4 bytes plus the [n, V] matmul output in the weight dtype. With `keep` the
+// forward also writes each chunk's log p (the backward's first value, computed the same way)
+// into one [N, V] fp32 tensor, and the backward starts from it instead of the lm_head GEMM.
 struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
   // Row-wise sum_k a[r, k] * b[r, k] without an [n, V] temporary: [n, 1, V] @ [n, V, 1].
   static at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
@@ -36,18 +39,28 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     if (temperature != 1.0) z.div_(temperature);
     return z;
   }
+  // log p of scaled logits z as the backward uses it: z - logsumexp(z) with autograd_backward
+  // (autograd's own form; `lse` is the forward's logsumexp(z), the same reduction), else
+  // log_softmax(z). Written into `out`.
+  static void log_p_into(at::Tensor out, const at::Tensor& z, const at::Tensor& lse, bool autograd_backward) {
+    if (autograd_backward) at::sub_out(out, z, lse.unsqueeze(1));
+    else at::_log_softmax_out(out, z, -1, /*half_to_float=*/false);
+  }
 
   static variable_list forward(AutogradContext* ctx, at::Tensor hidden, at::Tensor weight, at::Tensor targets,
-                               double temperature, bool with_entropy, int64_t chunk, bool autograd_backward) {
+                               double temperature, bool with_entropy, int64_t chunk, bool autograd_backward,
+                               bool keep) {
     const int64_t N = hidden.size(0);
     at::Tensor lp = at::empty({N}, hidden.options().dtype(at::kFloat));
     at::Tensor ent = at::empty({with_entropy ? N : 0}, hidden.options().dtype(at::kFloat));
+    at::Tensor kept = keep ? at::empty({N, weight.size(0)}, hidden.options().dtype(at::kFloat)) : at::Tensor();
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor z = scaled_logits(hidden, weight, s, n, temperature);
       at::Tensor lse = at::logsumexp(z, -1);
       lp.narrow(0, s, n).copy_(z.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1) - lse);
       if (with_entropy) ent.narrow(0, s, n).copy_(lse - row_dot(at::softmax(z, -1), z));
+      if (keep) log_p_into(kept.narrow(0, s, n), z, lse, autograd_backward);
     }
     // An output the loss does not use (the entropy when entropy_coeff is 0, a metric only)
     // gets an undefined gradient instead of zeros: backward skips its term.
@@ -57,6 +70,9 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     ctx->saved_data["with_entropy"] = with_entropy;
     ctx->saved_data["chunk"] = chunk;
     ctx->saved_data["autograd_backward"] = autograd_backward;
+    // Not a saved variable: the backward overwrites it in place and then drops it, so a second
+    // backward (retain_graph) finds none and recomputes.
+    ctx->saved_data["kept"] = kept;
     return {lp, ent};
   }
 
@@ -67,6 +83,8 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     bool with_entropy = ctx->saved_data["with_entropy"].toBool();
     int64_t chunk = ctx->saved_data["chunk"].toInt();
     const bool autograd_backward = ctx->saved_data["autograd_backward"].toBool();
+    at::Tensor kept = ctx->saved_data["kept"].toTensor();
+    ctx->saved_data["kept"] = at::Tensor();
     at::Tensor g_lp = grad_out[0], g_ent = with_entropy ? grad_out[1] : at::Tensor();
     const int64_t N = hidden.size(0);
     bool need_h = hidden.requires_grad(), need_w = weight.requires_grad();
@@ -77,15 +95,19 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     for (int64_t s = 0; s < N; s += chunk) {
       int64_t n = std::min(chunk, N - s);
       at::Tensor h = hidden.narrow(0, s, n);
-      // autograd_backward: log p = s - lse(s) and p = exp(s - lse(s)), as autograd
-      // differentiates the forward's gather - logsumexp (logsumexp's backward is
-      // exp(s - lse)): the same fp32 gradient as transformers + verl's logprobs_from_logits,
-      // bit for bit (log_softmax's own rounding of log p differs by an ulp, which the
-      // gradient of a cancelling sum amplifies). Otherwise from log_softmax (see
-      // LogProbOptions::autograd_backward for why that stays the default).
-      at::Tensor gs = scaled_logits(hidden, weight, s, n, temperature);
-      if (autograd_backward) gs.sub_(at::logsumexp(gs, -1, /*keepdim=*/true));  // log p
-      else gs = at::log_softmax(gs, -1);
+      // log p. autograd_backward: s - lse(s), as autograd differentiates the forward's
+      // gather - logsumexp (logsumexp's backward is exp(s - lse)): the same fp32 gradient as
+      // transformers + verl's logprobs_from_logits, bit for bit (log_softmax's own rounding of
+      // log p differs by an ulp, which the gradient of a cancelling sum amplifies). Otherwise
+      // log_softmax (see LogProbOptions::autograd_backward for why that stays the default).
+      at::Tensor gs;
+      if (kept.defined()) {
+        gs = kept.narrow(0, s, n);
+      } else {
+        at::Tensor z = scaled_logits(hidden, weight, s, n, temperature);
+        gs = at::empty_like(z);
+        log_p_into(gs, z, autograd_backward ? at::logsumexp(z, -1) : at::Tensor(), autograd_backward);
+      }
       at::Tensor p = gs.exp();
       if (g_ent.defined()) {
         at::Tensor H = -row_dot(p, gs).unsqueeze(1);                        // [n, 1]
@@ -115,16 +137,22 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
     }
     if (need_w && !grad_w.defined()) grad_w = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));  // N = 0
     return {grad_h, need_w ? grad_w.to(weight.scalar_type()) : at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-std::vector<at::Tensor> chunked_log_probs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                          double temperature, bool with_entropy, int64_t chunk,
-                                          bool autograd_backward) {
-  return ChunkedLogProbs::apply(hidden, weight, targets, temperature, with_entropy, chunk, autograd_backward);
+ChunkedLogProbsOut chunked_log_probs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                     const LogProbOptions& options) {
+  // Keep only where a backward can follow: autograd records this call (grad mode on and an
+  // input that needs a gradient); a no-grad pass (old / reference log-probs) keeps nothing.
+  const int64_t bytes = hidden.size(0) * weight.size(0) * 4;
+  const bool keep = at::GradMode::is_enabled() && (hidden.requires_grad() || weight.requires_grad()) &&
+                    bytes <= options.keep_logits_bytes;
+  auto out = ChunkedLogProbs::apply(hidden, weight, targets, options.temperature, options.with_entropy,
+                                    options.chunk_tokens, options.autograd_backward, keep);
+  return {out[0], out[1], keep ? bytes : 0};
 }
 
 }  // namespace detail
@@ -155,11 +183,11 @@ TokenLogProbs CausalLM::log_probs(const at::Tensor& input_ids, const at::Tensor&
     h = hidden_states(input_ids, attention_mask, position_ids).narrow(1, T - R - 1, R);  // [B, R, C]
   }
   at::Tensor t = targets.to(impl_->device, at::kLong).reshape({B * R});
-  auto out = chunked_log_probs(h.reshape({B * R, h.size(2)}), impl_->lm_head, t, options.temperature,
-                                    options.with_entropy, options.chunk_tokens, options.autograd_backward);
+  auto out = chunked_log_probs(h.reshape({B * R, h.size(2)}), impl_->lm_head, t, options);
   TokenLogProbs r;
-  r.log_probs = out[0].view({B, R});
-  if (options.with_entropy) r.entropy = out[1].view({B, R});
+  r.log_probs = out.log_probs.view({B, R});
+  if (options.with_entropy) r.entropy = out.entropy.view({B, R});
+  r.kept_logits_bytes = out.kept_logits_bytes;
   return r;
 }
 
@@ -188,12 +216,12 @@ TokenLogProbs CausalLM::packed_log_probs(const at::Tensor& input_ids, const at::
   at::Tensor scored = mask.narrow(1, T - R - 1, R).logical_and(mask.narrow(1, T - R, R));  // [B, R]
   at::Tensor rows = where.narrow(1, T - R - 1, R).masked_select(scored);                   // [M]
   at::Tensor t = targets.to(m.device, at::kLong).masked_select(scored);
-  auto out = chunked_log_probs(h.index_select(0, rows), m.lm_head, t, options.temperature,
-                                    options.with_entropy, options.chunk_tokens, options.autograd_backward);
+  auto out = chunked_log_probs(h.index_select(0, rows), m.lm_head, t, options);
   at::Tensor zeros = at::zeros({B, R}, h.options().dtype(at::kFloat));
   TokenLogProbs r;
-  r.log_probs = zeros.masked_scatter(scored, out[0]);
-  if (options.with_entropy) r.entropy = zeros.masked_scatter(scored, out[1]);
+  r.log_probs = zeros.masked_scatter(scored, out.log_probs);
+  if (options.with_entropy) r.entropy = zeros.masked_scatter(scored, out.entropy);
+  r.kept_logits_bytes = out.kept_logits_bytes;
   return r;
 }
 

@@ -8,7 +8,7 @@
 #include "rpg/dist/data_parallel.h"
 #include "rpg/dist/process_group.h"
 #include "rpg/dist/world.h"
-#include "rpg/model/causal_lm.h"  // model::LoraConfig (plan_input)
+#include "rpg/model/causal_lm.h"  // model::LoraConfig, LogProbOptions (plan_input)
 #include "rpg/train/config.h"
 
 namespace rpg::train::dp {
@@ -95,6 +95,11 @@ dist::PlanInput plan_input(const TrainConfig& cfg, int64_t world) {
   in.micro_batch_tokens = a.actor.use_dynamic_bsz
                               ? static_cast<double>(a.actor.ppo_max_token_len_per_gpu)
                               : static_cast<double>(a.actor.ppo_micro_batch_size_per_gpu.value_or(mini_rows) * in.sequence);
+  in.micro_batch_responses = a.actor.use_dynamic_bsz
+                                 ? static_cast<double>(a.actor.ppo_max_token_len_per_gpu)
+                                 : static_cast<double>(a.actor.ppo_micro_batch_size_per_gpu.value_or(mini_rows) *
+                                                       cfg.data.max_response_length);
+  in.keep_logits_bytes = static_cast<double>(model::LogProbOptions{}.keep_logits_bytes);
   in.rollout_sequences = cfg.data.train_batch_size * a.rollout.n;
   in.max_num_seqs = a.rollout.max_num_seqs;
   in.optimizer = a.actor.optim.optim_type;
