@@ -1,5 +1,6 @@
-// The CPU decode kernels. MKL's packed GEMM (packed_gemm.h) against at::linear in fp64 for
-// every row count a decode step can have, its staleness check, and decode() with packed
+// The CPU decode kernels. The packed GEMMs (packed_gemm.h: rpg's panel kernel and MKL's)
+// against at::linear in fp64 for every row count a decode step can have, the panel kernel's
+// independence of the rows beside each row, the staleness check, and decode() with packed
 // weights against decode() without on every family; skinny_linear_kernel against at::linear in fp64 (tile and tail
 // shapes, with and without bias) and linear_for_decode's choice of path; the decode-attention
 // kernel against attention written out with ATen ops (scores,
@@ -139,31 +140,77 @@ TEST(SkinnyLinear, LinearForDecodeTakesTheKernelOnlyWhereItIsFaster) {
   }
 }
 
-TEST(PackedGemm, IsAvailableWhereLibtorchHasMkl) {
-  // The torch wheels for x86-64 carry MKL and export its CBLAS symbols; the self-check runs
-  // on this CPU. false here with MKL present means the check failed: decode lost its packing.
-  EXPECT_EQ(detail::packed_gemm_available(), at::hasMKL());
+// The backends this CPU can run: rpg's panel kernel wherever there are AVX2 and FMA (and then
+// it is the one chosen), MKL's packed GEMM where libtorch carries MKL (the x86-64 wheels do)
+// and its self-check passed on this CPU.
+std::vector<detail::PackedBackend> usable_backends() {
+  std::vector<detail::PackedBackend> out;
+  for (auto b : {detail::PackedBackend::kPanels, detail::PackedBackend::kMkl})
+    if (detail::packed_backend_usable(b)) out.push_back(b);
+  return out;
+}
+
+TEST(PackedGemm, ChoosesThePanelKernelWhereTheCpuHasAvx2AndFma) {
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  EXPECT_EQ(detail::packed_backend_usable(detail::PackedBackend::kPanels), avx2_fma);
+  EXPECT_EQ(detail::packed_backend_usable(detail::PackedBackend::kMkl), at::hasMKL());  // false: its check failed
+  EXPECT_EQ(detail::packed_backend(), avx2_fma      ? detail::PackedBackend::kPanels
+                                      : at::hasMKL() ? detail::PackedBackend::kMkl
+                                                     : detail::PackedBackend::kNone);
+  EXPECT_EQ(detail::packed_gemm_available(), avx2_fma || at::hasMKL());
+  EXPECT_FALSE(detail::PackedWeight::pack(at::randn({4, 4}), detail::PackedBackend::kNone).defined());
 }
 
 TEST(PackedGemm, EqualsLinearForEveryRowCountWithAndWithoutBias) {
-  if (!detail::packed_gemm_available()) GTEST_FAIL() << "no packed GEMM in this libtorch (see IsAvailableWhereLibtorchHasMkl)";
-  // One packing serves every row count: 1 (where MKL ignores beta, see PackedWeight::linear),
-  // the tails around its blocks, and up to kPackedMaxRows.
-  for (auto [N, K] : {std::pair<int64_t, int64_t>{40, 24}, {37, 29}, {192, 96}, {7, 130}}) {
-    at::manual_seed(N * 31 + K);
-    const at::Tensor w = at::randn({N, K}), b = at::randn({N});
-    const detail::PackedWeight p = detail::PackedWeight::pack(w);
-    ASSERT_TRUE(p.defined() && p.current());
-    for (int64_t M : std::vector<int64_t>{1, 2, 3, 5, 8, 15, 16, 17, 63, 64, 65, 200, detail::kPackedMaxRows}) {
-      const at::Tensor x = at::randn({M, 1, K});
-      const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
-      const double tol = 1e-6 * static_cast<double>(K);  // fp32 sums of K products of unit-scale terms
-      const at::Tensor y = p.linear(x, b);
-      ASSERT_EQ(y.sizes(), (std::vector<int64_t>{M, 1, N}));
-      EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), tol) << M << "x" << K << " by " << N;
-      EXPECT_LE((p.linear(x, {}).to(at::kDouble) - (ref - b.to(at::kDouble))).abs().max().item<double>(), tol)
-          << M << "x" << K << " by " << N << " without bias";
+  const auto backends = usable_backends();
+  if (backends.empty()) GTEST_FAIL() << "no packed GEMM on this CPU (see ChoosesThePanelKernelWhereTheCpuHasAvx2AndFma)";
+  for (auto backend : backends) {
+    SCOPED_TRACE(detail::packed_backend_name(backend));
+    // One packing serves every row count: 1 (where MKL ignores beta, see PackedWeight::linear),
+    // the tails around the blocks (the panel kernel's 4 rows and 24 columns, MKL's own), and up
+    // to kPackedMaxRows.
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{40, 24}, {37, 29}, {192, 96}, {7, 130}, {49, 576}}) {
+      at::manual_seed(N * 31 + K);
+      const at::Tensor w = at::randn({N, K}), b = at::randn({N});
+      const detail::PackedWeight p = detail::PackedWeight::pack(w, backend);
+      ASSERT_TRUE(p.defined() && p.current() && p.backend() == backend);
+      for (int64_t M : std::vector<int64_t>{1, 2, 3, 5, 8, 15, 16, 17, 63, 64, 65, 200, detail::kPackedMaxRows}) {
+        const at::Tensor x = at::randn({M, 1, K});
+        const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
+        const double tol = 1e-6 * static_cast<double>(K);  // fp32 sums of K products of unit-scale terms
+        const at::Tensor y = p.linear(x, b);
+        ASSERT_EQ(y.sizes(), (std::vector<int64_t>{M, 1, N}));
+        EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), tol) << M << "x" << K << " by " << N;
+        EXPECT_LE((p.linear(x, {}).to(at::kDouble) - (ref - b.to(at::kDouble))).abs().max().item<double>(), tol)
+            << M << "x" << K << " by " << N << " without bias";
+      }
     }
+  }
+}
+
+// The panel kernel computes each output as one FMA chain over K in order, whatever the rows
+// around it and the threads: a row multiplied alone and inside batches of 2-13 rows (every
+// position in the 4-row tiles and the 1-3-row tails) comes out bit for bit the same; and on
+// inputs whose partial sums are all exact (multiples of 1/8 in [-1, 1]) it equals the exact
+// product, in the columns of a full panel and of the last, partial one (N = 53 = 2 x 24 + 5).
+TEST(PackedGemm, PanelRowsDoNotDependOnTheRowsBesideThem) {
+  if (!detail::packed_backend_usable(detail::PackedBackend::kPanels)) GTEST_FAIL() << "no AVX2/FMA on this CPU";
+  auto grid = [](int64_t count, int64_t salt) {
+    return at::arange(count, at::kLong).mul_(7).add_(salt).remainder_(17).sub_(8).to(at::kFloat).div_(8);
+  };
+  const int64_t N = 53, K = 45;
+  const at::Tensor w = grid(N * K, 3).view({N, K});
+  const detail::PackedWeight p = detail::PackedWeight::pack(w, detail::PackedBackend::kPanels);
+  ASSERT_TRUE(p.defined());
+  const at::Tensor xg = grid(13 * K, 5).view({13, K});
+  EXPECT_TRUE(at::equal(p.linear(xg, {}), at::mm(xg.to(at::kDouble), w.to(at::kDouble).t()).to(at::kFloat)));
+  at::manual_seed(8);
+  const at::Tensor x = at::randn({13, K});
+  std::vector<at::Tensor> alone;
+  for (int64_t r = 0; r < 13; ++r) alone.push_back(p.linear(x.narrow(0, r, 1), {}));
+  for (int64_t M = 2; M <= 13; ++M) {
+    const at::Tensor y = p.linear(x.narrow(0, 0, M), {});
+    for (int64_t r = 0; r < M; ++r) EXPECT_TRUE(at::equal(y.narrow(0, r, 1), alone[r])) << "row " << r << " of " << M;
   }
 }
 
@@ -207,7 +254,9 @@ TEST(PackedGemm, BuffersReuseTheHeapAndGiveBackOnlyWhatTheyAddedToIt) {
   {
     void* room = std::malloc(96u << 20);  // resident free memory in the heap, as an update leaves
     std::memset(room, 1, 96u << 20);
+    asm volatile("" : : "r"(room) : "memory");  // else GCC drops the malloc / memset / free
     std::free(room);
+    ASSERT_GE(mallinfo2().fordblks, 96u << 20);
     const size_t heap_before = mallinfo2().arena;
     long long rss_with = 0;
     {

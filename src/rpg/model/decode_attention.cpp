@@ -10,6 +10,12 @@
 #include <limits>
 #include <vector>
 
+// at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
+// thread, silently (src/rpg/model/CMakeLists.txt).
+#if !defined(_OPENMP)
+#error "this kernel file must be compiled with -fopenmp"
+#endif
+
 namespace rpg::model {
 namespace {
 

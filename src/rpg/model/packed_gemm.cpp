@@ -1,16 +1,27 @@
 #include "rpg/model/packed_gemm.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <immintrin.h>
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "rpg/core/log.h"
+
+// at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
+// thread, silently (src/rpg/model/CMakeLists.txt).
+#if !defined(_OPENMP)
+#error "this kernel file must be compiled with -fopenmp"
+#endif
 
 // MKL's CBLAS packed-GEMM entry points (mkl_cblas.h; LP64: MKL_INT is int). Declared weak so
 // that a libtorch built without MKL still links: the addresses are then null.
@@ -28,85 +39,225 @@ namespace {
 // mkl_cblas.h's enum values.
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
 // The row count the packing is told about. MKL's packed size does not depend on it, and one
-// packing serves every row count (checked once per process by self_check()).
+// packing serves every row count (checked once per process by mkl_self_check()).
 constexpr int kPackRows = 64;
 
-// W [N, K] row-major is B^T: packed as op(B) = W^T. Undefined if the memory is not there.
+// A page-aligned buffer of `bytes` for a packing. Undefined if the memory is not there.
 //
-// The buffer comes from malloc, page-aligned. rpg-torch's heap keeps freed memory
-// (core/malloc_env.h), so a rollout's packed copy reuses what the previous update left free
-// and costs no new memory. Only where the heap had no room -- a run's first rollout -- does
-// the buffer extend it; MKL asks for up to 4x the weight and writes about 1x, and such a
-// buffer's pages are handed back to the kernel when it is freed: kept, they stayed resident
-// while the first update's tensors were placed around them (+120 MB of peak RSS in a 32 M-
-// parameter model's first step). Buffers mapped apart from the heap (mmap) could never reuse
-// the update's free memory: +0.8 GB of peak RSS over three SmolLM2 steps.
-at::Tensor pack_buffer(const float* w, int n, int k) {
+// It comes from malloc. rpg-torch's heap keeps freed memory (core/malloc_env.h), so a
+// rollout's packed copy reuses what the previous update left free and costs no new memory.
+// Only where the heap had no room -- a run's first rollout -- does the buffer extend it; its
+// pages are handed back to the kernel when it is freed: kept, they stayed resident while the
+// first update's tensors were placed around them (+120 MB of peak RSS in a 32 M-parameter
+// model's first step, with MKL's packing, which asks for up to 4x the weight and writes about
+// 1x). Buffers mapped apart from the heap (mmap) could never reuse the update's free memory:
+// +0.8 GB of peak RSS over three SmolLM2 steps.
+at::Tensor page_aligned_buffer(size_t bytes) {
   constexpr size_t kPage = 4096;
-  const size_t bytes = (cblas_sgemm_pack_get_size(kBMatrix, kPackRows, n, k) + kPage - 1) / kPage * kPage;
+  bytes = (bytes + kPage - 1) / kPage * kPage;
   const char* heap_top = static_cast<const char*>(sbrk(0));
   void* mem = nullptr;
   if (posix_memalign(&mem, kPage, bytes) != 0) return {};
   const bool extended_heap = static_cast<const char*>(mem) + bytes > heap_top;
-  at::Tensor buf = at::from_blob(
+  return at::from_blob(
       mem, {static_cast<int64_t>(bytes / sizeof(float))},
       [bytes, extended_heap](void* p) {
         if (extended_heap) madvise(p, bytes, MADV_DONTNEED);
         std::free(p);
       },
       at::kFloat);
-  cblas_sgemm_pack(kRowMajor, kBMatrix, kTrans, kPackRows, n, k, 1.0f, w, k, buf.data_ptr<float>());
+}
+
+// ---- MKL's packed GEMM ---------------------------------------------------------------------
+
+// W [N, K] row-major is B^T: packed as op(B) = W^T.
+at::Tensor mkl_pack(const float* w, int n, int k) {
+  at::Tensor buf = page_aligned_buffer(cblas_sgemm_pack_get_size(kBMatrix, kPackRows, n, k));
+  if (buf.defined()) cblas_sgemm_pack(kRowMajor, kBMatrix, kTrans, kPackRows, n, k, 1.0f, w, k, buf.data_ptr<float>());
   return buf;
 }
 
 // y = x W^T (beta = 0: see PackedWeight::linear).
-void compute(const float* x, int m, int n, int k, const float* packed, float* y) {
+void mkl_compute(const float* x, int m, int n, int k, const float* packed, float* y) {
   cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, m, n, k, x, k, packed, n, 0.0f, y, n);
 }
 
 // One packing, multiplied by several row counts, against the exact product: entries are
 // multiples of 1/8 in [-1, 1], so every partial sum is exact in fp32 and any summation
 // order gives the same value.
-bool self_check() {
+bool mkl_self_check() {
   const int n = 37, k = 29;
   auto grid = [](int64_t count, int64_t salt) {
     at::Tensor t = at::arange(count, at::kLong).mul_(7).add_(salt).remainder_(17).sub_(8).to(at::kFloat).div_(8);
     return t;
   };
   const at::Tensor w = grid(n * k, 3).view({n, k});
-  const at::Tensor buf = pack_buffer(w.data_ptr<float>(), n, k);
+  const at::Tensor buf = mkl_pack(w.data_ptr<float>(), n, k);
   if (!buf.defined()) return false;
   for (int m : {1, 2, 5, 64, 300}) {
     const at::Tensor x = grid(m * k, m).view({m, k});
     at::Tensor y = at::empty({m, n}, at::kFloat);
-    compute(x.data_ptr<float>(), m, n, k, buf.data_ptr<float>(), y.data_ptr<float>());
+    mkl_compute(x.data_ptr<float>(), m, n, k, buf.data_ptr<float>(), y.data_ptr<float>());
     if (!at::equal(y, at::mm(x.to(at::kDouble), w.to(at::kDouble).t()).to(at::kFloat))) return false;
   }
   return true;
 }
 
-}  // namespace
-
-bool packed_gemm_available() {
+bool mkl_usable() {
   static const bool ok = [] {
     if (!cblas_sgemm_pack_get_size || !cblas_sgemm_pack || !cblas_sgemm_compute) return false;
-    if (self_check()) return true;
-    log_warn("MKL's packed GEMM failed its check on this CPU: decode multiplies unpacked weights");
+    if (mkl_self_check()) return true;
+    log_warn("MKL's packed GEMM failed its check on this CPU: it is not used");
     return false;
   }();
   return ok;
 }
 
-PackedWeight PackedWeight::pack(const at::Tensor& weight) {
+// ---- rpg's panel kernel (AVX2 + FMA) -------------------------------------------------------
+//
+// W [N, K] is stored as panels of kPanel output columns: panel p holds, for k = 0..K-1, the
+// 24 weights W[24p .. 24p+23][k] side by side (columns past N are zero). The kernel keeps a
+// 4-row x 24-column tile of y in 12 AVX2 registers and, per k, loads the panel's 3 vectors,
+// broadcasts each row's x[r][k] and issues 12 FMAs: 7 loads per 12 FMAs, so the FMA units
+// and not the loads set the pace. A panel (24 x K x 4 bytes: 55 KB at K = 576) stays in L2
+// while every 4-row block of x passes over it; the threads split the panels. Why not MKL:
+// its packed product ran these shapes at 34-100 GFLOP/s on the 2-core EPYC where this runs
+// at 115-197 (1-64 rows; docs/benchmarks.md). Rows that did not fit 4 at a time use the
+// same kernel at 1-3 rows: the arithmetic of each output is the same FMA chain either way.
+constexpr int64_t kPanel = 24;
+
+bool cpu_has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+
+at::Tensor panel_pack(const float* w, int64_t n, int64_t k) {
+  const int64_t panels = (n + kPanel - 1) / kPanel;
+  at::Tensor buf = page_aligned_buffer(static_cast<size_t>(panels * k * kPanel) * sizeof(float));
+  if (!buf.defined()) return buf;
+  float* out = buf.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* panel = out + p * k * kPanel;
+      const int64_t cols = std::min(kPanel, n - p * kPanel);
+      for (int64_t j = 0; j < kPanel; ++j) {
+        const float* src = w + (p * kPanel + j) * k;
+        for (int64_t i = 0; i < k; ++i) panel[i * kPanel + j] = j < cols ? src[i] : 0.0f;
+      }
+    }
+  });
+  return buf;
+}
+
+// y[R rows, cols] = x[R rows, K] . panel; x rows `ldx` apart, y rows `ldy` apart.
+template <int R>
+__attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, int64_t ldx,
+                                                     const float* __restrict panel, int64_t K,
+                                                     float* __restrict y, int64_t ldy, int64_t cols) {
+  // Named accumulators, not an array: GCC kept an array's tile on the stack and stored it
+  // every iteration (half the speed).
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
+  __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  const float* x0 = x;
+  const float* x1 = x + (R > 1 ? ldx : 0);
+  const float* x2 = x + (R > 2 ? 2 * ldx : 0);
+  const float* x3 = x + (R > 3 ? 3 * ldx : 0);
+  for (int64_t k = 0; k < K; ++k) {
+    const float* b = panel + k * kPanel;
+    const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), b2 = _mm256_load_ps(b + 16);
+    __m256 a = _mm256_broadcast_ss(x0 + k);
+    c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01), c02 = _mm256_fmadd_ps(a, b2, c02);
+    if constexpr (R > 1) {
+      a = _mm256_broadcast_ss(x1 + k);
+      c10 = _mm256_fmadd_ps(a, b0, c10), c11 = _mm256_fmadd_ps(a, b1, c11), c12 = _mm256_fmadd_ps(a, b2, c12);
+    }
+    if constexpr (R > 2) {
+      a = _mm256_broadcast_ss(x2 + k);
+      c20 = _mm256_fmadd_ps(a, b0, c20), c21 = _mm256_fmadd_ps(a, b1, c21), c22 = _mm256_fmadd_ps(a, b2, c22);
+    }
+    if constexpr (R > 3) {
+      a = _mm256_broadcast_ss(x3 + k);
+      c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31), c32 = _mm256_fmadd_ps(a, b2, c32);
+    }
+  }
+  alignas(32) float tile[4][kPanel];
+  _mm256_store_ps(tile[0], c00), _mm256_store_ps(tile[0] + 8, c01), _mm256_store_ps(tile[0] + 16, c02);
+  _mm256_store_ps(tile[1], c10), _mm256_store_ps(tile[1] + 8, c11), _mm256_store_ps(tile[1] + 16, c12);
+  _mm256_store_ps(tile[2], c20), _mm256_store_ps(tile[2] + 8, c21), _mm256_store_ps(tile[2] + 16, c22);
+  _mm256_store_ps(tile[3], c30), _mm256_store_ps(tile[3] + 8, c31), _mm256_store_ps(tile[3] + 16, c32);
+  for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy, tile[r], static_cast<size_t>(cols) * sizeof(float));
+}
+
+// y [M, N] = x [M, K] W^T from W's panels.
+void panel_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
+  const int64_t count = (n + kPanel - 1) / kPanel;
+  at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* panel = panels + p * k * kPanel;
+      const int64_t cols = std::min(kPanel, n - p * kPanel);
+      float* yp = y + p * kPanel;
+      int64_t r = 0;
+      for (; r + 4 <= m; r += 4) panel_tile<4>(x + r * k, k, panel, k, yp + r * n, n, cols);
+      switch (m - r) {
+        case 3: panel_tile<3>(x + r * k, k, panel, k, yp + r * n, n, cols); break;
+        case 2: panel_tile<2>(x + r * k, k, panel, k, yp + r * n, n, cols); break;
+        case 1: panel_tile<1>(x + r * k, k, panel, k, yp + r * n, n, cols); break;
+        default: break;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+PackedBackend packed_backend() {
+  static const PackedBackend chosen = [] {
+    // RPG_PACKED_GEMM=mkl|panels|none overrides the choice (benchmarks: bench/roofline).
+    const char* env = std::getenv("RPG_PACKED_GEMM");
+    const std::string want = env ? env : "";
+    if (want == "none") return PackedBackend::kNone;
+    if (want == "mkl" && mkl_usable()) return PackedBackend::kMkl;
+    if (want != "mkl" && cpu_has_avx2_fma()) return PackedBackend::kPanels;
+    if (!want.empty() && want != "panels" && want != "mkl")
+      log_warn("RPG_PACKED_GEMM=" + want + ": expected mkl, panels or none; ignored");
+    return mkl_usable() ? PackedBackend::kMkl : PackedBackend::kNone;
+  }();
+  return chosen;
+}
+
+const char* packed_backend_name(PackedBackend backend) {
+  switch (backend) {
+    case PackedBackend::kPanels: return "rpg panels (AVX2/FMA)";
+    case PackedBackend::kMkl: return "MKL packed GEMM";
+    case PackedBackend::kNone: break;
+  }
+  return "none";
+}
+
+bool packed_backend_usable(PackedBackend backend) {
+  switch (backend) {
+    case PackedBackend::kPanels: return cpu_has_avx2_fma();
+    case PackedBackend::kMkl: return mkl_usable();
+    case PackedBackend::kNone: break;
+  }
+  return false;
+}
+
+bool packed_gemm_available() { return packed_backend() != PackedBackend::kNone; }
+
+PackedWeight PackedWeight::pack(const at::Tensor& weight, PackedBackend backend) {
   PackedWeight p;
   if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !weight.device().is_cpu() ||
       !weight.is_contiguous() || weight.size(0) > INT_MAX || weight.size(1) > INT_MAX || weight.numel() == 0 ||
-      !packed_gemm_available())
+      !packed_backend_usable(backend))
     return p;
   p.n_ = weight.size(0);
   p.k_ = weight.size(1);
-  p.buffer_ = pack_buffer(weight.data_ptr<float>(), static_cast<int>(p.n_), static_cast<int>(p.k_));
+  p.buffer_ = backend == PackedBackend::kPanels
+                  ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_)
+                  : mkl_pack(weight.data_ptr<float>(), static_cast<int>(p.n_), static_cast<int>(p.k_));
   if (!p.buffer_.defined()) return {};  // out of memory: this weight stays unpacked
+  p.backend_ = backend;
   p.source_ = weight;
   p.version_ = weight._version();
   return p;
@@ -122,11 +273,13 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias) con
   std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
   out.back() = n_;
   at::Tensor y = at::empty({m, n_}, x.options());
-  // beta = 0 always: MKL's packed product of one row ignores a C to add to (beta = 1 with the
-  // bias in C gave x W^T alone), so the bias is added after.
-  if (m > 0)
-    compute(x2.data_ptr<float>(), static_cast<int>(m), static_cast<int>(n_), static_cast<int>(k_),
-            buffer_.data_ptr<float>(), y.data_ptr<float>());
+  // The bias is added after: MKL's packed product of one row ignores a C to add to (beta = 1
+  // with the bias in C gave x W^T alone), and the panel kernel's chains start from 0.
+  if (m > 0 && backend_ == PackedBackend::kPanels)
+    panel_compute(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), y.data_ptr<float>());
+  else if (m > 0)
+    mkl_compute(x2.data_ptr<float>(), static_cast<int>(m), static_cast<int>(n_), static_cast<int>(k_),
+                buffer_.data_ptr<float>(), y.data_ptr<float>());
   if (bias.defined()) y.add_(bias.reshape({n_}));
   return y.view(out);
 }

@@ -1,4 +1,4 @@
-// Internal: weights packed once in MKL's own GEMM layout for the decode steps of a rollout.
+// Internal: weights packed once in a GEMM layout for the decode steps of a rollout.
 // Not part of the public API (CausalLM::pack_weights_for_decode() is).
 //
 // Why: every at::linear call hands MKL the weight as a plain matrix, and MKL copies it into
@@ -15,19 +15,31 @@
 
 namespace rpg::model::detail {
 
-// cblas_sgemm_pack / cblas_sgemm_compute are exported by the torch wheel's libtorch_cpu (its
-// MKL). True when they are there and a packed product on this CPU passed a check against an
-// exact result for several row counts (the packing is done once for all of them); false on
-// a libtorch without MKL, where callers keep at::linear.
+// Who multiplies packed weights. kPanels: rpg's own AVX2/FMA kernel over weights laid out
+// in panels of 24 output columns (on SmolLM2's decode shapes 1.3-3x MKL's packed GEMM:
+// docs/benchmarks.md); every output is one fused multiply-add chain over K in order, so a
+// row's result does not depend on how many rows are multiplied with it or on the threads.
+// kMkl: MKL's cblas_sgemm_pack / cblas_sgemm_compute (exported by the torch wheel's
+// libtorch_cpu), for CPUs without AVX2 and FMA. kNone: neither; callers keep at::linear.
+enum class PackedBackend { kNone, kMkl, kPanels };
+// This CPU's backend: kPanels where it has AVX2 and FMA, else kMkl where MKL is there and a
+// packed product passed a check against an exact result for several row counts (the packing
+// is done once for all of them), else kNone.
+PackedBackend packed_backend();
+const char* packed_backend_name(PackedBackend backend);
+// A backend other than kNone.
 bool packed_gemm_available();
+// Whether `backend` can run here (tests run every one the CPU has).
+bool packed_backend_usable(PackedBackend backend);
 
-// One weight [N, K] (fp32, CPU) in MKL's packed layout, for x W^T (+ b).
+// One weight [N, K] (fp32, CPU) packed for x W^T (+ b).
 class PackedWeight {
  public:
-  // Packs `weight`, or returns an empty PackedWeight (defined() false) when it is not
-  // float32 / CPU / contiguous 2-D or packing is unavailable.
-  static PackedWeight pack(const at::Tensor& weight);
+  // Packs `weight` for `backend`, or returns an empty PackedWeight (defined() false) when it
+  // is not float32 / CPU / contiguous 2-D or the backend cannot run here.
+  static PackedWeight pack(const at::Tensor& weight, PackedBackend backend = packed_backend());
   bool defined() const { return buffer_.defined(); }
+  PackedBackend backend() const { return backend_; }
   // True while the source weight has not been modified in place since it was packed.
   bool current() const { return defined() && source_._version() == version_; }
   // x [..., K] float32 on the CPU -> [..., N]; bias [N] or undefined.
@@ -35,7 +47,8 @@ class PackedWeight {
 
  private:
   at::Tensor source_;  // kept alive: its address keys PackedWeights and cannot be reused
-  at::Tensor buffer_;  // MKL's packed copy (never copied elsewhere: MKL's layout depends on its address)
+  at::Tensor buffer_;  // the packed copy (MKL's layout depends on its address: never copied)
+  PackedBackend backend_ = PackedBackend::kNone;
   int64_t version_ = 0, n_ = 0, k_ = 0;
 };
 
@@ -51,9 +64,9 @@ class PackedWeights {
   std::unordered_map<const void*, PackedWeight> packed_;
 };
 
-// Rows above which a product goes back to at::linear: for many rows MKL's own packing is
-// a small part of the product and its blocking for large M is better (measured: 0.85-0.94x
-// at 2048 rows, 1.0-1.4x at 512).
+// Rows above which a product goes back to at::linear: for many rows the packing is a small
+// part of the product (MKL's packed GEMM measured 0.85-0.94x at::linear at 2048 rows,
+// 1.0-1.4x at 512).
 inline constexpr int64_t kPackedMaxRows = 512;
 
 }  // namespace rpg::model::detail

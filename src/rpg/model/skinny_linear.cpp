@@ -7,6 +7,12 @@
 
 #include <cstring>
 
+// at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
+// thread, silently (src/rpg/model/CMakeLists.txt).
+#if !defined(_OPENMP)
+#error "this kernel file must be compiled with -fopenmp"
+#endif
+
 // The 64-byte vector type below is only ever used inside the per-CPU clones (always
 // inlined); GCC's note about its ABI in the baseline build does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
