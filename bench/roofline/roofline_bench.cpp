@@ -2,7 +2,7 @@
 // machine's peak and transformers on the same shapes, and turns seconds into FLOP/s and %
 // of peak; the FLOP model lives there, once, for both sides).
 //
-//   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update,optimizer]
+//   roofline_bench --model DIR [--threads 2] [--phases decode,prefill,logprob,update,optimizer,gemm]
 //                  [--decode-seqs 1,8,64] [--new-tokens 64] [--prompt-len 128]
 //                  [--prefill-seqs 8] [--rows 16] [--response 128] [--group 1] [--repeats 3] [--ops 0]
 //                  [--dtype float32] [--warmup 1] [--checkpointing 0] [--ops-by-shape 0]
@@ -16,6 +16,10 @@
 //   logprob: CausalLM::log_probs without autograd (old / reference log-probs) on --rows rows of
 //            prompt-len + response tokens, rows in groups of --group sharing a prompt.
 //   update:  the same with autograd, entropy, a GRPO-like loss and backward.
+//   gemm:    a decode step's products alone: --decode-seqs rows through every packed weight
+//            of the model (q/k/v/o/gate/up/down per layer and the lm_head, cold from memory as
+//            in decode), once per packed backend this CPU has (rpg's panels, MKL's packed
+//            GEMM; model/packed_gemm.h); seconds per step and GFLOP/s.
 // --ops K adds the K aten ops with the most self time in each measurement (Kineto), to
 // show where the time goes.
 #include <ATen/ATen.h>
@@ -35,6 +39,7 @@
 #include "rpg/core/args.h"
 #include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/packed_gemm.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/train/optim.h"
 
@@ -148,7 +153,7 @@ int main(int argc, char** argv) {
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
-      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer", "LIST")
+      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer, gemm", "LIST")
       .option("--decode-seqs", &decode_seqs, "sequences decoding together, comma-separated", "LIST")
       .option("--new-tokens", &new_tokens, "tokens per response in decode")
       .option("--prompt-len", &prompt_len, "prompt tokens")
@@ -209,6 +214,31 @@ int main(int argc, char** argv) {
         b.emit({{"phase", "decode"}, {"seqs", S}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
                 {"generate_seconds", full}, {"prefill_seconds", first}},
                run(new_tokens), full - first);
+      }
+    }
+    if (want.count("gemm")) {
+      std::vector<at::Tensor> weights;
+      for (const auto& [name, t] : model.named_parameters())
+        if (t.dim() == 2 && (name.find("_proj.weight") != std::string::npos || name == "lm_head.weight" ||
+                             (name == "model.embed_tokens.weight" && model.config().tie_word_embeddings)))
+          weights.push_back(t.detach());
+      for (auto backend : {rpg::model::detail::PackedBackend::kPanels, rpg::model::detail::PackedBackend::kMkl}) {
+        if (!rpg::model::detail::packed_backend_usable(backend)) continue;
+        std::vector<rpg::model::detail::PackedWeight> packed;
+        for (const auto& w : weights) packed.push_back(rpg::model::detail::PackedWeight::pack(w, backend));
+        for (int64_t S : parse_list(decode_seqs)) {
+          double flops = 0;
+          for (const auto& w : weights) flops += 2.0 * static_cast<double>(S * w.numel());
+          std::map<int64_t, at::Tensor> inputs;
+          for (const auto& w : weights) inputs.emplace(w.size(1), at::randn({S, w.size(1)}));
+          auto f = [&] {
+            for (size_t i = 0; i < packed.size(); ++i) packed[i].linear(inputs.at(weights[i].size(1)), {});
+          };
+          const double sec = b.median(f);
+          b.emit({{"phase", "gemm"}, {"backend", rpg::model::detail::packed_backend_name(backend)}, {"seqs", S},
+                  {"weights", weights.size()}, {"gflops", flops / sec / 1e9}, {"prompt_len", 0}},
+                 f, sec);
+        }
       }
     }
     if (want.count("prefill")) {
