@@ -12,6 +12,7 @@ import os
 class ModelWork:
     def __init__(self, model_dir, bytes_per_value):
         cfg = json.load(open(os.path.join(model_dir, "config.json")))
+        self.config = cfg
         self.C, self.L, self.V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
         self.H = cfg["num_attention_heads"]
         self.Hkv = cfg.get("num_key_value_heads", self.H)

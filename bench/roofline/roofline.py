@@ -175,7 +175,7 @@ if not args.skip_hf:
                 with torch.no_grad():
                     model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=copy.deepcopy(prefilled),
                                    do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=t,
-                                   min_new_tokens=t, pad_token_id=cfg.get("eos_token_id"))
+                                   min_new_tokens=t, pad_token_id=MW.config.get("eos_token_id"))
             full, first = median_seconds(lambda: gen(T)), median_seconds(lambda: gen(1))
             hf[key(m)] = full - first
         elif m["phase"] == "prefill":
