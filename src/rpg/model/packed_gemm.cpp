@@ -121,9 +121,10 @@ bool mkl_usable() {
 // broadcasts each row's x[r][k] and issues 12 FMAs: 7 loads per 12 FMAs, so the FMA units
 // and not the loads set the pace. A panel (24 x K x 4 bytes: 55 KB at K = 576) stays in L2
 // while every 4-row block of x passes over it; the threads split the panels. Why not MKL:
-// its packed product ran these shapes at 34-100 GFLOP/s on the 2-core EPYC where this runs
-// at 115-197 (1-64 rows; docs/benchmarks.md). Rows that did not fit 4 at a time use the
-// same kernel at 1-3 rows: the arithmetic of each output is the same FMA chain either way.
+// on SmolLM2's decode products its packed GEMM ran at 7 / 31 / 117 GFLOP/s for 1 / 8 / 64
+// rows on the 2-core EPYC, this kernel at 15.5 / 103 / 199 (`roofline_bench --phases gemm`,
+// docs/benchmarks.md). Rows that did not fit 4 at a time use the same kernel at 1-3 rows:
+// the arithmetic of each output is the same FMA chain either way.
 constexpr int64_t kPanel = 24;
 
 bool cpu_has_avx2_fma() {

@@ -16,8 +16,8 @@
 namespace rpg::model::detail {
 
 // Who multiplies packed weights. kPanels: rpg's own AVX2/FMA kernel over weights laid out
-// in panels of 24 output columns (on SmolLM2's decode shapes 1.3-3x MKL's packed GEMM:
-// docs/benchmarks.md); every output is one fused multiply-add chain over K in order, so a
+// in panels of 24 output columns (on SmolLM2's decode products 1.3-3.3x MKL's packed GEMM
+// at 1-256 rows: docs/benchmarks.md); every output is one fused multiply-add chain over K in order, so a
 // row's result does not depend on how many rows are multiplied with it or on the threads.
 // kMkl: MKL's cblas_sgemm_pack / cblas_sgemm_compute (exported by the torch wheel's
 // libtorch_cpu), for CPUs without AVX2 and FMA. kNone: neither; callers keep at::linear.
