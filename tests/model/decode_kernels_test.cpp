@@ -15,6 +15,7 @@
 #include <c10/core/GradMode.h>
 #include <malloc.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,6 +25,7 @@
 #include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
 #include "rpg/model/decode_attention.h"
+#include "rpg/model/decode_elementwise.h"
 #include "rpg/model/packed_gemm.h"
 #include "rpg/model/skinny_linear.h"
 
@@ -293,6 +295,40 @@ TEST(PackedGemm, DecodeWithPackedWeightsEqualsDecodeWithout) {
     EXPECT_TRUE(at::equal(after.first, plain.first) && at::equal(after.second, plain.second)) << family;
     EXPECT_EQ(test::random_model(family, at::kBFloat16).pack_weights_for_decode().size(), 0u) << family;
   }
+}
+
+// Decode's fused RMSNorm and RoPE against the ATen forms the training forward uses
+// (transformers' RMSNorm in fp32; x * cos + rotate_half(x) * sin, with rotate_half written
+// out), in fp64 from the same inputs: rows of a width that is and is not a multiple of the
+// 16-lane loops, one and several positions, Qwen3's per-head norm shape; and the fused forms
+// refuse what they do not take (autograd recording, bf16, a non-contiguous x).
+TEST(DecodeElementwise, RmsNormAndRopeEqualTheAtenForms) {
+  c10::NoGradGuard no_grad;  // as decode runs
+  at::manual_seed(4);
+  for (auto shape : {std::vector<int64_t>{3, 1, 576}, {2, 5, 37}, {4, 1, 9, 64}, {1, 1, 16}}) {
+    const at::Tensor x = at::randn(shape) * 3, w = at::randn({shape.back()});
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor ref = w.to(at::kDouble) * (xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-6));
+    const at::Tensor y = detail::rms_norm_rows(x, w, 1e-6);
+    ASSERT_EQ(y.sizes(), x.sizes());
+    EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), 1e-5 * ref.abs().max().item<double>())
+        << at::IntArrayRef(shape);
+  }
+  for (auto [B, T, H, D] : {std::array<int64_t, 4>{3, 1, 9, 64}, {2, 4, 2, 128}, {1, 1, 1, 6}}) {
+    const at::Tensor x = at::randn({B, T, H, D}), ang = at::randn({B, T, 1, D / 2}) * 10;
+    const at::Tensor cos = at::cat({ang, ang}, -1).cos(), sin = at::cat({-ang.sin(), ang.sin()}, -1);
+    const at::Tensor xd = x.to(at::kDouble);
+    const at::Tensor rotate_half = at::cat({-xd.narrow(-1, D / 2, D / 2), xd.narrow(-1, 0, D / 2)}, -1);
+    const at::Tensor ref = xd * cos.to(at::kDouble) + rotate_half * at::cat({ang, ang}, -1).sin().to(at::kDouble);
+    const at::Tensor y = detail::rope_rows(x, cos, sin);
+    EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << B << "x" << T << "x" << H << "x" << D;
+  }
+  const at::Tensor x = at::randn({2, 8});
+  EXPECT_TRUE(detail::decode_elementwise_applies(x));
+  EXPECT_FALSE(detail::decode_elementwise_applies(x.to(at::kBFloat16)));
+  EXPECT_FALSE(detail::decode_elementwise_applies(x.t()));
+  c10::AutoGradMode grad(true);
+  EXPECT_FALSE(detail::decode_elementwise_applies(x));
 }
 
 }  // namespace

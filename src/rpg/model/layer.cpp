@@ -14,6 +14,7 @@
 
 #include "rpg/core/log.h"
 #include "rpg/model/decode_attention.h"
+#include "rpg/model/decode_elementwise.h"
 #include "rpg/model/packed_gemm.h"
 #include "rpg/model/skinny_linear.h"
 
@@ -88,7 +89,10 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tens
 }
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
+// Decode's fp32 rows take the fused pass (decode_elementwise.h).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (t_decoding && decode_elementwise_applies(x) && weight.scalar_type() == at::kFloat && weight.is_contiguous())
+    return rms_norm_rows(x, weight, eps);
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
   return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
@@ -129,8 +133,15 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
     if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
   }
-  if (with_q) r.q = r.q * cos + swap_halves(r.q) * sin;
-  r.k = r.k * cos + swap_halves(r.k) * sin;
+  // Decode's fp32 rows: the fused pass (decode_elementwise.h), the same formula.
+  auto rope = [&](const at::Tensor& t) {
+    if (t_decoding && decode_elementwise_applies(t) && cos.scalar_type() == at::kFloat && cos.is_contiguous() &&
+        sin.is_contiguous())
+      return rope_rows(t, cos, sin);
+    return t * cos + swap_halves(t) * sin;
+  };
+  if (with_q) r.q = rope(r.q);
+  r.k = rope(r.k);
   return r;
 }
 

@@ -1,0 +1,83 @@
+#include "rpg/model/decode_elementwise.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
+
+#include <cmath>
+
+namespace rpg::model::detail {
+namespace {
+
+// Fixed 16-lane loops: GCC's -O2 vectorizer takes these and not a plain reduction.
+constexpr int64_t kLanes = 16;
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_f32(const float* __restrict x,
+                                                                               const float* __restrict w,
+                                                                               float* __restrict y, int64_t rows,
+                                                                               int64_t C, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= C; i += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += xr[i + j] * xr[i + j];
+    float sum = 0.0f;
+    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
+    for (; i < C; ++i) sum += xr[i] * xr[i];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(C) + eps);
+    for (int64_t k = 0; k < C; ++k) yr[k] = w[k] * (xr[k] * inv);
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void rope_f32(const float* __restrict x,
+                                                                           const float* __restrict cos,
+                                                                           const float* __restrict sin,
+                                                                           float* __restrict y, int64_t positions,
+                                                                           int64_t H, int64_t D) {
+  const int64_t half = D / 2;
+  for (int64_t p = 0; p < positions; ++p) {
+    const float* c = cos + p * D;
+    const float* s = sin + p * D;
+    for (int64_t h = 0; h < H; ++h) {
+      const float* xh = x + (p * H + h) * D;
+      float* yh = y + (p * H + h) * D;
+      for (int64_t i = 0; i < half; ++i) yh[i] = xh[i] * c[i] + xh[i + half] * s[i];
+      for (int64_t i = half; i < D; ++i) yh[i] = xh[i] * c[i] + xh[i - half] * s[i];
+    }
+  }
+}
+
+}  // namespace
+
+bool decode_elementwise_applies(const at::Tensor& x) {
+  return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && !c10::GradMode::is_enabled();
+}
+
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(decode_elementwise_applies(x) && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+                  weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0),
+              "rms_norm_rows: contiguous float32 CPU x [..., C] and weight [C]");
+  RECORD_FUNCTION("rpg::rms_norm_rows", std::vector<c10::IValue>());
+  at::Tensor y = at::empty_like(x);
+  const int64_t C = x.size(-1);
+  rms_norm_f32(x.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>(), x.numel() / C, C,
+               static_cast<float>(eps));
+  return y;
+}
+
+at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(decode_elementwise_applies(x) && x.dim() == 4 && x.size(-1) % 2 == 0 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  cos.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == 1 &&
+                  cos.size(3) == x.size(3) && sin.sizes() == cos.sizes(),
+              "rope_rows: contiguous float32 CPU x [B, T, H, D] and cos, sin [B, T, 1, D]");
+  RECORD_FUNCTION("rpg::rope_rows", std::vector<c10::IValue>());
+  at::Tensor y = at::empty_like(x);
+  rope_f32(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), y.data_ptr<float>(),
+           x.size(0) * x.size(1), x.size(2), x.size(3));
+  return y;
+}
+
+}  // namespace rpg::model::detail

@@ -1,0 +1,20 @@
+// Internal: a decode step's RMSNorm and RoPE as one pass each over fp32 CPU rows, instead of
+// the 7-9 ATen ops (each with its own dispatch, allocation and pass) of layer.cpp's forms.
+// Only decode uses them (DecodingScope): the training forward keeps transformers' op-by-op
+// arithmetic, bit for bit. Equal to those forms up to fp32 rounding (the sum of squares is
+// accumulated in another order).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace rpg::model::detail {
+
+// True when the fused forms take these inputs: fp32, CPU, contiguous, no autograd recording.
+bool decode_elementwise_applies(const at::Tensor& x);
+// weight * (x * rsqrt(mean(x^2, -1) + eps)) for x [..., C], weight [C].
+at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);
+// x * cos + swap_halves(x) * sin (rope_tables' sign-folded sine) for x [B, T, H, D] and
+// cos, sin [B, T, 1, D].
+at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace rpg::model::detail
