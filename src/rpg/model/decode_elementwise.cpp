@@ -9,7 +9,8 @@
 namespace rpg::model::detail {
 namespace {
 
-// Fixed 16-lane loops: GCC's -O2 vectorizer takes these and not a plain reduction.
+// Fixed 16-lane loops and a scalar tail: GCC's -O2 vectorizer (its very-cheap cost model)
+// takes these, not a loop of unknown trip count.
 constexpr int64_t kLanes = 16;
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_f32(const float* __restrict x,
@@ -27,8 +28,21 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_f32(c
     for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
     for (; i < C; ++i) sum += xr[i] * xr[i];
     const float inv = 1.0f / std::sqrt(sum / static_cast<float>(C) + eps);
-    for (int64_t k = 0; k < C; ++k) yr[k] = w[k] * (xr[k] * inv);
+    int64_t k = 0;
+    for (; k + kLanes <= C; k += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) yr[k + j] = w[k + j] * (xr[k + j] * inv);
+    for (; k < C; ++k) yr[k] = w[k] * (xr[k] * inv);
   }
+}
+
+// y[i] = x[i] * c[i] + partner[i] * s[i] for i < n.
+inline __attribute__((always_inline)) void rotate(const float* __restrict x, const float* __restrict partner,
+                                                  const float* __restrict c, const float* __restrict s,
+                                                  float* __restrict y, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) y[i + j] = x[i + j] * c[i + j] + partner[i + j] * s[i + j];
+  for (; i < n; ++i) y[i] = x[i] * c[i] + partner[i] * s[i];
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void rope_f32(const float* __restrict x,
@@ -43,8 +57,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rope_f32(const
     for (int64_t h = 0; h < H; ++h) {
       const float* xh = x + (p * H + h) * D;
       float* yh = y + (p * H + h) * D;
-      for (int64_t i = 0; i < half; ++i) yh[i] = xh[i] * c[i] + xh[i + half] * s[i];
-      for (int64_t i = half; i < D; ++i) yh[i] = xh[i] * c[i] + xh[i - half] * s[i];
+      rotate(xh, xh + half, c, s, yh, half);
+      rotate(xh + half, xh, c + half, s + half, yh + half, half);
     }
   }
 }
