@@ -222,7 +222,8 @@ int main(int argc, char** argv) {
         if (t.dim() == 2 && (name.find("_proj.weight") != std::string::npos || name == "lm_head.weight" ||
                              (name == "model.embed_tokens.weight" && model.config().tie_word_embeddings)))
           weights.push_back(t.detach());
-      for (auto backend : {rpg::model::detail::PackedBackend::kPanels, rpg::model::detail::PackedBackend::kMkl}) {
+      for (auto backend : {rpg::model::detail::PackedBackend::kPanels512, rpg::model::detail::PackedBackend::kPanels,
+                           rpg::model::detail::PackedBackend::kMkl}) {
         if (!rpg::model::detail::packed_backend_usable(backend)) continue;
         std::vector<rpg::model::detail::PackedWeight> packed;
         for (const auto& w : weights) packed.push_back(rpg::model::detail::PackedWeight::pack(w, backend));

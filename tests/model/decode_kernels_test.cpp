@@ -147,19 +147,22 @@ TEST(SkinnyLinear, LinearForDecodeTakesTheKernelOnlyWhereItIsFaster) {
 // and its self-check passed on this CPU.
 std::vector<detail::PackedBackend> usable_backends() {
   std::vector<detail::PackedBackend> out;
-  for (auto b : {detail::PackedBackend::kPanels, detail::PackedBackend::kMkl})
+  for (auto b : {detail::PackedBackend::kPanels512, detail::PackedBackend::kPanels, detail::PackedBackend::kMkl})
     if (detail::packed_backend_usable(b)) out.push_back(b);
   return out;
 }
 
 TEST(PackedGemm, ChoosesThePanelKernelWhereTheCpuHasAvx2AndFma) {
+  const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  EXPECT_EQ(detail::packed_backend_usable(detail::PackedBackend::kPanels512), avx512);
   EXPECT_EQ(detail::packed_backend_usable(detail::PackedBackend::kPanels), avx2_fma);
   EXPECT_EQ(detail::packed_backend_usable(detail::PackedBackend::kMkl), at::hasMKL());  // false: its check failed
-  EXPECT_EQ(detail::packed_backend(), avx2_fma      ? detail::PackedBackend::kPanels
+  EXPECT_EQ(detail::packed_backend(), avx512        ? detail::PackedBackend::kPanels512
+                                      : avx2_fma     ? detail::PackedBackend::kPanels
                                       : at::hasMKL() ? detail::PackedBackend::kMkl
                                                      : detail::PackedBackend::kNone);
-  EXPECT_EQ(detail::packed_gemm_available(), avx2_fma || at::hasMKL());
+  EXPECT_EQ(detail::packed_gemm_available(), avx512 || avx2_fma || at::hasMKL());
   EXPECT_FALSE(detail::PackedWeight::pack(at::randn({4, 4}), detail::PackedBackend::kNone).defined());
 }
 
@@ -190,11 +193,12 @@ TEST(PackedGemm, EqualsLinearForEveryRowCountWithAndWithoutBias) {
   }
 }
 
-// The panel kernel computes each output as one FMA chain over K in order, whatever the rows
-// around it and the threads: a row multiplied alone and inside batches of 2-13 rows (every
-// position in the 4-row tiles and the 1-3-row tails) comes out bit for bit the same; and on
-// inputs whose partial sums are all exact (multiples of 1/8 in [-1, 1]) it equals the exact
-// product, in the columns of a full panel and of the last, partial one (N = 53 = 2 x 24 + 5).
+// The panel kernels (AVX2, and AVX-512 where the CPU has it) compute each output as one FMA
+// chain over K in order, whatever the rows around it and the threads: a row multiplied alone
+// and inside batches of 2-13 rows (every position in the 4- and 8-row tiles and their tails)
+// comes out bit for bit the same; and on inputs whose partial sums are all exact (multiples of
+// 1/8 in [-1, 1]) it equals the exact product, in the columns of full panels and of the last,
+// partial one (N = 53 = 2 x 24 + 5 = 32 + 21).
 TEST(PackedGemm, PanelRowsDoNotDependOnTheRowsBesideThem) {
   if (!detail::packed_backend_usable(detail::PackedBackend::kPanels)) GTEST_FAIL() << "no AVX2/FMA on this CPU";
   auto grid = [](int64_t count, int64_t salt) {
@@ -202,17 +206,21 @@ TEST(PackedGemm, PanelRowsDoNotDependOnTheRowsBesideThem) {
   };
   const int64_t N = 53, K = 45;
   const at::Tensor w = grid(N * K, 3).view({N, K});
-  const detail::PackedWeight p = detail::PackedWeight::pack(w, detail::PackedBackend::kPanels);
-  ASSERT_TRUE(p.defined());
-  const at::Tensor xg = grid(13 * K, 5).view({13, K});
-  EXPECT_TRUE(at::equal(p.linear(xg, {}), at::mm(xg.to(at::kDouble), w.to(at::kDouble).t()).to(at::kFloat)));
-  at::manual_seed(8);
-  const at::Tensor x = at::randn({13, K});
-  std::vector<at::Tensor> alone;
-  for (int64_t r = 0; r < 13; ++r) alone.push_back(p.linear(x.narrow(0, r, 1), {}));
-  for (int64_t M = 2; M <= 13; ++M) {
-    const at::Tensor y = p.linear(x.narrow(0, 0, M), {});
-    for (int64_t r = 0; r < M; ++r) EXPECT_TRUE(at::equal(y.narrow(0, r, 1), alone[r])) << "row " << r << " of " << M;
+  for (auto backend : {detail::PackedBackend::kPanels, detail::PackedBackend::kPanels512}) {
+    if (!detail::packed_backend_usable(backend)) continue;  // AVX-512: where the CPU has it
+    SCOPED_TRACE(detail::packed_backend_name(backend));
+    const detail::PackedWeight p = detail::PackedWeight::pack(w, backend);
+    ASSERT_TRUE(p.defined());
+    const at::Tensor xg = grid(13 * K, 5).view({13, K});
+    EXPECT_TRUE(at::equal(p.linear(xg, {}), at::mm(xg.to(at::kDouble), w.to(at::kDouble).t()).to(at::kFloat)));
+    at::manual_seed(8);
+    const at::Tensor x = at::randn({13, K});
+    std::vector<at::Tensor> alone;
+    for (int64_t r = 0; r < 13; ++r) alone.push_back(p.linear(x.narrow(0, r, 1), {}));
+    for (int64_t M = 2; M <= 13; ++M) {
+      const at::Tensor y = p.linear(x.narrow(0, 0, M), {});
+      for (int64_t r = 0; r < M; ++r) EXPECT_TRUE(at::equal(y.narrow(0, r, 1), alone[r])) << "row " << r << " of " << M;
+    }
   }
 }
 

@@ -19,12 +19,14 @@ namespace rpg::model::detail {
 // in panels of 24 output columns (on SmolLM2's decode products 1.3-3.3x MKL's packed GEMM
 // at 1-256 rows: docs/benchmarks.md); every output is one fused multiply-add chain over K in order, so a
 // row's result does not depend on how many rows are multiplied with it or on the threads.
-// kMkl: MKL's cblas_sgemm_pack / cblas_sgemm_compute (exported by the torch wheel's
-// libtorch_cpu), for CPUs without AVX2 and FMA. kNone: neither; callers keep at::linear.
-enum class PackedBackend { kNone, kMkl, kPanels };
-// This CPU's backend: kPanels where it has AVX2 and FMA, else kMkl where MKL is there and a
-// packed product passed a check against an exact result for several row counts (the packing
-// is done once for all of them), else kNone.
+// kPanels512: the same kernel with AVX-512 (32-column panels, 8-row tiles). kMkl: MKL's
+// cblas_sgemm_pack / cblas_sgemm_compute (exported by the torch wheel's libtorch_cpu), for
+// CPUs without AVX2 and FMA. kNone: none; callers keep at::linear.
+enum class PackedBackend { kNone, kMkl, kPanels, kPanels512 };
+// This CPU's backend: kPanels512 where it has AVX-512F, else kPanels where it has AVX2 and
+// FMA, else kMkl where MKL is there and a packed product passed a check against an exact
+// result for several row counts (the packing is done once for all of them), else kNone.
+// RPG_PACKED_GEMM=panels512|panels|mkl|none overrides the choice.
 PackedBackend packed_backend();
 const char* packed_backend_name(PackedBackend backend);
 // A backend other than kNone.
