@@ -228,53 +228,42 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
   for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy, tile[r], static_cast<size_t>(cols) * sizeof(float));
 }
 
-template <int R>
-void panel512_rows(const float* x, int64_t k, const float* panel, float* y, int64_t n, int64_t cols) {
-  panel_tile512<R>(x, k, panel, k, y, n, cols);
-}
-
-// y [M, N] = x [M, K] W^T from W's 32-column panels (AVX-512).
-void panel512_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
-  const int64_t count = (n + kPanel512 - 1) / kPanel512;
-  at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
+// y [M, N] = x [M, K] W^T over W's panels of `width` columns, the threads splitting the
+// panels; tile(x rows, row count <= max_rows, panel, y rows, columns) multiplies one block.
+template <typename Tile>
+void compute_panels(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y, int64_t width,
+                    int64_t max_rows, const Tile& tile) {
+  at::parallel_for(0, (n + width - 1) / width, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = panels + p * k * kPanel512;
-      const int64_t cols = std::min(kPanel512, n - p * kPanel512);
-      float* yp = y + p * kPanel512;
-      int64_t r = 0;
-      for (; r + 8 <= m; r += 8) panel512_rows<8>(x + r * k, k, panel, yp + r * n, n, cols);
-      const float* xr = x + r * k;
-      float* yr = yp + r * n;
-      switch (m - r) {
-        case 7: panel512_rows<7>(xr, k, panel, yr, n, cols); break;
-        case 6: panel512_rows<6>(xr, k, panel, yr, n, cols); break;
-        case 5: panel512_rows<5>(xr, k, panel, yr, n, cols); break;
-        case 4: panel512_rows<4>(xr, k, panel, yr, n, cols); break;
-        case 3: panel512_rows<3>(xr, k, panel, yr, n, cols); break;
-        case 2: panel512_rows<2>(xr, k, panel, yr, n, cols); break;
-        case 1: panel512_rows<1>(xr, k, panel, yr, n, cols); break;
-        default: break;
-      }
+      const int64_t cols = std::min(width, n - p * width);
+      for (int64_t r = 0; r < m; r += max_rows)
+        tile(x + r * k, std::min(max_rows, m - r), panels + p * k * width, y + r * n + p * width, cols);
     }
   });
 }
 
-// y [M, N] = x [M, K] W^T from W's panels.
 void panel_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
-  const int64_t count = (n + kPanel - 1) / kPanel;
-  at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const float* panel = panels + p * k * kPanel;
-      const int64_t cols = std::min(kPanel, n - p * kPanel);
-      float* yp = y + p * kPanel;
-      int64_t r = 0;
-      for (; r + 4 <= m; r += 4) panel_tile<4>(x + r * k, k, panel, k, yp + r * n, n, cols);
-      switch (m - r) {
-        case 3: panel_tile<3>(x + r * k, k, panel, k, yp + r * n, n, cols); break;
-        case 2: panel_tile<2>(x + r * k, k, panel, k, yp + r * n, n, cols); break;
-        case 1: panel_tile<1>(x + r * k, k, panel, k, yp + r * n, n, cols); break;
-        default: break;
-      }
+  compute_panels(x, m, n, k, panels, y, kPanel, 4, [k, n](const float* xr, int64_t rows, const float* panel, float* yr, int64_t cols) {
+    switch (rows) {
+      case 4: panel_tile<4>(xr, k, panel, k, yr, n, cols); break;
+      case 3: panel_tile<3>(xr, k, panel, k, yr, n, cols); break;
+      case 2: panel_tile<2>(xr, k, panel, k, yr, n, cols); break;
+      default: panel_tile<1>(xr, k, panel, k, yr, n, cols); break;
+    }
+  });
+}
+
+void panel512_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
+  compute_panels(x, m, n, k, panels, y, kPanel512, 8, [k, n](const float* xr, int64_t rows, const float* panel, float* yr, int64_t cols) {
+    switch (rows) {
+      case 8: panel_tile512<8>(xr, k, panel, k, yr, n, cols); break;
+      case 7: panel_tile512<7>(xr, k, panel, k, yr, n, cols); break;
+      case 6: panel_tile512<6>(xr, k, panel, k, yr, n, cols); break;
+      case 5: panel_tile512<5>(xr, k, panel, k, yr, n, cols); break;
+      case 4: panel_tile512<4>(xr, k, panel, k, yr, n, cols); break;
+      case 3: panel_tile512<3>(xr, k, panel, k, yr, n, cols); break;
+      case 2: panel_tile512<2>(xr, k, panel, k, yr, n, cols); break;
+      default: panel_tile512<1>(xr, k, panel, k, yr, n, cols); break;
     }
   });
 }
