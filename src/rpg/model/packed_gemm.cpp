@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "rpg/core/log.h"
@@ -228,43 +229,41 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
   for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy, tile[r], static_cast<size_t>(cols) * sizeof(float));
 }
 
+// f(std::integral_constant<int, rows>) for 1 <= rows <= R: a tile's row count as a template
+// argument.
+template <int R, typename F>
+void with_rows(int64_t rows, const F& f) {
+  if constexpr (R > 1)
+    if (rows < R) return with_rows<R - 1>(rows, f);
+  f(std::integral_constant<int, R>{});
+}
+
 // y [M, N] = x [M, K] W^T over W's panels of `width` columns, the threads splitting the
-// panels; tile(x rows, row count <= max_rows, panel, y rows, columns) multiplies one block.
-template <typename Tile>
+// panels; tile(rows, x rows, panel, y rows, columns) multiplies a block of at most MaxRows
+// rows (rows: an integral_constant) by one panel.
+template <int MaxRows, typename Tile>
 void compute_panels(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y, int64_t width,
-                    int64_t max_rows, const Tile& tile) {
+                    const Tile& tile) {
   at::parallel_for(0, (n + width - 1) / width, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t cols = std::min(width, n - p * width);
-      for (int64_t r = 0; r < m; r += max_rows)
-        tile(x + r * k, std::min(max_rows, m - r), panels + p * k * width, y + r * n + p * width, cols);
+      for (int64_t r = 0; r < m; r += MaxRows)
+        with_rows<MaxRows>(std::min<int64_t>(MaxRows, m - r), [&](auto rows) {
+          tile(rows, x + r * k, panels + p * k * width, y + r * n + p * width, cols);
+        });
     }
   });
 }
 
 void panel_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
-  compute_panels(x, m, n, k, panels, y, kPanel, 4, [k, n](const float* xr, int64_t rows, const float* panel, float* yr, int64_t cols) {
-    switch (rows) {
-      case 4: panel_tile<4>(xr, k, panel, k, yr, n, cols); break;
-      case 3: panel_tile<3>(xr, k, panel, k, yr, n, cols); break;
-      case 2: panel_tile<2>(xr, k, panel, k, yr, n, cols); break;
-      default: panel_tile<1>(xr, k, panel, k, yr, n, cols); break;
-    }
+  compute_panels<4>(x, m, n, k, panels, y, kPanel, [k, n](auto rows, const float* xr, const float* panel, float* yr, int64_t cols) {
+    panel_tile<decltype(rows)::value>(xr, k, panel, k, yr, n, cols);
   });
 }
 
 void panel512_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
-  compute_panels(x, m, n, k, panels, y, kPanel512, 8, [k, n](const float* xr, int64_t rows, const float* panel, float* yr, int64_t cols) {
-    switch (rows) {
-      case 8: panel_tile512<8>(xr, k, panel, k, yr, n, cols); break;
-      case 7: panel_tile512<7>(xr, k, panel, k, yr, n, cols); break;
-      case 6: panel_tile512<6>(xr, k, panel, k, yr, n, cols); break;
-      case 5: panel_tile512<5>(xr, k, panel, k, yr, n, cols); break;
-      case 4: panel_tile512<4>(xr, k, panel, k, yr, n, cols); break;
-      case 3: panel_tile512<3>(xr, k, panel, k, yr, n, cols); break;
-      case 2: panel_tile512<2>(xr, k, panel, k, yr, n, cols); break;
-      default: panel_tile512<1>(xr, k, panel, k, yr, n, cols); break;
-    }
+  compute_panels<8>(x, m, n, k, panels, y, kPanel512, [k, n](auto rows, const float* xr, const float* panel, float* yr, int64_t cols) {
+    panel_tile512<decltype(rows)::value>(xr, k, panel, k, yr, n, cols);
   });
 }
 
