@@ -141,6 +141,53 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
   EXPECT_NE(other[0].token_ids, first[0].token_ids);
 }
 
+// A KV-cache budget in bytes (the trainer's share of the free memory) bounds the slots: the
+// model's own K/V bytes per position (2 x layers x KV heads x head dim x 4 for fp32, from the
+// checkpoint's config.json, not from rpg) times the longest prompt + max_new_tokens per slot.
+// The responses are those of the unbounded engine; below one sequence it is a clear error.
+TEST_P(EngineTest, KvByteBudgetBoundsTheSlotsNotTheResponses) {
+  model::CausalLM m = load("qwen2_fp32");
+  const auto cfg = nlohmann::json::parse(read_file(dir_ / "qwen2_fp32" / "config.json"));
+  const int64_t heads = cfg["num_attention_heads"].get<int64_t>();
+  const int64_t head_dim = cfg.contains("head_dim") ? cfg["head_dim"].get<int64_t>()
+                                                    : cfg["hidden_size"].get<int64_t>() / heads;
+  const int64_t per_token = 2 * cfg["num_hidden_layers"].get<int64_t>() * cfg["num_key_value_heads"].get<int64_t>() *
+                            head_dim * 4;
+  EXPECT_EQ(m.kv_cache_bytes_per_token(), per_token);
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.n = 4;
+  p.max_new_tokens = 10;
+  p.seed = 9;
+  const auto ps = prompts("qwen2_fp32");
+  size_t longest = 0;
+  for (const auto& q : ps) longest = std::max(longest, q.size());
+  const int64_t per_sequence = (static_cast<int64_t>(longest) + p.max_new_tokens) * per_token;
+
+  RolloutEngine unbounded(m, {64, 0});
+  const auto want = unbounded.generate(ps, p);
+  EXPECT_FALSE(unbounded.last_stats().slots_cut_by_kv_budget);
+  EngineOptions o{64, 0};
+  o.max_kv_bytes = 3 * per_sequence - 1;  // room for two
+  RolloutEngine bounded(m, o);
+  const auto got = bounded.generate(ps, p);
+  EXPECT_EQ(bounded.last_stats().slots, 2);
+  EXPECT_TRUE(bounded.last_stats().slots_cut_by_kv_budget);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "seq " << i;
+
+  o.max_kv_bytes = per_sequence - 1;
+  RolloutEngine tiny(m, o);
+  try {
+    tiny.generate(ps, p);
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot hold one sequence of " + std::to_string(longest + 10) + " tokens"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Fixed-slot decoding (every slot each step, sampling on the device from a tensor of
 // uniforms) gives the eager engine's responses: the same tokens from the same streams, the
 // same finish reasons, log-probs equal within rounding (attention spans the whole cache

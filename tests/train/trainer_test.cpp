@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "rpg/core/config.h"
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 
@@ -1166,6 +1167,45 @@ TEST_F(TrainerTest, BadConfigurationIsAClearError) {
   EXPECT_THROW(Trainer(c, scorers()), ConfigError);
   c = config("bad3");
   EXPECT_THROW(Trainer(c, reward::ScorerRegistry()), ValueError);  // no scorer for data_source "letters"
+}
+
+// actor_rollout_ref.rollout.kv_cache_memory_fraction bounds the rollout's KV cache by the
+// memory available when the rollout starts: a share with room for 2.5 sequences of
+// max_prompt_length + max_response_length (a few more of the short prompts drawn, still fewer
+// than the step's 16 responses) trains exactly as the unbounded engine does,
+// since the responses do not depend on how many sequences decode together; a share below one
+// sequence is an error naming the key, not an allocation failure.
+TEST_F(TrainerTest, KvCacheMemoryFractionBoundsTheRolloutNotTheResult) {
+  const auto avail = device::available_memory(false, 0);
+  ASSERT_TRUE(avail.has_value()) << "/proc/meminfo has no MemAvailable";
+  TrainConfig a = config("kv_unbounded");
+  a.actor_rollout_ref.rollout.kv_cache_memory_fraction = 1.0;
+  const auto probe = model::CausalLM::from_pretrained(a.actor_rollout_ref.model.path);
+  const double per_sequence = static_cast<double>((a.data.max_prompt_length + a.data.max_response_length) *
+                                                  probe.kv_cache_bytes_per_token());
+  TrainConfig b = config("kv_two_at_a_time");
+  b.actor_rollout_ref.rollout.kv_cache_memory_fraction = 2.5 * per_sequence / static_cast<double>(*avail);
+  Trainer ta(a, scorers()), tb(b, scorers());
+  const auto ma = ta.train_step(), mb = tb.train_step();
+  EXPECT_EQ(ma.at("response_length/mean"), mb.at("response_length/mean"));
+  EXPECT_EQ(ma.at("critic/score/mean"), mb.at("critic/score/mean"));
+  auto pa = ta.model().parameters(), pb = tb.model().parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i], pb[i])) << "parameter " << i;
+
+  TrainConfig c = config("kv_none");
+  c.actor_rollout_ref.rollout.kv_cache_memory_fraction = 0.1 * per_sequence / static_cast<double>(*avail);
+  Trainer tc(c, scorers());
+  try {
+    tc.train_step();
+    FAIL() << "no error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("actor_rollout_ref.rollout.kv_cache_memory_fraction: "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("less than the KV cache of one sequence (268 tokens"), std::string::npos)
+        << e.what();
+  }
+  c.actor_rollout_ref.rollout.kv_cache_memory_fraction = 0;
+  EXPECT_THROW(c.validate(), ConfigError);
 }
 
 // One optimizer step rebuilt by hand: a fresh model with the recorded weights (in `dtype`, as

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/log.h"
 
 namespace fs = std::filesystem;
@@ -155,6 +156,18 @@ std::optional<CudaMemoryPeaks> cuda_memory_peaks(int index) {
   CudaMemoryPeaks p;
   if (!f || f(index, &p.allocated, &p.reserved) != 0) return std::nullopt;
   return p;
+}
+
+std::optional<int64_t> available_memory(bool cuda, int index) {
+  if (!cuda) {
+    const int64_t bytes = available_memory_bytes();
+    return bytes >= 0 ? std::optional<int64_t>(bytes) : std::nullopt;
+  }
+  using AvailableFn = int (*)(int, int64_t*);
+  auto f = reinterpret_cast<AvailableFn>(dlsym(RTLD_DEFAULT, "rpg_cuda_memory_available"));
+  int64_t bytes = 0;
+  if (!f || f(index, &bytes) != 0) return std::nullopt;
+  return bytes;
 }
 
 }  // namespace rpg::device

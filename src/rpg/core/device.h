@@ -50,6 +50,11 @@ struct CudaMemoryPeaks {
 };
 std::optional<CudaMemoryPeaks> cuda_memory_peaks(int index);
 
+// Bytes a new allocation can still get: MemAvailable of /proc/meminfo for the CPU (`cuda`
+// false); for CUDA device `index` the driver's free memory plus what torch's caching
+// allocator holds unused (the plugin). nullopt where neither can be read.
+std::optional<int64_t> available_memory(bool cuda, int index);
+
 // The environment variable RPG_CUDA_BACKEND=0 makes "auto" pick the CPU and "cuda" an
 // error without touching the driver (for runs that must stay CPU-only on a GPU machine).
 

@@ -230,6 +230,8 @@ class CausalLM {
   // the logits [N, T', V] of the new positions. Positions continue from each slot's length.
   // Runs without autograd. See DecodeOptions for ragged prefills and last-token logits.
   KVCache new_cache(int64_t num_slots, int64_t capacity) const;
+  // Bytes new_cache() holds per slot and token position: K and V of every layer, model dtype.
+  int64_t kv_cache_bytes_per_token() const;
   struct DecodeOptions {
     // Valid tokens per row when `tokens` is right-padded (ragged prefill); empty = all T'.
     // A slot advances by its own count; its padded tail is written but never attended to,

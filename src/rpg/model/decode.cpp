@@ -43,6 +43,12 @@ void KVCache::copy_slot(int64_t from, int64_t to) {
   lengths_[to] = n;
 }
 
+int64_t CausalLM::kv_cache_bytes_per_token() const {
+  const auto& c = impl_->config;
+  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+         static_cast<int64_t>(c10::elementSize(impl_->dtype));
+}
+
 KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   if (num_slots < 1 || capacity < 1)
     throw ValueError(str("KV cache: got ", num_slots, " slots of ", capacity, " tokens, expected both >= 1"));

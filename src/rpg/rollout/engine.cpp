@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/rng.h"
 #include "rpg/core/test_hook.h"
 #include "rpg/model/causal_lm.h"
@@ -55,6 +56,7 @@ struct FixedSlots {
 RolloutEngine::RolloutEngine(const model::CausalLM& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_num_seqs < 1) throw ValueError(str("max_num_seqs: must be >= 1, got ", options_.max_num_seqs));
   if (options_.max_kv_tokens < 0) throw ValueError(str("max_kv_tokens: must be >= 0, got ", options_.max_kv_tokens));
+  if (options_.max_kv_bytes < 0) throw ValueError(str("max_kv_bytes: must be >= 0, got ", options_.max_kv_bytes));
   if (options_.cuda_graph && !(model_.device().is_cuda() && model::cuda_graphs_available()))
     throw ValueError(str("cuda_graph: needs a model on CUDA and the CUDA plugin librpg_cuda.so (model on ",
                          model_.device().str(), model_.device().is_cuda() ? ", plugin not loaded" : "", ")"));
@@ -96,6 +98,16 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
                            " tokens (longest prompt + max_new_tokens)"));
     slots = std::min(slots, options_.max_kv_tokens / capacity);
   }
+  if (options_.max_kv_bytes > 0) {
+    const int64_t per_sequence = capacity * model_.kv_cache_bytes_per_token();
+    if (options_.max_kv_bytes < per_sequence)
+      throw ValueError(str("KV-cache budget of ", format_bytes(static_cast<double>(options_.max_kv_bytes)),
+                           " cannot hold one sequence of ", capacity, " tokens (longest prompt + max_new_tokens: ",
+                           format_bytes(static_cast<double>(per_sequence)), ")"));
+    slots = std::min(slots, options_.max_kv_bytes / per_sequence);
+  }
+  stats_.slots = slots;
+  stats_.slots_cut_by_kv_budget = slots < std::min(options_.max_num_seqs, total);
 
   c10::NoGradGuard no_grad;
   const auto t_start = Clock::now();

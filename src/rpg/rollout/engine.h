@@ -25,6 +25,10 @@ namespace rpg::rollout {
 struct EngineOptions {
   int64_t max_num_seqs = 64;   // sequence slots decoding together
   int64_t max_kv_tokens = 0;   // KV-cache budget in token positions over all slots (0: none)
+  // KV-cache budget in bytes over all slots (0: none); the trainer derives it from the memory
+  // available when a rollout starts. Fewer slots only mean more sequences waiting their turn:
+  // the responses do not depend on the slot count.
+  int64_t max_kv_bytes = 0;
   // Decode steps of fixed shape over every slot (model::CausalLM::decode_all_slots, sampling
   // on the device from a tensor of uniforms; idle slots computed and ignored), instead of a
   // step over the active rows only. The same tokens from the same streams; on a GPU the
@@ -44,6 +48,8 @@ struct EngineOptions {
 struct GenerateStats {
   int64_t prompt_tokens = 0;     // prefilled (a prompt shared by n samples counts once)
   int64_t generated_tokens = 0;
+  int64_t slots = 0;             // sequences that decoded together (at most max_num_seqs)
+  bool slots_cut_by_kv_budget = false;  // max_kv_tokens / max_kv_bytes allowed fewer than max_num_seqs
   double seconds = 0.0;
   double tokens_per_second() const { return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0; }
 };

@@ -146,6 +146,11 @@ struct RolloutConfig {
   int64_t top_k = -1;
   bool ignore_eos = false;
   int64_t max_num_seqs = 256;  // sequence slots of the continuous-batching engine
+  // The share of the memory available when a rollout starts (CPU: MemAvailable, divided among
+  // the node's ranks; CUDA: the device's free memory) that the engine's KV cache may take: a
+  // long-response batch decodes fewer sequences at a time instead of running out of memory.
+  // vLLM's gpu_memory_utilization counts the device's total memory and vLLM's weights too.
+  double kv_cache_memory_fraction = 0.8;
   // Weights and KV cache the engine samples with: a copy of the live fp32 weights in this
   // dtype, refreshed in place after every optimizer step (auto: the faster on the device).
   std::string dtype = "auto";
@@ -162,6 +167,8 @@ struct RolloutConfig {
     v("top_k", top_k, "keep the k most likely tokens (-1: all)");
     v("ignore_eos", ignore_eos, "keep generating past EOS");
     v("max_num_seqs", max_num_seqs, "concurrent sequences in the generation engine");
+    v("kv_cache_memory_fraction", kv_cache_memory_fraction,
+      "share of the memory available at a rollout's start that its KV cache may take (fewer concurrent sequences beyond)");
     v("dtype", dtype, "auto | float32 | bfloat16 | float16: rollout weights and KV cache (auto: the faster on the device)");
     v("enforce_eager", enforce_eager, "false: decode steps replayed from a CUDA graph on CUDA (eager on the CPU)");
     v.section("val_kwargs", val_kwargs, "sampling for validation");

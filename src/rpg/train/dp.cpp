@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <mutex>
+
 #include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/log.h"
@@ -13,15 +15,35 @@
 
 namespace rpg::train::dp {
 
+namespace {
+
+// Once per process: the KV-cache budget (rollout.kv_cache_memory_fraction) let fewer
+// sequences decode together than max_num_seqs.
+std::vector<rollout::Response> generate_noting_slots(rollout::RolloutEngine& engine,
+                                                     const std::vector<std::vector<int64_t>>& ids,
+                                                     const rollout::SamplingParams& sp) {
+  auto out = engine.generate(ids, sp);
+  const auto& stats = engine.last_stats();
+  static std::once_flag told;
+  if (stats.slots_cut_by_kv_budget)
+    std::call_once(told, [&] {
+      log_info("rollout: ", stats.slots, " sequences decode together (the KV cache may take ",
+               "actor_rollout_ref.rollout.kv_cache_memory_fraction of the available memory); the rest wait their turn");
+    });
+  return out;
+}
+
+}  // namespace
+
 std::vector<rollout::Response> generate(rollout::RolloutEngine& engine, const std::vector<std::vector<int64_t>>& ids,
                                         rollout::SamplingParams sp) {
   dist::ProcessGroup* pg = dist::world();
-  if (!pg) return engine.generate(ids, sp);
+  if (!pg) return generate_noting_slots(engine, ids, sp);
   const auto mine = dist::shard(static_cast<int64_t>(ids.size()), pg->size(), pg->rank());
   std::vector<std::vector<int64_t>> part(ids.begin() + mine.begin, ids.begin() + mine.end);
   sp.prompt_index_offset += static_cast<uint64_t>(mine.begin);
   std::vector<rollout::Response> local;
-  if (!part.empty()) local = engine.generate(part, sp);
+  if (!part.empty()) local = generate_noting_slots(engine, part, sp);
 
   // Tokens, log-probs and (prompt, sample, finish, seconds) of every rank, in rank order.
   std::vector<std::vector<int64_t>> tokens;

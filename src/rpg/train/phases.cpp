@@ -11,9 +11,11 @@
 #include "rpg/algo/advantage.h"
 #include "rpg/core/device.h"
 #include "rpg/core/error.h"
+#include "rpg/core/io.h"
 #include "rpg/core/log.h"
 #include "rpg/core/rng.h"
 #include "rpg/dist/data_parallel.h"
+#include "rpg/dist/layout.h"
 #include "rpg/dist/process_group.h"
 #include "rpg/dist/world.h"
 #include "rpg/model/cuda_graph.h"
@@ -99,7 +101,21 @@ model::CausalLM& Trainer::Impl::rollout_model() {
 rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& model) const {
   const auto& r = cfg.actor_rollout_ref.rollout;
   rollout::EngineOptions o{r.max_num_seqs, 0};
-  if (r.enforce_eager || !model.device().is_cuda()) return o;
+  // The KV cache's share of what is free now (the update's activations are gone). CPU ranks
+  // of one node share its memory.
+  const bool cuda = model.device().is_cuda();
+  if (const auto avail = device::available_memory(cuda, cuda ? model.device().index() : 0)) {
+    const double ranks = cuda ? 1.0 : static_cast<double>(dist::layout_from_env().local_world_size);
+    o.max_kv_bytes = static_cast<int64_t>(r.kv_cache_memory_fraction * static_cast<double>(*avail) / ranks);
+    const int64_t sequence = (cfg.data.max_prompt_length + cfg.data.max_response_length) * model.kv_cache_bytes_per_token();
+    if (o.max_kv_bytes < sequence)
+      throw ValueError(str("actor_rollout_ref.rollout.kv_cache_memory_fraction: ", r.kv_cache_memory_fraction, " of the ",
+                           format_bytes(static_cast<double>(*avail) / ranks), " available is ",
+                           format_bytes(static_cast<double>(o.max_kv_bytes)), ", less than the KV cache of one sequence (",
+                           cfg.data.max_prompt_length + cfg.data.max_response_length, " tokens: ",
+                           format_bytes(static_cast<double>(sequence)), ")"));
+  }
+  if (r.enforce_eager || !cuda) return o;
   const bool graphs = model::cuda_graphs_available();
   static std::once_flag told;  // one line per process, not per generation
   std::call_once(told, [graphs] {

@@ -3,6 +3,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <cstdint>
 #include <cstring>
@@ -40,6 +41,25 @@ extern "C" __attribute__((visibility("default"))) int rpg_cuda_memory_peaks(int 
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(pick(device));
     *allocated = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
     *reserved = stats.reserved_bytes[static_cast<size_t>(StatType::AGGREGATE)].peak;
+    return 0;
+  } catch (const std::exception&) {
+    return 1;
+  }
+}
+
+// Memory a new allocation can still get on the device: the driver's free bytes
+// (cudaMemGetInfo) plus what torch's caching allocator holds reserved but unallocated. 0 on
+// success.
+extern "C" __attribute__((visibility("default"))) int rpg_cuda_memory_available(int device, int64_t* available) {
+  try {
+    const c10::DeviceIndex index = pick(device);
+    c10::cuda::CUDAGuard guard(index);
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) return 1;
+    using c10::CachingAllocator::StatType;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    *available = static_cast<int64_t>(free_bytes) + stats.reserved_bytes[agg].current - stats.allocated_bytes[agg].current;
     return 0;
   } catch (const std::exception&) {
     return 1;
