@@ -12,6 +12,8 @@
 //   decode:  the engine's generate() for one prompt x n=S at fixed length (EOS ignored), with
 //            --new-tokens and with 1 new token; decode seconds = their difference, over
 //            (new_tokens - 1) steps of S sequences (the prefill cancels out).
+//            step_seconds: the mean of those steps timed alone in the last timed run
+//            (GenerateStats::decode_seconds; admission and prefill excluded).
 //   prefill: one decode() call over --prefill-seqs prompts of --prompt-len tokens (last-token logits).
 //   logprob: CausalLM::log_probs without autograd (old / reference log-probs) on --rows rows of
 //            prompt-len + response tokens, rows in groups of --group sharing a prompt.
@@ -210,9 +212,11 @@ int main(int argc, char** argv) {
           return [&engine, &prompt, sp] { engine.generate({prompt}, sp); };
         };
         const double full = b.median(run(new_tokens));
+        const auto steps = engine.last_stats();  // the last timed generate(new_tokens)
         const double first = b.median(run(1));
         b.emit({{"phase", "decode"}, {"seqs", S}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
-                {"generate_seconds", full}, {"prefill_seconds", first}},
+                {"generate_seconds", full}, {"prefill_seconds", first},
+                {"step_seconds", steps.decode_seconds / static_cast<double>(std::max<int64_t>(1, steps.decode_steps))}},
                run(new_tokens), full - first);
       }
     }

@@ -18,13 +18,12 @@ super-linear cost beyond its FLOPs (attention's L^2 term is in the FLOPs). "x wo
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
+from bench_run import run_bench  # noqa: E402
 from flops import ModelWork  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -47,16 +46,8 @@ def point(batch, length):
             "--decode-seqs", str(batch), "--new-tokens", str(length), "--prompt-len", str(args.prompt_len),
             "--rows", str(batch), "--response", str(length), "--repeats", "1", "--warmup", "0",
             "--checkpointing", str(args.checkpointing)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak RSS
-        child.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0), err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if child.returncode:
-        sys.exit(f"scaling: {' '.join(argv)} exited {child.returncode}: {stderr[-2000:]}")
-    rss_mib = usage.ru_maxrss / 1024
-    ms = {m["phase"]: m for m in (json.loads(line) for line in stdout.splitlines() if line.startswith("{"))}
+    lines, rss_mib = run_bench(argv)
+    ms = {m["phase"]: m for m in lines}
     # decode's seconds exclude the prefill (generate(L) - generate(1)); the rollout is generate(L).
     rollout_s = ms["decode"]["generate_seconds"]
     rollout_flops = MW.work(ms["decode"])[0] + MW.forward_flops(batch * args.prompt_len,

@@ -167,12 +167,19 @@ TEST_P(EngineTest, KvByteBudgetBoundsTheSlotsNotTheResponses) {
   RolloutEngine unbounded(m, {64, 0});
   const auto want = unbounded.generate(ps, p);
   EXPECT_FALSE(unbounded.last_stats().slots_cut_by_kv_budget);
+  // Every sequence is admitted at once: its first token comes from the prefill, the other 9
+  // from 9 decode steps, timed apart from the admission.
+  const GenerateStats all = unbounded.last_stats();
+  EXPECT_EQ(all.decode_steps, 9);
+  EXPECT_GT(all.decode_seconds, 0.0);
+  EXPECT_LE(all.decode_seconds, all.seconds);
   EngineOptions o{64, 0};
   o.max_kv_bytes = 3 * per_sequence - 1;  // room for two
   RolloutEngine bounded(m, o);
   const auto got = bounded.generate(ps, p);
   EXPECT_EQ(bounded.last_stats().slots, 2);
   EXPECT_TRUE(bounded.last_stats().slots_cut_by_kv_budget);
+  EXPECT_EQ(bounded.last_stats().decode_steps, static_cast<int64_t>(want.size()) / 2 * 9);  // pairs, 9 steps each
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "seq " << i;
 

@@ -218,7 +218,8 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << " tokens per micro-batch, gradient checkpointing " << (in.gradient_checkpointing ? "on" : "off")
     << (p.kept_logits > 0 ? ", the lm_head's log-probs kept for the backward: " + gib(p.kept_logits) : std::string()) << ")\n"
     << (in.shard_master ? "  KV cache (rollout, bf16)  " : "  KV cache (rollout, fp32)  ") << gib(p.kv_cache) << " (" << static_cast<int64_t>(p.rollout_sequences)
-    << " sequences x " << in.sequence << " tokens)\n"
+    << " sequences x " << in.sequence
+    << " tokens; fewer decode together where that exceeds rollout.kv_cache_memory_fraction of the free memory)\n"
     << "  peak = states + max(activations, KV cache)\n"
     << "total " << gib(p.total) << " (" << format_fixed(p.total, 0) << " bytes)\n";
   return o.str();

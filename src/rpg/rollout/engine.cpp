@@ -208,6 +208,8 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
       active.insert(active.end(), group.begin(), group.end());
     }
     if (active.empty()) continue;
+    const auto t_step = Clock::now();
+    ++stats_.decode_steps;
     if (fixed) {
       // One step of every slot: idle ones read token 0 at position 0 (their next prefill
       // overwrites it). Inputs staged on the host, copied in, then the one host read.
@@ -230,6 +232,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
       else fixed_step();
       at::Tensor ids = f.ids.cpu(), lp = f.lps.cpu();
       append_tokens(active, ids.data_ptr<int64_t>(), lp.data_ptr<float>(), true);
+      stats_.decode_seconds += seconds_since(t_step);
       test_hook::kill_point("generation");
       continue;
     }
@@ -242,6 +245,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
     at::Tensor tokens = at::tensor(last_tokens, at::kLong).unsqueeze(1).to(model_.device());
     at::Tensor logits = model_.decode(cache, slot_ids, tokens);  // [N, 1, V]
     take_tokens(active, logits.select(1, 0));
+    stats_.decode_seconds += seconds_since(t_step);
     test_hook::kill_point("generation");  // kill-and-resume tests die mid-generation here
   }
   stats_.seconds = seconds_since(t_start);

@@ -51,6 +51,10 @@ struct GenerateStats {
   int64_t slots = 0;             // sequences that decoded together (at most max_num_seqs)
   bool slots_cut_by_kv_budget = false;  // max_kv_tokens / max_kv_bytes allowed fewer than max_num_seqs
   double seconds = 0.0;
+  // The decode steps alone (admission and prefill excluded): a step's cost at the shapes it
+  // ran, for benchmarks that must not subtract two noisy runs.
+  double decode_seconds = 0.0;
+  int64_t decode_steps = 0;
   double tokens_per_second() const { return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0; }
 };
 
