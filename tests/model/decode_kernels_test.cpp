@@ -54,7 +54,15 @@ at::Tensor reference(const at::Tensor& q, const at::Tensor& kt, const at::Tensor
   return out;
 }
 
-void check(const Shape& sh, at::ScalarType dtype, double tol) {
+// Every fp32 kernel this CPU has (detail::AttentionKernel).
+std::vector<detail::AttentionKernel> kernels() {
+  std::vector<detail::AttentionKernel> out = {detail::AttentionKernel::kGeneric};
+  if (detail::attention_kernel_available(detail::AttentionKernel::kAvx512)) out.push_back(detail::AttentionKernel::kAvx512);
+  return out;
+}
+
+void check(const Shape& sh, at::ScalarType dtype, double tol,
+           detail::AttentionKernel kernel = detail::AttentionKernel::kAuto) {
   at::manual_seed(sh.heads * 131 + sh.head_dim);
   const auto opt = at::TensorOptions().dtype(dtype);
   at::Tensor kt = at::randn({sh.slots, sh.kv_heads, sh.head_dim, sh.capacity}, opt);
@@ -64,12 +72,13 @@ void check(const Shape& sh, at::ScalarType dtype, double tol) {
   at::Tensor pos = at::randint(0, sh.capacity, {sh.rows}, at::kLong);
   pos[0] = 0;                    // one key: the softmax is exactly 1
   pos[sh.rows - 1] = sh.capacity - 1;  // the whole capacity
-  at::Tensor out = decode_attention(q, kt, v, slots, pos);
+  at::Tensor out = detail::decode_attention(q, kt, v, slots, pos, kernel);
   ASSERT_EQ(out.scalar_type(), dtype);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{sh.rows, sh.heads * sh.head_dim}));
   const at::Tensor ref = reference(q, kt, v, slots, pos);
   EXPECT_LE((out.to(at::kDouble) - ref).abs().max().item<double>(), tol)
-      << "H " << sh.heads << " Hkv " << sh.kv_heads << " D " << sh.head_dim << " " << c10::toString(dtype);
+      << "H " << sh.heads << " Hkv " << sh.kv_heads << " D " << sh.head_dim << " cap " << sh.capacity << " "
+      << c10::toString(dtype) << " kernel " << static_cast<int>(kernel);
   // Row 0 attends to key 0 only: its output is that key's value row, exactly.
   const int64_t rep = sh.heads / sh.kv_heads, s0 = slots[0].item<int64_t>();
   for (int64_t h = 0; h < sh.heads; ++h)
@@ -77,9 +86,33 @@ void check(const Shape& sh, at::ScalarType dtype, double tol) {
 }
 
 TEST(DecodeAttention, EqualsAttentionWrittenOutFp32) {
-  for (const Shape& sh : {Shape{6, 4, 9, 3, 64, 40}, Shape{5, 5, 4, 4, 24, 17}, Shape{8, 3, 8, 2, 80, 33},
-                          Shape{3, 2, 2, 1, 7, 70}})
-    check(sh, at::kFloat, 2e-6);
+  // Query heads per KV head 1..8 (the AVX-512 form takes them 4 at a time), D below, at and
+  // past its 64-float chunks and not a multiple of 16, capacities past its 32-key blocks and
+  // 64-key tiles with tails; every kernel this CPU has.
+  for (auto kernel : kernels())
+    for (const Shape& sh : {Shape{6, 4, 9, 3, 64, 40}, Shape{5, 5, 4, 4, 24, 17}, Shape{8, 3, 8, 2, 80, 33},
+                            Shape{3, 2, 2, 1, 7, 70}, Shape{4, 4, 14, 2, 64, 300}, Shape{3, 3, 8, 1, 128, 97},
+                            Shape{2, 2, 10, 2, 40, 129}, Shape{3, 2, 6, 2, 16, 1}})
+      check(sh, at::kFloat, 2e-6, kernel);
+}
+
+TEST(DecodeAttention, KernelsAgreeAndRowsDoNotDependOnTheirNeighbours) {
+  // Each row's output is computed from its own slot alone: the same bits whether it is decoded
+  // alone or beside others; the kernels differ only in how they block the same sums.
+  const int64_t S = 4, H = 14, Hkv = 2, D = 64, cap = 200;
+  at::manual_seed(11);
+  at::Tensor kt = at::randn({S, Hkv, D, cap}), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
+  at::Tensor pos = at::tensor({199, 31, 64, 100}, at::kLong), slots = at::tensor({2, 0, 3, 1}, at::kLong);
+  for (auto kernel : kernels()) {
+    at::Tensor all = detail::decode_attention(q, kt, v, slots, pos, kernel);
+    for (int64_t r = 0; r < S; ++r) {
+      at::Tensor one = detail::decode_attention(q.narrow(0, r, 1), kt, v, slots.narrow(0, r, 1), pos.narrow(0, r, 1),
+                                                kernel);
+      EXPECT_TRUE(at::equal(one[0], all[r])) << "row " << r << " kernel " << static_cast<int>(kernel);
+    }
+    at::Tensor generic = detail::decode_attention(q, kt, v, slots, pos, detail::AttentionKernel::kGeneric);
+    EXPECT_LE((all - generic).abs().max().item<double>(), 1e-6);
+  }
 }
 
 TEST(DecodeAttention, EqualsAttentionWrittenOutBf16WithinItsRounding) {

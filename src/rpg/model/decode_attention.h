@@ -22,4 +22,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
 // Whether decode_attention() serves a decode step in this dtype on this device.
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device);
 
+namespace detail {
+// The fp32 kernels: kAuto picks the AVX-512 form (registers blocked over keys and query heads)
+// where the CPU has AVX-512F and a KV head serves 4 or more query heads, else the generic one
+// (compiled per CPU, target_clones); bf16 caches always take the generic one.
+// RPG_DECODE_ATTENTION=generic keeps kAuto generic. Tests run every kernel the CPU has.
+enum class AttentionKernel { kAuto, kGeneric, kAvx512 };
+bool attention_kernel_available(AttentionKernel kernel);
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
+                            const at::Tensor& slots, const at::Tensor& positions, AttentionKernel kernel);
+}  // namespace detail
+
 }  // namespace rpg::model

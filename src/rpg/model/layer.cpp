@@ -155,7 +155,7 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
     keys.transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
     cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
     if (cache->kernel_slots.defined())
-      return project(decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v, cache->kernel_slots,
+      return project(rpg::model::decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v, cache->kernel_slots,
                                       cache->kernel_positions)
                          .view({q.size(0), 1, H * D}),
                      w.o_w, {}, w.o_lora, w.lora_scale);
