@@ -4,7 +4,7 @@ step and per sequence, at every shape they meet.
 
   .venv/bin/python bench/roofline/scaling_long.py MODEL_DIR [--lengths 256,512,1024,2048,4096]
       [--batches 8,32,128,512] [--base-batch 8] [--base-length 256] [--prompt-len 64] [--n 8]
-      [--max-num-seqs 256] [--kv-fraction 0.8] [--micro-tokens 4096] [--probe-steps 16] [--json FILE]
+      [--max-num-seqs 256] [--kv-fraction 0.8] [--micro-tokens 4096] [--probe-tokens 4096] [--json FILE]
 
 A whole step at 512 x 4096 is about a day of these cores, so each phase is measured where its
 cost is decided, and the step is summed from those measurements:
@@ -48,7 +48,8 @@ ap.add_argument("--n", type=int, default=8, help="responses per prompt (one pref
 ap.add_argument("--max-num-seqs", type=int, default=256, help="actor_rollout_ref.rollout.max_num_seqs")
 ap.add_argument("--kv-fraction", type=float, default=0.8, help="actor_rollout_ref.rollout.kv_cache_memory_fraction")
 ap.add_argument("--micro-tokens", type=int, default=4096, help="tokens of the measured log-prob / update micro-batch")
-ap.add_argument("--probe-steps", type=int, default=16, help="decode steps timed per probe")
+ap.add_argument("--probe-tokens", type=int, default=4096,
+                help="tokens generated per decode probe: S sequences take max(16, min(64, this / S)) steps")
 ap.add_argument("--json", help="also write every measurement to this file")
 args = ap.parse_args()
 MW = ModelWork(args.model, 4)
@@ -78,7 +79,7 @@ probes = {}  # (S, position) -> {"step_s", "prefill_s", "rss_mib"}
 
 def probe(S, P):
     if (S, P) not in probes:
-        K = args.probe_steps
+        K = probe_steps(S)
         # Warm (one untimed generate of each length first): a cold call's page faults and
         # first-touch would be a large share of a few steps.
         lines, rss = run_bench(BASE + ["--warmup", "1", "--phases", "decode", "--decode-seqs", str(S),
@@ -102,9 +103,13 @@ def step_fit(S, positions):
     return mt - b * mp, b
 
 
-def probe_positions(length, extra=()):
-    K = args.probe_steps
-    return sorted({P0, P0 + length - K, *extra})
+def probe_steps(S):
+    return max(16, min(64, args.probe_tokens // S))
+
+
+def probe_positions(length, S, extra=()):
+    """Prompt lengths whose probes cover the start and the end of a response of `length`."""
+    return sorted({P0, max(P0, P0 + length - probe_steps(S)), *extra})
 
 
 passes = {}  # length -> {"rows", "logprob_s", "update_s", "rss_mib"}
@@ -131,7 +136,7 @@ def point(batch, length, fit_positions=None):
     positions = [P0 + k for k in range(1, length)]  # decode step k reads P0 + k keys
     decode_s = 0.0
     for w in waves:
-        a, b = step_fit(w, fit_positions or probe_positions(length))
+        a, b = step_fit(w, fit_positions or probe_positions(length, w))
         decode_s += sum(a + b * p for p in positions)
     rollout_flops = MW.work({"phase": "decode", "seqs": batch, "prompt_len": P0, "new_tokens": length})[0] + \
         math.ceil(batch / args.n) * MW.forward_flops(P0, MW.causal_keys(P0), 1)
@@ -175,7 +180,7 @@ print(f"model {os.path.basename(os.path.normpath(args.model))}: {MW.L} layers, h
 # The length sweep's decode steps: one line fitted through probes at the start, a quarter, half
 # and the end of the longest response (its fit error says whether a line is what they follow).
 top = max(lengths)
-all_positions = probe_positions(top, (P0 + top // 4, P0 + top // 2))
+all_positions = probe_positions(top, args.base_batch, (P0 + top // 4, P0 + top // 2))
 by_length = [point(args.base_batch, n, all_positions) for n in lengths]
 by_batch = [point(b, args.base_length) for b in batches]
 corner = point(max(batches), max(lengths))
