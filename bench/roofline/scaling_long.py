@@ -4,7 +4,8 @@ step and per sequence, at every shape they meet.
 
   .venv/bin/python bench/roofline/scaling_long.py MODEL_DIR [--lengths 256,512,1024,2048,4096]
       [--batches 8,32,128,512] [--base-batch 8] [--base-length 256] [--prompt-len 64] [--n 8]
-      [--max-num-seqs 256] [--kv-fraction 0.8] [--micro-tokens 4096] [--probe-tokens 4096] [--json FILE]
+      [--max-num-seqs 256] [--kv-fraction 0.8] [--micro-tokens 4096] [--probe-tokens 4096]
+      [--state-bytes-per-param 24] [--cache FILE] [--json FILE]
 
 A whole step at 512 x 4096 is about a day of these cores, so each phase is measured where its
 cost is decided, and the step is summed from those measurements:
@@ -50,6 +51,10 @@ ap.add_argument("--kv-fraction", type=float, default=0.8, help="actor_rollout_re
 ap.add_argument("--micro-tokens", type=int, default=4096, help="tokens of the measured log-prob / update micro-batch")
 ap.add_argument("--probe-tokens", type=int, default=4096,
                 help="tokens generated per decode probe: S sequences take max(16, min(64, this / S)) steps")
+ap.add_argument("--state-bytes-per-param", type=float, default=24,
+                help="memory rpg train holds when a rollout starts, per parameter: fp32 weights, gradients, the two "
+                     "AdamW moments, the fixed reference (20), and the decode's packed copy of the weights (4)")
+ap.add_argument("--cache", help="measurements kept in (and reused from) this JSON file: an interrupted run resumes")
 ap.add_argument("--json", help="also write every measurement to this file")
 args = ap.parse_args()
 MW = ModelWork(args.model, 4)
@@ -66,11 +71,31 @@ def mem_available():
 
 
 AVAIL = mem_available()
+PARAMS = MW.L * MW.layer_weights + MW.C * MW.V + (0 if MW.config.get("tie_word_embeddings") else MW.C * MW.V)
+# What MemAvailable would say when rpg train starts a rollout: the training state is resident.
+ROLLOUT_AVAIL = AVAIL - args.state_bytes_per_param * PARAMS
+if ROLLOUT_AVAIL <= 0:
+    sys.exit(f"scaling_long: the training state ({args.state_bytes_per_param * PARAMS / 2**30:.1f} GiB) does not fit "
+             f"the {AVAIL / 2**30:.1f} GiB available")
+cache = json.load(open(args.cache)) if args.cache and os.path.exists(args.cache) else {}
+
+
+def cached(key, measure):
+    """measure() once per key, kept in --cache (written after every new measurement)."""
+    if key not in cache:
+        cache[key] = measure()
+        if args.cache:
+            with open(args.cache + ".tmp", "w") as f:
+                json.dump(cache, f, indent=1)
+            os.replace(args.cache + ".tmp", args.cache)
+    return cache[key]
+
+
 BASE = [args.bench, "--model", args.model, "--threads", str(args.threads), "--repeats", "1"]
 
 
 def slots(batch, length):
-    budget = args.kv_fraction * AVAIL // ((P0 + length) * KV_PER_TOKEN)
+    budget = args.kv_fraction * ROLLOUT_AVAIL // ((P0 + length) * KV_PER_TOKEN)
     return int(max(1, min(batch, args.max_num_seqs, budget)))
 
 
@@ -78,18 +103,20 @@ probes = {}  # (S, position) -> {"step_s", "prefill_s", "rss_mib"}
 
 
 def probe(S, P):
-    if (S, P) not in probes:
-        K = probe_steps(S)
+    K = probe_steps(S)
+
+    def measure():
         # Warm (one untimed generate of each length first): a cold call's page faults and
         # first-touch would be a large share of a few steps.
         lines, rss = run_bench(BASE + ["--warmup", "1", "--phases", "decode", "--decode-seqs", str(S),
                                        "--prompt-len", str(P), "--new-tokens", str(K)])
         m = lines[0]
+        print(f"  decode S={S} P={P}: {1e3 * m['step_seconds']:.1f} ms/step", file=sys.stderr, flush=True)
         # Steps 1..K-1 attend over P+1..P+K-1 keys: their mean position is P + K/2. step_seconds
         # times those steps alone (GenerateStats::decode_seconds).
-        probes[(S, P)] = {"step_s": m["step_seconds"], "prefill_s": m["prefill_seconds"], "rss_mib": rss,
-                          "position": P + K / 2}
-        print(f"  decode S={S} P={P}: {1e3 * probes[(S, P)]['step_s']:.1f} ms/step", file=sys.stderr, flush=True)
+        return {"step_s": m["step_seconds"], "prefill_s": m["prefill_seconds"], "rss_mib": rss, "position": P + K / 2}
+
+    probes[(S, P)] = cached(f"decode S={S} P={P} K={K}", measure)
     return probes[(S, P)]
 
 
@@ -116,16 +143,18 @@ passes = {}  # length -> {"rows", "logprob_s", "update_s", "rss_mib"}
 
 
 def pass_cost(length):
-    if length not in passes:
-        rows = max(1, args.micro_tokens // (P0 + length))
+    rows = max(1, args.micro_tokens // (P0 + length))
+
+    def measure():
         # Cold, as a training step meets its shapes (scaling.py does the same).
         lines, rss = run_bench(BASE + ["--warmup", "0", "--phases", "logprob,update", "--rows", str(rows),
                                        "--response", str(length), "--prompt-len", str(P0), "--checkpointing", "1"])
         ms = {m["phase"]: m for m in lines}
-        passes[length] = {"rows": rows, "logprob_s": ms["logprob"]["seconds"], "update_s": ms["update"]["seconds"],
-                          "rss_mib": rss}
         print(f"  passes L={length} rows={rows}: logprob {ms['logprob']['seconds']:.1f} s, "
               f"update {ms['update']['seconds']:.1f} s", file=sys.stderr, flush=True)
+        return {"rows": rows, "logprob_s": ms["logprob"]["seconds"], "update_s": ms["update"]["seconds"], "rss_mib": rss}
+
+    passes[length] = cached(f"passes L={length} rows={rows}", measure)
     return passes[length]
 
 
@@ -168,15 +197,16 @@ def table(title, points):
         print(f"| {p['batch']} | {p['length']} | {p['batch'] * (P0 + p['length'])} | {p['slots']} x {p['waves']} "
               f"({p['kv_gb']:.1f}) | " + " | ".join(cells) + f" | {secs(p['step'][0])} | "
               f"{p['step'][1] / base['step'][1]:.2f} | {p['step'][0] / base['step'][0]:.2f} | "
-              f"{p['pass_rss_mib']:.0f} ({p['pass_rows']}) |")
+              f"{'-' if p['pass_rss_mib'] is None else format(p['pass_rss_mib'], '.0f')} ({p['pass_rows']}) |")
 
 
 lengths = [int(x) for x in args.lengths.split(",")]
 batches = [int(x) for x in args.batches.split(",")]
 print(f"model {os.path.basename(os.path.normpath(args.model))}: {MW.L} layers, hidden {MW.C}, heads {MW.H}/{MW.Hkv}, "
       f"intermediate {MW.I}, vocab {MW.V}; prompt {P0}, n {args.n}, {args.threads} threads, fp32, gradient "
-      f"checkpointing on; MemAvailable {AVAIL / 2**30:.1f} GiB, KV {KV_PER_TOKEN} B/token, "
-      f"slots = min(B, {args.max_num_seqs}, {args.kv_fraction} x MemAvailable / KV per sequence)")
+      f"checkpointing on; MemAvailable {AVAIL / 2**30:.1f} GiB, at a rollout's start {ROLLOUT_AVAIL / 2**30:.1f} GiB "
+      f"(less {args.state_bytes_per_param:g} B x {PARAMS / 1e6:.0f} M parameters), KV {KV_PER_TOKEN} B/token, "
+      f"slots = min(B, {args.max_num_seqs}, {args.kv_fraction} x that / KV per sequence)")
 # The length sweep's decode steps: one line fitted through probes at the start, a quarter, half
 # and the end of the longest response (its fit error says whether a line is what they follow).
 top = max(lengths)

@@ -275,11 +275,14 @@ PackedBackend packed_backend() {
     const char* env = std::getenv("RPG_PACKED_GEMM");
     const std::string want = env ? env : "";
     if (want == "none") return PackedBackend::kNone;
-    if (want == "mkl" && mkl_usable()) return PackedBackend::kMkl;
-    if (want != "mkl" && want != "panels" && cpu_has_avx512f()) return PackedBackend::kPanels512;
-    if (want != "mkl" && cpu_has_avx2_fma()) return PackedBackend::kPanels;
-    if (!want.empty() && want != "panels512" && want != "panels" && want != "mkl")
+    if (want == "mkl") {
+      if (mkl_usable()) return PackedBackend::kMkl;
+      log_warn("RPG_PACKED_GEMM=mkl: MKL's packed GEMM is not usable on this CPU; using the default choice");
+    } else if (!want.empty() && want != "panels512" && want != "panels") {
       log_warn("RPG_PACKED_GEMM=" + want + ": expected mkl, panels, panels512 or none; ignored");
+    }
+    if (want != "panels" && cpu_has_avx512f()) return PackedBackend::kPanels512;
+    if (cpu_has_avx2_fma()) return PackedBackend::kPanels;
     return mkl_usable() ? PackedBackend::kMkl : PackedBackend::kNone;
   }();
   return chosen;
