@@ -15,26 +15,15 @@ model as roofline.py); a phase whose GFLOP/s stays flat while its work grows has
 super-linear cost beyond its FLOPs (attention's L^2 term is in the FLOPs). "x work" and
 "x time" are relative to the first point of each sweep.
 """
-import argparse
 import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
-from bench_run import run_bench  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_run import run_bench, sweep_arguments  # noqa: E402
 from flops import ModelWork  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("model")
-ap.add_argument("--bench", default=os.path.join(REPO, "build", "bench", "roofline", "roofline_bench"))
-ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--lengths", default="128,256,512,1024")
-ap.add_argument("--batches", default="8,16,32,64")
-ap.add_argument("--base-batch", type=int, default=8, help="the batch of the length sweep")
-ap.add_argument("--base-length", type=int, default=128, help="the response length of the batch sweep")
-ap.add_argument("--prompt-len", type=int, default=64)
+ap = sweep_arguments(lengths="128,256,512,1024", batches="8,16,32,64", base_length=128)
 ap.add_argument("--checkpointing", type=int, default=1)
 ap.add_argument("--json", help="also write every measurement to this file")
 args = ap.parse_args()

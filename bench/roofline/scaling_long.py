@@ -24,27 +24,16 @@ cost is decided, and the step is summed from those measurements:
            construction; what grows with L is measured.
 step = rollout + 2 x logprob + update, as in scaling.py. GFLOP/s are model FLOPs (flops.py).
 """
-import argparse
 import json
 import math
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, HERE)
-from bench_run import run_bench  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_run import run_bench, sweep_arguments  # noqa: E402
 from flops import ModelWork  # noqa: E402
 
-ap = argparse.ArgumentParser()
-ap.add_argument("model")
-ap.add_argument("--bench", default=os.path.join(REPO, "build", "bench", "roofline", "roofline_bench"))
-ap.add_argument("--threads", type=int, default=2)
-ap.add_argument("--lengths", default="256,512,1024,2048,4096")
-ap.add_argument("--batches", default="8,32,128,512")
-ap.add_argument("--base-batch", type=int, default=8, help="the batch of the length sweep")
-ap.add_argument("--base-length", type=int, default=256, help="the response length of the batch sweep")
-ap.add_argument("--prompt-len", type=int, default=64)
+ap = sweep_arguments(lengths="256,512,1024,2048,4096", batches="8,32,128,512", base_length=256)
 ap.add_argument("--n", type=int, default=8, help="responses per prompt (one prefill each n)")
 ap.add_argument("--max-num-seqs", type=int, default=256, help="actor_rollout_ref.rollout.max_num_seqs")
 ap.add_argument("--kv-fraction", type=float, default=0.8, help="actor_rollout_ref.rollout.kv_cache_memory_fraction")
@@ -124,6 +113,8 @@ def step_fit(S, positions):
     """Least squares a + b p over the probes of S at these prompt lengths."""
     pts = [(probe(S, P)["position"], probe(S, P)["step_s"]) for P in positions]
     n = len(pts)
+    if n == 1:  # a response no longer than one probe: its steps' mean
+        return pts[0][1], 0.0
     mp = sum(p for p, _ in pts) / n
     mt = sum(t for _, t in pts) / n
     b = sum((p - mp) * (t - mt) for p, t in pts) / sum((p - mp) ** 2 for p, _ in pts)
