@@ -151,9 +151,15 @@ std::vector<Case> cases() {
                "of memory available", 60, 2048});
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--max-num-seqs", "0"}, {"--max-new-tokens", "0"}, {"--top-k", "0"}, {"--top-k", "-2"},
-           {"--max-kv-tokens", "-1"}, {"--top-p", "0"}, {"--temperature", "-1"}, {"--max-num-seqs", "9223372036854775807"}})
+           {"--max-kv-tokens", "-1"}, {"--top-p", "0"}, {"--temperature", "-1"}, {"--max-num-seqs", "9223372036854775807"},
+           {"--kv-cache-memory-fraction", "2"}, {"--kv-cache-memory-fraction", "-1"}})
     v.push_back({"generate_" + flag.substr(2) + "_" + (value[0] == '-' ? "minus" + value.substr(1) : value), {},
                  {"generate", "--model", "{model}", "--prompt", "hi", flag, value}, 2, "rpg generate: " + flag, 60, 2048});
+  // A KV-cache share of the memory too small for one sequence: refused before the first step.
+  v.push_back({"generate_kv_cache_memory_fraction_below_one_sequence", {},
+               {"generate", "--model", "{model}", "--prompt", "hi", "--max-new-tokens", "8", "--kv-cache-memory-fraction",
+                "0.000000001"}, 1,
+               "of the available memory: ", 60, 2048});
   v.push_back({"model_init_beyond_memory", {},
                {"model", "init", "--tokenizer", "{model}", "--output", "m", "--hidden", "65536", "--intermediate",
                 "1048576"}, 1, "of memory available", 60, 2048});

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/model/causal_lm.h"
@@ -182,6 +183,26 @@ TEST_P(EngineTest, KvByteBudgetBoundsTheSlotsNotTheResponses) {
   EXPECT_EQ(bounded.last_stats().decode_steps, static_cast<int64_t>(want.size()) / 2 * 9);  // pairs, 9 steps each
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "seq " << i;
+
+  // The same through a share of the memory available now (the trainer's and the CLI's form):
+  // the packed copy of the weights comes off first; room for about 2.5 sequences.
+  const auto avail = device::available_memory(false, 0);
+  ASSERT_TRUE(avail.has_value());
+  double packs = 0;
+  for (const auto& w : m.parameters()) packs += static_cast<double>(w.numel() * 4);
+  EngineOptions f{64, 0};
+  f.kv_cache_memory_fraction = 2.5 * static_cast<double>(per_sequence) / (static_cast<double>(*avail) - packs);
+  const auto budget = kv_budget_bytes(m, f);
+  ASSERT_TRUE(budget.has_value());
+  EXPECT_NEAR(static_cast<double>(*budget), 2.5 * static_cast<double>(per_sequence), 0.2 * static_cast<double>(per_sequence));
+  RolloutEngine shared(m, f);
+  const auto by_share = shared.generate(ps, p);
+  EXPECT_TRUE(shared.last_stats().slots_cut_by_kv_budget);
+  for (size_t i = 0; i < by_share.size(); ++i) EXPECT_EQ(by_share[i].token_ids, want[i].token_ids) << "seq " << i;
+  f.kv_cache_memory_fraction = 0;
+  EXPECT_FALSE(kv_budget_bytes(m, f).has_value());
+  f.kv_cache_memory_fraction = 1.5;
+  EXPECT_THROW(RolloutEngine(m, f), ValueError);
 
   o.max_kv_bytes = per_sequence - 1;
   RolloutEngine tiny(m, o);

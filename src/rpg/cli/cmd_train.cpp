@@ -83,6 +83,7 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   bool no_progress = false, strict_box = false;
   sampling.temperature = 1.0;
   sampling.max_new_tokens = 4096;
+  engine.kv_cache_memory_fraction = 0.8;  // as rpg train's rollout.kv_cache_memory_fraction
   ArgParser parser(full_name,
                    "Evaluates a model on datasets in the paper's schema: n responses per row, scored by the\n"
                    "data_source's rule (DAPO for math_dapo / aime* / amc*), reported as mean@n, pass@k and maj@n\n"
@@ -98,6 +99,8 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       .option("--max-new-tokens", &sampling.max_new_tokens, "tokens per response (default 4096)", "N")
       .option("--seed", &seed, "random seed (default 0)", "S")
       .option("--max-num-seqs", &engine.max_num_seqs, "sequences decoded together (default 64)", "N")
+      .option("--kv-cache-memory-fraction", &engine.kv_cache_memory_fraction,
+              "the KV cache's share of the memory available at the start, 0 = no bound (default 0.8)", "F")
       .option("--output", &output, "also write the metrics as JSON here", "FILE")
       .flag("--strict-box", &strict_box, "DAPO strict-box mode: judge only the last \\boxed{}")
       .option("--chat-template-kwargs", &template_kwargs,
@@ -127,6 +130,8 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
     if (reward_spec.python.name.empty()) throw UsageError(str(full_name, ": --reward-fn ", reward_fn, ": empty NAME"));
   }
   if (reward_spec.python.num_workers < 0) throw UsageError(str(full_name, ": --reward-workers must be >= 0"));
+  if (!(engine.kv_cache_memory_fraction >= 0 && engine.kv_cache_memory_fraction <= 1))
+    throw UsageError(str(full_name, ": --kv-cache-memory-fraction must be in [0, 1], got ", engine.kv_cache_memory_fraction));
   if (!(reward_spec.python.timeout_s > 0)) throw UsageError(str(full_name, ": --reward-timeout must be > 0"));
   if (!reward_url.empty() && !reward_fn.empty())
     throw UsageError(str(full_name, ": --reward-fn and --reward-url are both given: score with one of them"));

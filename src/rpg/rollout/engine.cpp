@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "rpg/core/device.h"
 #include "rpg/core/error.h"
 #include "rpg/core/io.h"
 #include "rpg/core/rng.h"
@@ -53,10 +54,25 @@ struct FixedSlots {
 
 }  // namespace
 
+std::optional<int64_t> kv_budget_bytes(const model::CausalLM& model, const EngineOptions& options) {
+  if (options.kv_cache_memory_fraction <= 0) return std::nullopt;
+  const bool cuda = model.device().is_cuda();
+  const auto avail = device::available_memory(cuda, cuda ? model.device().index() : 0);
+  if (!avail) return std::nullopt;
+  double packs = 0;  // generate() packs them before it allocates the cache
+  if (!cuda && options.pack_weights)
+    for (const auto& p : model.parameters()) packs += static_cast<double>(p.numel() * p.element_size());
+  const double free_bytes =
+      std::max(0.0, static_cast<double>(*avail) / std::max(1, cuda ? 1 : options.memory_ranks) - packs);
+  return static_cast<int64_t>(options.kv_cache_memory_fraction * free_bytes);
+}
+
 RolloutEngine::RolloutEngine(const model::CausalLM& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_num_seqs < 1) throw ValueError(str("max_num_seqs: must be >= 1, got ", options_.max_num_seqs));
   if (options_.max_kv_tokens < 0) throw ValueError(str("max_kv_tokens: must be >= 0, got ", options_.max_kv_tokens));
   if (options_.max_kv_bytes < 0) throw ValueError(str("max_kv_bytes: must be >= 0, got ", options_.max_kv_bytes));
+  if (!(options_.kv_cache_memory_fraction >= 0 && options_.kv_cache_memory_fraction <= 1))
+    throw ValueError(str("kv_cache_memory_fraction: must be in [0, 1], got ", options_.kv_cache_memory_fraction));
   if (options_.cuda_graph && !(model_.device().is_cuda() && model::cuda_graphs_available()))
     throw ValueError(str("cuda_graph: needs a model on CUDA and the CUDA plugin librpg_cuda.so (model on ",
                          model_.device().str(), model_.device().is_cuda() ? ", plugin not loaded" : "", ")"));
@@ -98,14 +114,17 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
                            " tokens (longest prompt + max_new_tokens)"));
     slots = std::min(slots, options_.max_kv_tokens / capacity);
   }
-  if (options_.max_kv_bytes > 0) {
-    const int64_t per_sequence = capacity * model_.kv_cache_bytes_per_token();
-    if (options_.max_kv_bytes < per_sequence)
-      throw ValueError(str("KV-cache budget of ", format_bytes(static_cast<double>(options_.max_kv_bytes)),
-                           " cannot hold one sequence of ", capacity, " tokens (longest prompt + max_new_tokens: ",
+  const int64_t per_sequence = capacity * model_.kv_cache_bytes_per_token();
+  auto bound = [&](int64_t budget, const std::string& what) {
+    if (budget < per_sequence)
+      throw ValueError(str(what, ": ", format_bytes(static_cast<double>(budget)), " cannot hold one sequence of ",
+                           capacity, " tokens (longest prompt + max_new_tokens: ",
                            format_bytes(static_cast<double>(per_sequence)), ")"));
-    slots = std::min(slots, options_.max_kv_bytes / per_sequence);
-  }
+    slots = std::min(slots, budget / per_sequence);
+  };
+  if (options_.max_kv_bytes > 0) bound(options_.max_kv_bytes, "KV-cache budget");
+  if (const auto budget = kv_budget_bytes(model_, options_))
+    bound(*budget, str("kv_cache_memory_fraction=", options_.kv_cache_memory_fraction, " of the available memory"));
   stats_.slots = slots;
   stats_.slots_cut_by_kv_budget = slots < std::min(options_.max_num_seqs, total);
 

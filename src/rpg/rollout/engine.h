@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ struct EngineOptions {
   // available when a rollout starts. Fewer slots only mean more sequences waiting their turn:
   // the responses do not depend on the slot count.
   int64_t max_kv_bytes = 0;
+  // > 0: the cache may also take at most this share of the memory available when generate()
+  // starts (kv_budget_bytes); `memory_ranks` processes share a CPU's memory. rpg train's
+  // actor_rollout_ref.rollout.kv_cache_memory_fraction, rpg generate / eval's
+  // --kv-cache-memory-fraction.
+  double kv_cache_memory_fraction = 0;
+  int memory_ranks = 1;
   // Decode steps of fixed shape over every slot (model::CausalLM::decode_all_slots, sampling
   // on the device from a tensor of uniforms; idle slots computed and ignored), instead of a
   // step over the active rows only. The same tokens from the same streams; on a GPU the
@@ -49,7 +56,7 @@ struct GenerateStats {
   int64_t prompt_tokens = 0;     // prefilled (a prompt shared by n samples counts once)
   int64_t generated_tokens = 0;
   int64_t slots = 0;             // sequences that decoded together (at most max_num_seqs)
-  bool slots_cut_by_kv_budget = false;  // max_kv_tokens / max_kv_bytes allowed fewer than max_num_seqs
+  bool slots_cut_by_kv_budget = false;  // a KV budget allowed fewer than max_num_seqs
   double seconds = 0.0;
   // The decode steps alone (admission and prefill excluded): a step's cost at the shapes it
   // ran, for benchmarks that must not subtract two noisy runs.
@@ -57,6 +64,13 @@ struct GenerateStats {
   int64_t decode_steps = 0;
   double tokens_per_second() const { return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0; }
 };
+
+// What options.kv_cache_memory_fraction allows the KV cache now, in bytes: that share of the
+// memory available on the model's device (CPU: MemAvailable / memory_ranks, less the copy of
+// the weights generate() packs when pack_weights; CUDA: the device's free memory plus what
+// torch's caching allocator holds unused). nullopt when the fraction is 0 or the memory cannot
+// be read.
+std::optional<int64_t> kv_budget_bytes(const model::CausalLM& model, const EngineOptions& options);
 
 class RolloutEngine {
  public:

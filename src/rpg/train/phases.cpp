@@ -101,22 +101,18 @@ model::CausalLM& Trainer::Impl::rollout_model() {
 rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& model) const {
   const auto& r = cfg.actor_rollout_ref.rollout;
   rollout::EngineOptions o{r.max_num_seqs, 0};
-  // The KV cache's share of what is free now (the update's activations are gone), less the
-  // copy of the weights the engine packs for the CPU GEMM before it allocates the cache. CPU
-  // ranks of one node share its memory.
+  // The KV cache's share of what is free when each rollout starts (the update's activations
+  // are gone). CPU ranks of one node share its memory. A share that cannot hold one sequence of
+  // the configured lengths is refused here, naming the key, whatever the prompts drawn.
   const bool cuda = model.device().is_cuda();
-  if (const auto avail = device::available_memory(cuda, cuda ? model.device().index() : 0)) {
-    const double ranks = cuda ? 1.0 : static_cast<double>(dist::layout_from_env().local_world_size);
-    double packs = 0;
-    if (!cuda && o.pack_weights)
-      for (const auto& p : model.parameters()) packs += static_cast<double>(p.numel() * p.element_size());
-    const double free_bytes = std::max(0.0, static_cast<double>(*avail) / ranks - packs);
-    o.max_kv_bytes = static_cast<int64_t>(r.kv_cache_memory_fraction * free_bytes);
+  o.kv_cache_memory_fraction = r.kv_cache_memory_fraction;
+  o.memory_ranks = cuda ? 1 : dist::layout_from_env().local_world_size;
+  if (const auto budget = rollout::kv_budget_bytes(model, o)) {
     const int64_t sequence = (cfg.data.max_prompt_length + cfg.data.max_response_length) * model.kv_cache_bytes_per_token();
-    if (o.max_kv_bytes < sequence)
-      throw ValueError(str("actor_rollout_ref.rollout.kv_cache_memory_fraction: ", r.kv_cache_memory_fraction, " of the ",
-                           format_bytes(free_bytes), " available", packs > 0 ? " (less the packed weights)" : "", " is ",
-                           format_bytes(static_cast<double>(o.max_kv_bytes)), ", less than the KV cache of one sequence (",
+    if (*budget < sequence)
+      throw ValueError(str("actor_rollout_ref.rollout.kv_cache_memory_fraction: ", r.kv_cache_memory_fraction,
+                           " of the memory available now is ", format_bytes(static_cast<double>(*budget)),
+                           ", less than the KV cache of one sequence (",
                            cfg.data.max_prompt_length + cfg.data.max_response_length, " tokens: ",
                            format_bytes(static_cast<double>(sequence)), ")"));
   }
