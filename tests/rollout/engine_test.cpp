@@ -142,11 +142,12 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
   EXPECT_NE(other[0].token_ids, first[0].token_ids);
 }
 
-// A KV-cache budget in bytes (the trainer's share of the free memory) bounds the slots: the
-// model's own K/V bytes per position (2 x layers x KV heads x head dim x 4 for fp32, from the
-// checkpoint's config.json, not from rpg) times the longest prompt + max_new_tokens per slot.
+// A share of the memory available when generate() starts (the trainer's and the CLI's KV
+// budget) bounds the slots: the model's own K/V bytes per position (2 x layers x KV heads x head
+// dim x 4 for fp32, from the checkpoint's config.json, not from rpg) times the longest prompt +
+// max_new_tokens per slot, out of the memory left after the packed copy of the weights (CPU).
 // The responses are those of the unbounded engine; below one sequence it is a clear error.
-TEST_P(EngineTest, KvByteBudgetBoundsTheSlotsNotTheResponses) {
+TEST_P(EngineTest, KvBudgetBoundsTheSlotsNotTheResponses) {
   model::CausalLM m = load("qwen2_fp32");
   const auto cfg = nlohmann::json::parse(read_file(dir_ / "qwen2_fp32" / "config.json"));
   const int64_t heads = cfg["num_attention_heads"].get<int64_t>();
@@ -163,7 +164,7 @@ TEST_P(EngineTest, KvByteBudgetBoundsTheSlotsNotTheResponses) {
   const auto ps = prompts("qwen2_fp32");
   size_t longest = 0;
   for (const auto& q : ps) longest = std::max(longest, q.size());
-  const int64_t per_sequence = (static_cast<int64_t>(longest) + p.max_new_tokens) * per_token;
+  const double per_sequence = static_cast<double>((static_cast<int64_t>(longest) + p.max_new_tokens) * per_token);
 
   RolloutEngine unbounded(m, {64, 0});
   const auto want = unbounded.generate(ps, p);
@@ -174,38 +175,39 @@ TEST_P(EngineTest, KvByteBudgetBoundsTheSlotsNotTheResponses) {
   EXPECT_EQ(all.decode_steps, 9);
   EXPECT_GT(all.decode_seconds, 0.0);
   EXPECT_LE(all.decode_seconds, all.seconds);
-  EngineOptions o{64, 0};
-  o.max_kv_bytes = 3 * per_sequence - 1;  // room for two
-  RolloutEngine bounded(m, o);
-  const auto got = bounded.generate(ps, p);
-  EXPECT_EQ(bounded.last_stats().slots, 2);
-  EXPECT_TRUE(bounded.last_stats().slots_cut_by_kv_budget);
-  EXPECT_EQ(bounded.last_stats().decode_steps, static_cast<int64_t>(want.size()) / 2 * 9);  // pairs, 9 steps each
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << "seq " << i;
 
-  // The same through a share of the memory available now (the trainer's and the CLI's form):
-  // the packed copy of the weights comes off first; room for about 2.5 sequences.
-  const auto avail = device::available_memory(false, 0);
+  const bool cuda = GetParam().is_cuda();
+  const auto avail = device::available_memory(cuda, cuda ? GetParam().index() : 0);
   ASSERT_TRUE(avail.has_value());
-  double packs = 0;
-  for (const auto& w : m.parameters()) packs += static_cast<double>(w.numel() * 4);
-  EngineOptions f{64, 0};
-  f.kv_cache_memory_fraction = 2.5 * static_cast<double>(per_sequence) / (static_cast<double>(*avail) - packs);
-  const auto budget = kv_budget_bytes(m, f);
-  ASSERT_TRUE(budget.has_value());
-  EXPECT_NEAR(static_cast<double>(*budget), 2.5 * static_cast<double>(per_sequence), 0.2 * static_cast<double>(per_sequence));
-  RolloutEngine shared(m, f);
-  const auto by_share = shared.generate(ps, p);
-  EXPECT_TRUE(shared.last_stats().slots_cut_by_kv_budget);
-  for (size_t i = 0; i < by_share.size(); ++i) EXPECT_EQ(by_share[i].token_ids, want[i].token_ids) << "seq " << i;
-  f.kv_cache_memory_fraction = 0;
-  EXPECT_FALSE(kv_budget_bytes(m, f).has_value());
-  f.kv_cache_memory_fraction = 1.5;
-  EXPECT_THROW(RolloutEngine(m, f), ValueError);
+  double packs = 0;  // the engine packs the weights for the CPU GEMM before it allocates the cache
+  if (!cuda)
+    for (const auto& w : m.parameters()) packs += static_cast<double>(w.numel() * 4);
+  // A fraction with room for `sequences` sequences.
+  auto share = [&](double sequences) {
+    EngineOptions o{64, 0};
+    o.kv_cache_memory_fraction = sequences * per_sequence / (static_cast<double>(*avail) - packs);
+    return o;
+  };
+  for (const auto& [room, slots] : {std::pair{2.5, 2}, std::pair{1.1, 1}}) {
+    const EngineOptions o = share(room);
+    const auto budget = kv_budget_bytes(m, o);
+    ASSERT_TRUE(budget.has_value());
+    EXPECT_NEAR(static_cast<double>(*budget), room * per_sequence, 0.05 * per_sequence);
+    RolloutEngine bounded(m, o);
+    const auto got = bounded.generate(ps, p);
+    EXPECT_EQ(bounded.last_stats().slots, slots) << room;
+    EXPECT_TRUE(bounded.last_stats().slots_cut_by_kv_budget);
+    // In groups of `slots`, 9 steps each.
+    EXPECT_EQ(bounded.last_stats().decode_steps, static_cast<int64_t>(want.size()) / slots * 9) << room;
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].token_ids, want[i].token_ids) << room << " seq " << i;
+  }
+  EngineOptions o{64, 0};
+  EXPECT_FALSE(kv_budget_bytes(m, o).has_value());  // fraction 0: no bound
+  o.kv_cache_memory_fraction = 1.5;
+  EXPECT_THROW(RolloutEngine(m, o), ValueError);
 
-  o.max_kv_bytes = per_sequence - 1;
-  RolloutEngine tiny(m, o);
+  RolloutEngine tiny(m, share(0.9));
   try {
     tiny.generate(ps, p);
     FAIL() << "no error";

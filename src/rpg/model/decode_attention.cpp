@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rpg/core/log.h"
+#include "rpg/model/cpu_kernels.h"
 
 // at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
 // thread, silently (src/rpg/model/CMakeLists.txt).
@@ -203,17 +204,6 @@ __mmask16 lanes_mask(int64_t n) {  // the first min(n, 16) lanes (none for n <= 
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
 }
 
-// f(std::integral_constant<int, nh>) for a block of 1..4 heads.
-template <typename F>
-void with_heads(int64_t nh, F&& f) {
-  switch (nh) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 3: return f(std::integral_constant<int, 3>{});
-    default: return f(std::integral_constant<int, 4>{});
-  }
-}
-
 // One (row, KV head) item: scores s [rep, L] (-inf past n_keys) from the scaled queries qs
 // [rep, D] and keys kt (D rows of `stride` positions).
 // The next item's keys (next_kt, next_n of them) are prefetched a share per block, as the
@@ -229,7 +219,7 @@ void scores_item512(const float* qs, const float* kt, int64_t stride, int64_t n_
     const __mmask16 m0 = lanes_mask(n_keys - j0), m1 = lanes_mask(n_keys - j0 - 16);
     const bool ahead = j0 + 64 < n_keys;
     for (int64_t h0 = 0; h0 < rep; h0 += 4)
-      with_heads(rep - h0, [&](auto nh) {
+      detail::with_count<4>(rep - h0, [&](auto nh) {
         if (ahead) scores_block512<decltype(nh)::value, true>(qs + h0 * D, D, kt, stride, j0, m0, m1, s + h0 * L, L);
         else scores_block512<decltype(nh)::value, false>(qs + h0 * D, D, kt, stride, j0, m0, m1, s + h0 * L, L);
       });
@@ -252,16 +242,11 @@ void values_item512(const float* p, const float* v, int64_t n_keys, int64_t L, i
       const __mmask16 mk[4] = {lanes_mask(D - c0), lanes_mask(D - c0 - 16), lanes_mask(D - c0 - 32),
                                lanes_mask(D - c0 - 48)};
       for (int64_t h0 = 0; h0 < rep; h0 += 4)
-        with_heads(rep - h0, [&](auto nh) {
+        detail::with_count<4>(rep - h0, [&](auto nh) {
           values_block512<decltype(nh)::value>(p + h0 * L, L, v, D, c0, mk, t0, t1, acc + h0 * D);
         });
     }
   }
-}
-
-bool cpu_has_avx512() {
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
 }
 
 // kAuto's choice: the AVX-512 form where the CPU has it; RPG_DECODE_ATTENTION=generic keeps
@@ -272,7 +257,7 @@ bool auto_uses_avx512() {
     const std::string want = env ? env : "";
     if (!want.empty() && want != "generic" && want != "avx512")
       log_warn("RPG_DECODE_ATTENTION=" + want + ": expected generic or avx512; ignored");
-    return want != "generic" && cpu_has_avx512();
+    return want != "generic" && detail::cpu_has_avx512f();
   }();
   return use;
 }
@@ -313,12 +298,12 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
         if (avx512) {
           for (int64_t x = 0; x < rep * D; ++x) qs[static_cast<size_t>(x)] = qi[x] * scale;
           scores_item512(qs.data(), item_kv(kp, it), cap, item_n(it), L, rep, D, sp + it * rep * L, next, next_n);
-          continue;
+        } else {
+          scores_f32(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
         }
+      } else {
+        scores_bf16(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
       }
-      if constexpr (std::is_same_v<T, float>)
-        scores_f32(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
-      else scores_bf16(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
     }
   });
   const at::Tensor probs = at::softmax(scores, -1);  // ATen's vectorised exp; -inf keys get 0
@@ -353,7 +338,7 @@ bool decode_attention_supports(at::ScalarType dtype, c10::Device device) {
 namespace detail {
 
 bool attention_kernel_available(AttentionKernel kernel) {
-  return kernel != AttentionKernel::kAvx512 || cpu_has_avx512();
+  return kernel != AttentionKernel::kAvx512 || detail::cpu_has_avx512f();
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,

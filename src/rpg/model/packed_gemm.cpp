@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "rpg/core/log.h"
+#include "rpg/model/cpu_kernels.h"
 
 // at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
 // thread, silently (src/rpg/model/CMakeLists.txt).
@@ -133,15 +134,6 @@ bool mkl_usable() {
 // full-width FMA units it has twice the AVX2 form's peak.
 constexpr int64_t kPanel = 24, kPanel512 = 32;
 
-bool cpu_has_avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
-}
-bool cpu_has_avx512f() {
-  static const bool ok = __builtin_cpu_supports("avx512f");
-  return ok;
-}
-
 at::Tensor panel_pack(const float* w, int64_t n, int64_t k, int64_t width) {
   const int64_t panels = (n + width - 1) / width;
   at::Tensor buf = page_aligned_buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
@@ -229,15 +221,6 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
   for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy, tile[r], static_cast<size_t>(cols) * sizeof(float));
 }
 
-// f(std::integral_constant<int, rows>) for 1 <= rows <= R: a tile's row count as a template
-// argument.
-template <int R, typename F>
-void with_rows(int64_t rows, const F& f) {
-  if constexpr (R > 1)
-    if (rows < R) return with_rows<R - 1>(rows, f);
-  f(std::integral_constant<int, R>{});
-}
-
 // y [M, N] = x [M, K] W^T over W's panels of `width` columns, the threads splitting the
 // panels; tile(rows, x rows, panel, y rows, columns) multiplies a block of at most MaxRows
 // rows (rows: an integral_constant) by one panel.
@@ -248,7 +231,7 @@ void compute_panels(const float* x, int64_t m, int64_t n, int64_t k, const float
     for (int64_t p = p0; p < p1; ++p) {
       const int64_t cols = std::min(width, n - p * width);
       for (int64_t r = 0; r < m; r += MaxRows)
-        with_rows<MaxRows>(std::min<int64_t>(MaxRows, m - r), [&](auto rows) {
+        with_count<MaxRows>(std::min<int64_t>(MaxRows, m - r), [&](auto rows) {
           tile(rows, x + r * k, panels + p * k * width, y + r * n + p * width, cols);
         });
     }

@@ -70,7 +70,6 @@ std::optional<int64_t> kv_budget_bytes(const model::CausalLM& model, const Engin
 RolloutEngine::RolloutEngine(const model::CausalLM& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_num_seqs < 1) throw ValueError(str("max_num_seqs: must be >= 1, got ", options_.max_num_seqs));
   if (options_.max_kv_tokens < 0) throw ValueError(str("max_kv_tokens: must be >= 0, got ", options_.max_kv_tokens));
-  if (options_.max_kv_bytes < 0) throw ValueError(str("max_kv_bytes: must be >= 0, got ", options_.max_kv_bytes));
   if (!(options_.kv_cache_memory_fraction >= 0 && options_.kv_cache_memory_fraction <= 1))
     throw ValueError(str("kv_cache_memory_fraction: must be in [0, 1], got ", options_.kv_cache_memory_fraction));
   if (options_.cuda_graph && !(model_.device().is_cuda() && model::cuda_graphs_available()))
@@ -114,17 +113,15 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
                            " tokens (longest prompt + max_new_tokens)"));
     slots = std::min(slots, options_.max_kv_tokens / capacity);
   }
-  const int64_t per_sequence = capacity * model_.kv_cache_bytes_per_token();
-  auto bound = [&](int64_t budget, const std::string& what) {
-    if (budget < per_sequence)
-      throw ValueError(str(what, ": ", format_bytes(static_cast<double>(budget)), " cannot hold one sequence of ",
-                           capacity, " tokens (longest prompt + max_new_tokens: ",
-                           format_bytes(static_cast<double>(per_sequence)), ")"));
-    slots = std::min(slots, budget / per_sequence);
-  };
-  if (options_.max_kv_bytes > 0) bound(options_.max_kv_bytes, "KV-cache budget");
-  if (const auto budget = kv_budget_bytes(model_, options_))
-    bound(*budget, str("kv_cache_memory_fraction=", options_.kv_cache_memory_fraction, " of the available memory"));
+  if (const auto budget = kv_budget_bytes(model_, options_)) {
+    const int64_t per_sequence = capacity * model_.kv_cache_bytes_per_token();
+    if (*budget < per_sequence)
+      throw ValueError(str("kv_cache_memory_fraction=", options_.kv_cache_memory_fraction, " of the available memory: ",
+                           format_bytes(static_cast<double>(*budget)), " cannot hold one sequence of ", capacity,
+                           " tokens (longest prompt + max_new_tokens: ", format_bytes(static_cast<double>(per_sequence)),
+                           ")"));
+    slots = std::min(slots, *budget / per_sequence);
+  }
   stats_.slots = slots;
   stats_.slots_cut_by_kv_budget = slots < std::min(options_.max_num_seqs, total);
 

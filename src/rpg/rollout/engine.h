@@ -26,13 +26,11 @@ namespace rpg::rollout {
 struct EngineOptions {
   int64_t max_num_seqs = 64;   // sequence slots decoding together
   int64_t max_kv_tokens = 0;   // KV-cache budget in token positions over all slots (0: none)
-  // KV-cache budget in bytes over all slots (0: none). Like every budget here it only lowers
-  // the slot count: more sequences wait their turn, and the responses do not depend on it.
-  int64_t max_kv_bytes = 0;
   // > 0: the cache may also take at most this share of the memory available when generate()
   // starts (kv_budget_bytes); `memory_ranks` processes share a CPU's memory. rpg train's
   // actor_rollout_ref.rollout.kv_cache_memory_fraction, rpg generate / eval's
-  // --kv-cache-memory-fraction.
+  // --kv-cache-memory-fraction. Like max_kv_tokens it only lowers the slot count: more
+  // sequences wait their turn, and the responses do not depend on it.
   double kv_cache_memory_fraction = 0;
   int memory_ranks = 1;
   // Decode steps of fixed shape over every slot (model::CausalLM::decode_all_slots, sampling

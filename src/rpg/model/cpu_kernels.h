@@ -1,0 +1,29 @@
+// Internal: what rpg's hand-written CPU kernels (packed_gemm.cpp, decode_attention.cpp) share:
+// the CPU's instruction sets, checked once, and a runtime count turned into a template
+// argument for register-blocked tiles.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace rpg::model::detail {
+
+inline bool cpu_has_avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
+}
+inline bool cpu_has_avx512f() {
+  static const bool ok = __builtin_cpu_supports("avx512f");
+  return ok;
+}
+
+// f(std::integral_constant<int, count>) for 1 <= count <= Max (a larger count runs as Max):
+// a tile's row or head count as a template argument.
+template <int Max, typename F>
+void with_count(int64_t count, const F& f) {
+  if constexpr (Max > 1)
+    if (count < Max) return with_count<Max - 1>(count, f);
+  f(std::integral_constant<int, Max>{});
+}
+
+}  // namespace rpg::model::detail
