@@ -72,7 +72,7 @@ void check(const Shape& sh, at::ScalarType dtype, double tol,
   at::Tensor pos = at::randint(0, sh.capacity, {sh.rows}, at::kLong);
   pos[0] = 0;                    // one key: the softmax is exactly 1
   pos[sh.rows - 1] = sh.capacity - 1;  // the whole capacity
-  at::Tensor out = detail::decode_attention(q, kt, v, slots, pos, kernel);
+  at::Tensor out = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
   ASSERT_EQ(out.scalar_type(), dtype);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{sh.rows, sh.heads * sh.head_dim}));
   const at::Tensor ref = reference(q, kt, v, slots, pos);
@@ -104,14 +104,67 @@ TEST(DecodeAttention, KernelsAgreeAndRowsDoNotDependOnTheirNeighbours) {
   at::Tensor kt = at::randn({S, Hkv, D, cap}), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
   at::Tensor pos = at::tensor({199, 31, 64, 100}, at::kLong), slots = at::tensor({2, 0, 3, 1}, at::kLong);
   for (auto kernel : kernels()) {
-    at::Tensor all = detail::decode_attention(q, kt, v, slots, pos, kernel);
+    at::Tensor all = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
     for (int64_t r = 0; r < S; ++r) {
       at::Tensor one = detail::decode_attention(q.narrow(0, r, 1), kt, v, slots.narrow(0, r, 1), pos.narrow(0, r, 1),
-                                                kernel);
+                                                {}, kernel);
       EXPECT_TRUE(at::equal(one[0], all[r])) << "row " << r << " kernel " << static_cast<int>(kernel);
     }
-    at::Tensor generic = detail::decode_attention(q, kt, v, slots, pos, detail::AttentionKernel::kGeneric);
-    EXPECT_LE((all - generic).abs().max().item<double>(), 1e-6);
+    // The same FMA chains, blocked differently: the same bits (kAuto's choice is speed only).
+    at::Tensor generic = detail::decode_attention(q, kt, v, slots, pos, {}, detail::AttentionKernel::kGeneric);
+    EXPECT_TRUE(at::equal(all, generic));
+  }
+}
+
+TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
+  // Slots 1, 3 and 4 hold the same first 37 positions (a prompt copied into the slots of its
+  // samples); rows reading them from slot 1 give the bits they give reading their own.
+  const int64_t S = 6, H = 9, Hkv = 3, D = 64, cap = 128, P = 37;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(5);
+    const auto opt = at::TensorOptions().dtype(dtype);
+    at::Tensor kt = at::randn({S, Hkv, D, cap}, opt), v = at::randn({S, Hkv, cap, D}, opt), q = at::randn({5, H, D}, opt);
+    for (int64_t s : {3, 4}) {
+      kt[s].narrow(2, 0, P).copy_(kt[1].narrow(2, 0, P));
+      v[s].narrow(1, 0, P).copy_(v[1].narrow(1, 0, P));
+    }
+    const at::Tensor slots = at::tensor({4, 1, 0, 3, 2}, at::kLong), pos = at::tensor({50, 36, 20, 99, 127}, at::kLong);
+    const SharedPrefix prefix{at::tensor({1, 1, 0, 1, 2}, at::kLong), at::tensor(std::vector<int64_t>{P, P, 0, 30, 128}, at::kLong)};
+    for (auto kernel : dtype == at::kFloat ? kernels() : std::vector<detail::AttentionKernel>{detail::AttentionKernel::kAuto}) {
+      const at::Tensor own = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
+      EXPECT_TRUE(at::equal(detail::decode_attention(q, kt, v, slots, pos, prefix, kernel), own))
+          << c10::toString(dtype) << " kernel " << static_cast<int>(kernel);
+      // It is read from there: a prefix slot holding other keys changes the rows that use it.
+      const SharedPrefix elsewhere{at::tensor({5, 1, 0, 5, 2}, at::kLong), prefix.lengths};
+      const at::Tensor wrong = detail::decode_attention(q, kt, v, slots, pos, elsewhere, kernel);
+      EXPECT_FALSE(at::equal(wrong[0], own[0]));
+      EXPECT_FALSE(at::equal(wrong[3], own[3]));
+      EXPECT_TRUE(at::equal(wrong[1], own[1]));
+    }
+  }
+  at::Tensor kt = at::zeros({2, 1, 4, 8}), v = at::zeros({2, 1, 8, 4}), q = at::zeros({1, 1, 4});
+  const at::Tensor zero = at::zeros({1}, at::kLong), three = at::full({1}, 3, at::kLong);
+  EXPECT_THROW(decode_attention(q, kt, v, zero, three, {zero, at::full({1}, 5, at::kLong)}), c10::Error);  // past its keys
+  EXPECT_THROW(decode_attention(q, kt, v, zero, three, {at::full({1}, 2, at::kLong), three}), c10::Error);  // no such slot
+  EXPECT_THROW(decode_attention(q, kt, v, zero, three, {zero, {}}), c10::Error);  // slots without lengths
+}
+
+TEST(DecodeAttention, WritingATokenEqualsIndexPut) {
+  // write_decode_kv against the layer's general path: index_put_ through [S, capacity, Hkv, D] views.
+  const int64_t S = 5, Hkv = 3, D = 40, cap = 17;
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(7);
+    const auto opt = at::TensorOptions().dtype(dtype);
+    at::Tensor kt = at::randn({S, Hkv, D, cap}, opt), v = at::randn({S, Hkv, cap, D}, opt);
+    at::Tensor k_new = at::randn({3, 1, Hkv, D}, opt), v_new = at::randn({3, 1, Hkv, D}, opt);
+    const at::Tensor slots = at::tensor({3, 0, 4}, at::kLong), pos = at::tensor({16, 0, 9}, at::kLong);
+    at::Tensor kt_ref = kt.clone(), v_ref = v.clone();
+    kt_ref.transpose(2, 3).transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, k_new);
+    v_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, v_new);
+    write_decode_kv(kt, v, k_new, v_new, slots, pos);
+    EXPECT_TRUE(at::equal(kt, kt_ref)) << c10::toString(dtype);
+    EXPECT_TRUE(at::equal(v, v_ref)) << c10::toString(dtype);
+    EXPECT_THROW(write_decode_kv(kt, v, k_new, v_new, slots, at::tensor({16, 0, 17}, at::kLong)), c10::Error);
   }
 }
 

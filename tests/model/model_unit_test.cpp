@@ -295,6 +295,47 @@ TEST_P(PerFamily, KVCacheSlotsAreIndependentAndReusable) {
   EXPECT_THROW(m.decode(cache, {0, 0}, at::zeros({2, 1}, at::kLong)), ValueError);
 }
 
+TEST_P(PerFamily, CopiedPromptsDecodeTogetherAsTheFullForward) {
+  // decode() reads a prompt copied into several slots from one of them (KVCache's prefix
+  // bookkeeping): through a reset and refill of the slot it was read from, a copy of a slot
+  // that has grown past its prompt, and a slot shortened below its prompt.
+  CausalLM m = random_model(family(), at::kFloat, "", 17, device());
+  const double eps = tol(1e-5);
+  at::NoGradGuard no_grad;
+  at::manual_seed(4);
+  const int64_t V = m.config().vocab_size;
+  at::Tensor a = at::randint(1, V, {1, 6}, at::kLong), c = at::randint(1, V, {1, 5}, at::kLong);
+  std::vector<at::Tensor> seq(4);  // each slot's tokens so far
+  KVCache cache = m.new_cache(4, 16);
+  m.decode(cache, {2}, a);
+  for (int64_t s : {0, 1, 3}) cache.copy_slot(2, s);
+  for (auto& t : seq) t = a;
+  // One step of the given slots, each with its own next token, checked against the forward.
+  auto step = [&](const std::vector<int64_t>& slots) {
+    at::Tensor next = at::randint(1, V, {static_cast<int64_t>(slots.size()), 1}, at::kLong);
+    at::Tensor logits = m.decode(cache, slots, next);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      auto& t = seq[static_cast<size_t>(slots[i])];
+      t = at::cat({t, next.narrow(0, static_cast<int64_t>(i), 1)}, 1);
+      EXPECT_LE((logits[static_cast<int64_t>(i)][0] - m.forward(t)[0][t.size(1) - 1]).abs().max().item<double>(), eps)
+          << "slot " << slots[i] << " at " << t.size(1);
+    }
+  };
+  step({3, 0, 2, 1});
+  cache.reset(2);  // the slot the others read their prompt from takes another prompt
+  m.decode(cache, {2}, c);
+  seq[2] = c;
+  step({2, 0, 3, 1});
+  cache.copy_slot(1, 2);  // grown past the prompt it shares
+  seq[2] = seq[1];
+  step({2, 1, 0});
+  step({3, 2});
+  cache.set_length(0, 4);  // below its prompt: the others may read only its first 4 positions
+  seq[0] = seq[0].narrow(1, 0, 4);
+  step({0, 3, 1, 2});
+  step({1, 0, 3});
+}
+
 class OnDevice : public ::testing::TestWithParam<at::Device> {};
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::ValuesIn(rpg::test::rpg_test_devices()), rpg::test::DeviceParamName());
 

@@ -116,7 +116,8 @@ class KVCache {
   void reset(int64_t slot);            // empty one slot (its buffers are reused)
   void reset();                        // empty every slot
   // Makes slot `to` a copy of slot `from` (its cached tokens and length), so n samples of
-  // one prompt share a single prefill.
+  // one prompt share a single prefill. The copies remember that they hold the same prompt:
+  // decode() reads it once per step for all of them (decode_attention.h, SharedPrefix).
   void copy_slot(int64_t from, int64_t to);
   // Sets a slot's length (for decode_all_slots callers, which keep lengths themselves).
   void set_length(int64_t slot, int64_t length);
@@ -128,6 +129,11 @@ class KVCache {
   std::vector<at::Tensor> k_, v_;
   bool keys_transposed_ = false;
   std::vector<int64_t> lengths_;   // [S] on the host: shapes depend on it
+  // Slots with the same prefix_id_ hold the same keys and values at positions below their
+  // prefix_length_ (0: none): a prompt prefilled from an empty slot, and its copies. Writes
+  // only ever append, so that stays true until a slot is reset or shortened.
+  std::vector<int64_t> prefix_id_, prefix_length_;
+  int64_t next_prefix_id_ = 0;
   int64_t capacity_ = 0;
 };
 

@@ -22,14 +22,19 @@ int64_t KVCache::length(int64_t slot) const {
 void KVCache::reset(int64_t slot) {
   (void)length(slot);
   lengths_[slot] = 0;
+  prefix_length_[slot] = 0;
 }
-void KVCache::reset() { std::fill(lengths_.begin(), lengths_.end(), 0); }
+void KVCache::reset() {
+  std::fill(lengths_.begin(), lengths_.end(), 0);
+  std::fill(prefix_length_.begin(), prefix_length_.end(), 0);
+}
 
 void KVCache::set_length(int64_t slot, int64_t length) {
   (void)this->length(slot);
   if (length < 0 || length > capacity_)
     throw ValueError(str("KVCache::set_length: slot ", slot, " length ", length, " outside 0..", capacity_));
   lengths_[slot] = length;
+  prefix_length_[slot] = std::min(prefix_length_[slot], length);
 }
 
 void KVCache::copy_slot(int64_t from, int64_t to) {
@@ -41,6 +46,8 @@ void KVCache::copy_slot(int64_t from, int64_t to) {
     v_[l][to].narrow(1, 0, n).copy_(v_[l][from].narrow(1, 0, n));
   }
   lengths_[to] = n;
+  prefix_id_[to] = prefix_id_[from];
+  prefix_length_[to] = prefix_length_[from];
 }
 
 int64_t CausalLM::kv_cache_bytes_per_token() const {
@@ -56,6 +63,8 @@ KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   KVCache cache;
   cache.capacity_ = capacity;
   cache.lengths_.assign(num_slots, 0);
+  cache.prefix_id_.assign(num_slots, 0);
+  cache.prefix_length_.assign(num_slots, 0);
   auto opt = at::TensorOptions().dtype(impl_->dtype).device(impl_->device);
   // decode_attention() reads keys dimension-major; elsewhere SDPA reads them position-major.
   cache.keys_transposed_ = decode_attention_supports(impl_->dtype, impl_->device);
@@ -122,6 +131,30 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   if (T == 1 && cache.keys_transposed_) {
     step.kernel_slots = at::tensor(slots, at::kLong);
     step.kernel_positions = at::tensor(starts, at::kLong);
+    // Rows holding one prompt read it from the first of them (at the shorter of their two
+    // prefix lengths, should one have been shortened).
+    std::vector<int64_t> prefix_slots(N), prefix_lengths(N, 0);
+    std::vector<std::pair<int64_t, int64_t>> firsts;  // (prefix id, row)
+    bool any = false;
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t s = slots[i];
+      prefix_slots[i] = s;
+      if (cache.prefix_length_[s] == 0) continue;
+      auto f = std::find_if(firsts.begin(), firsts.end(), [&](const auto& x) { return x.first == cache.prefix_id_[s]; });
+      if (f == firsts.end()) {  // the first: its own prompt, in its own slot
+        firsts.emplace_back(cache.prefix_id_[s], i);
+        prefix_lengths[i] = cache.prefix_length_[s];
+        continue;
+      }
+      const int64_t first = slots[f->second];
+      prefix_slots[i] = first;
+      prefix_lengths[i] = std::min(cache.prefix_length_[s], cache.prefix_length_[first]);
+      any = true;
+    }
+    if (any) {
+      step.kernel_prefix_slots = at::tensor(prefix_slots, at::kLong);
+      step.kernel_prefix_lengths = at::tensor(prefix_lengths, at::kLong);
+    }
   } else {
     at::Tensor query_pos = pos;
     if (step.read == CacheStep::Read::kDense)
@@ -135,7 +168,14 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     step.v = &cache.v_[l];
     x = layer_forward(m.layers[l], m.config, x, a, &step);
   }
-  for (int64_t i = 0; i < N; ++i) cache.lengths_[slots[i]] += counts[i];
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t s = slots[i];
+    if (cache.lengths_[s] == 0) {  // a prompt: its copies will share it
+      cache.prefix_id_[s] = cache.next_prefix_id_++;
+      cache.prefix_length_[s] = counts[i];
+    }
+    cache.lengths_[s] += counts[i];
+  }
   if (options.last_only) {
     at::Tensor last = at::tensor(counts, at::kLong).to(m.device).sub_(1).view({N, 1, 1}).expand({N, 1, x.size(2)});
     x = x.gather(1, last).squeeze(1);  // [N, C]

@@ -5,10 +5,13 @@
 #include <ATen/record_function.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -43,8 +46,10 @@ inline __attribute__((always_inline)) void axpy(float a, const T* __restrict x, 
   for (int64_t t = nv; t < n; ++t) y[t] += a * to_float(x[t]);
 }
 
-// Scores of one (row, KV head): s[i * L + j] = scale * q_i . k_j for the rep query heads i
-// and keys j < n_keys; -inf for n_keys <= j < L. kt: D rows of `stride` positions.
+// Scores of one (row, KV head) over a run of its keys: s[i * L + j] = scale * q_i . k_j for the
+// rep query heads i and keys j < n_keys (kt: D rows of `stride` positions). Each score is its
+// own chain over d, so a row's keys may be taken in runs from different places (a shared
+// prefix, then its own slot) with the same result.
 // Cache lines of [p, p + bytes) requested ahead of use: the next item's keys or values,
 // while this item's are computed on (the K/V cache is read from memory once per step, in
 // short rows the hardware prefetcher does not follow far enough).
@@ -58,7 +63,8 @@ inline __attribute__((always_inline)) void scores_item(const float* __restrict q
                                                        int64_t stride, int64_t n_keys, int64_t L, int64_t rep,
                                                        int64_t D, float scale, float* __restrict s,
                                                        const T* next_kt, int64_t next_n) {
-  for (int64_t x = 0; x < rep * L; ++x) s[x] = 0;
+  for (int64_t i = 0; i < rep; ++i)
+    for (int64_t j = 0; j < n_keys; ++j) s[i * L + j] = 0;
   for (int64_t d = 0; d < D; ++d) {
     prefetch(next_kt ? next_kt + d * stride : nullptr, next_n * static_cast<int64_t>(sizeof(T)));
     const T* __restrict row = kt + d * stride;
@@ -66,18 +72,16 @@ inline __attribute__((always_inline)) void scores_item(const float* __restrict q
       axpy(q[i * D + d] * scale, row, s + i * L, n_keys);
     }
   }
-  for (int64_t i = 0; i < rep; ++i)
-    for (int64_t j = n_keys; j < L; ++j) s[i * L + j] = -std::numeric_limits<float>::infinity();
 }
 
-// out_i = sum_j p[i * L + j] v_j over j < n_keys for the rep heads, in fp32 (acc: rep x D).
+// acc_i += sum_j p[i * L + j] v_j over j < n_keys for the rep heads, in key order, in fp32
+// (acc: rep x D; a run of keys continues the sums of the runs before it).
 template <class T>
 inline __attribute__((always_inline)) void values_item(const float* __restrict p, const T* __restrict v,
                                                        int64_t n_keys, int64_t L, int64_t rep, int64_t D,
                                                        float* __restrict acc, const T* next_v, int64_t next_n) {
-  for (int64_t x = 0; x < rep * D; ++x) acc[x] = 0;
   // The next item's values, spread over this item's keys.
-  const int64_t ahead = next_v ? (next_n * D * static_cast<int64_t>(sizeof(T)) + n_keys - 1) / n_keys : 0;
+  const int64_t ahead = next_v && n_keys > 0 ? (next_n * D * static_cast<int64_t>(sizeof(T)) + n_keys - 1) / n_keys : 0;
   for (int64_t j = 0; j < n_keys; ++j) {
     if (next_v) prefetch(reinterpret_cast<const char*>(next_v) + j * ahead, ahead);
     const T* __restrict vj = v + j * D;
@@ -204,8 +208,8 @@ __mmask16 lanes_mask(int64_t n) {  // the first min(n, 16) lanes (none for n <= 
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
 }
 
-// One (row, KV head) item: scores s [rep, L] (-inf past n_keys) from the scaled queries qs
-// [rep, D] and keys kt (D rows of `stride` positions).
+// One (row, KV head) item's run of keys: scores s [rep, L] at j < n_keys from the scaled queries
+// qs [rep, D] and keys kt (D rows of `stride` positions).
 // The next item's keys (next_kt, next_n of them) are prefetched a share per block, as the
 // generic form does: with short items (a few hundred keys, many sequences) the start of each
 // item would otherwise wait on memory.
@@ -224,15 +228,12 @@ void scores_item512(const float* qs, const float* kt, int64_t stride, int64_t n_
         else scores_block512<decltype(nh)::value, false>(qs + h0 * D, D, kt, stride, j0, m0, m1, s + h0 * L, L);
       });
   }
-  for (int64_t i = 0; i < rep; ++i)
-    for (int64_t j = n_keys; j < L; ++j) s[i * L + j] = -std::numeric_limits<float>::infinity();
 }
 
-// out [rep, D] = p [rep, L] . v [n_keys, D], keys in tiles of 64 (a tile of values stays in L1
+// acc [rep, D] += p [rep, L] . v [n_keys, D], keys in tiles of 64 (a tile of values stays in L1
 // while every block of heads reads it).
 void values_item512(const float* p, const float* v, int64_t n_keys, int64_t L, int64_t rep, int64_t D,
                     float* acc, const float* next_v, int64_t next_n) {
-  for (int64_t x = 0; x < rep * D; ++x) acc[x] = 0;
   const int64_t tiles = (n_keys + 63) / 64;
   const int64_t share = (next_n * D * static_cast<int64_t>(sizeof(float)) + tiles - 1) / tiles;  // bytes per tile
   for (int64_t t0 = 0; t0 < n_keys; t0 += 64) {
@@ -262,21 +263,48 @@ bool auto_uses_avx512() {
   return use;
 }
 
+// One run of an item's keys, [j0, j1): where they are read and which scores they fill.
+template <class T>
+struct KeyRun {
+  const T* k = nullptr;  // the run's first key (dimension-major: D rows of the cache's capacity)
+  const T* v = nullptr;  // the run's first value row
+  int64_t j0 = 0, j1 = 0;
+};
+
 template <class T>
 at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache, const at::Tensor& slots,
-               const at::Tensor& positions, bool avx512) {
+               const at::Tensor& positions, const SharedPrefix& prefix, bool avx512) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), Hkv = v_cache.size(1), cap = v_cache.size(2);
   const int64_t rep = H / Hkv, items = R * Hkv;
   const at::Tensor qf = q.to(at::kFloat).contiguous();
   const at::Tensor slot_c = slots.to(at::kCPU, at::kLong).contiguous(), pos_c = positions.to(at::kCPU, at::kLong).contiguous();
   const int64_t* slot = slot_c.data_ptr<int64_t>();
   const int64_t* pos = pos_c.data_ptr<int64_t>();
+  const bool shared = prefix.slots.defined();
+  at::Tensor pslot_c, plen_c;
+  if (shared) {
+    pslot_c = prefix.slots.to(at::kCPU, at::kLong).contiguous();
+    plen_c = prefix.lengths.to(at::kCPU, at::kLong).contiguous();
+  }
+  const int64_t* pslot = shared ? pslot_c.data_ptr<int64_t>() : nullptr;
+  const int64_t* plen = shared ? plen_c.data_ptr<int64_t>() : nullptr;
   int64_t L = 1;
   for (int64_t r = 0; r < R; ++r) {
     TORCH_CHECK(pos[r] >= 0 && pos[r] < cap && slot[r] >= 0 && slot[r] < v_cache.size(0),
                 "decode_attention: row ", r, " slot ", slot[r], " position ", pos[r], " outside the cache");
+    TORCH_CHECK(!shared || (plen[r] >= 0 && plen[r] <= pos[r] + 1 && pslot[r] >= 0 && pslot[r] < v_cache.size(0)),
+                "decode_attention: row ", r, " prefix of ", shared ? plen[r] : 0, " keys in slot ",
+                shared ? pslot[r] : 0, " outside the cache or past the row's keys");
     L = std::max(L, pos[r] + 1);
   }
+  // Rows reading one prefix slot are taken one after another (a stable order by that slot), so
+  // the prefix comes from memory once and from the caches for the others.
+  std::vector<int64_t> order(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) order[static_cast<size_t>(r)] = r;
+  if (shared)
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return (plen[a] > 0 ? pslot[a] : -1) < (plen[b] > 0 ? pslot[b] : -1);
+    });
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   at::Tensor scores = at::empty({items, rep, L}, q.options().dtype(at::kFloat));
   const float* qp = qf.data_ptr<float>();
@@ -284,26 +312,46 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   const T* vp = v_cache.data_ptr<T>();
   float* sp = scores.data_ptr<float>();
   const int64_t head_stride = cap * D;  // one (slot, KV head)'s keys or values
-  // Item it's keys or values (cache) and key count; the next item's for the prefetch.
-  auto item_kv = [&](const T* cache, int64_t it) { return cache + (slot[it / Hkv] * Hkv + it % Hkv) * head_stride; };
-  auto item_n = [&](int64_t it) { return pos[it / Hkv] + 1; };
+  // The k-th item taken (a row and a KV head; stored at it = r * Hkv + g) and its runs of keys:
+  // the shared prefix, then the rest from its own slot.
+  auto item_of = [&](int64_t k) { return order[static_cast<size_t>(k / Hkv)] * Hkv + k % Hkv; };
+  auto runs = [&](int64_t it) {
+    const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1, p = shared ? plen[r] : 0;
+    auto at_slot = [&](int64_t s, int64_t j0, int64_t j1) {
+      const int64_t base = (s * Hkv + g) * head_stride;
+      return KeyRun<T>{kp + base + j0, vp + base + j0 * D, j0, j1};
+    };
+    return std::array<KeyRun<T>, 2>{at_slot(p > 0 ? pslot[r] : slot[r], 0, p), at_slot(slot[r], p, n)};
+  };
+  // What the next item reads from memory, for the prefetch: its own run (its prefix, if shared
+  // with this one, is in the caches already).
+  auto next_own = [&](int64_t k, int64_t e) {
+    if (k + 1 >= e) return KeyRun<T>{};
+    const auto r = runs(item_of(k + 1));
+    return r[1].j1 > r[1].j0 ? r[1] : r[0];
+  };
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
     std::vector<float> qs(static_cast<size_t>(rep * D));
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t r = it / Hkv, g = it % Hkv;
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t it = item_of(k), r = it / Hkv, g = it % Hkv;
       const float* qi = qp + (r * H + g * rep) * D;
-      const T* next = it + 1 < e ? item_kv(kp, it + 1) : nullptr;
-      const int64_t next_n = it + 1 < e ? item_n(it + 1) : 0;
-      if constexpr (std::is_same_v<T, float>) {
-        if (avx512) {
-          for (int64_t x = 0; x < rep * D; ++x) qs[static_cast<size_t>(x)] = qi[x] * scale;
-          scores_item512(qs.data(), item_kv(kp, it), cap, item_n(it), L, rep, D, sp + it * rep * L, next, next_n);
+      const KeyRun<T> next = next_own(k, e);
+      const int64_t next_n = next.j1 - next.j0;
+      float* s = sp + it * rep * L;
+      if (avx512)
+        for (int64_t x = 0; x < rep * D; ++x) qs[static_cast<size_t>(x)] = qi[x] * scale;
+      for (const KeyRun<T>& run : runs(it)) {
+        const int64_t n = run.j1 - run.j0;
+        if (n == 0) continue;
+        if constexpr (std::is_same_v<T, float>) {
+          if (avx512) scores_item512(qs.data(), run.k, cap, n, L, rep, D, s + run.j0, next.k, next_n);
+          else scores_f32(qi, run.k, cap, n, L, rep, D, scale, s + run.j0, next.k, next_n);
         } else {
-          scores_f32(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
+          scores_bf16(qi, run.k, cap, n, L, rep, D, scale, s + run.j0, next.k, next_n);
         }
-      } else {
-        scores_bf16(qi, item_kv(kp, it), cap, item_n(it), L, rep, D, scale, sp + it * rep * L, next, next_n);
       }
+      for (int64_t i = 0; i < rep; ++i)
+        for (int64_t j = pos[r] + 1; j < L; ++j) s[i * L + j] = -std::numeric_limits<float>::infinity();
     }
   });
   const at::Tensor probs = at::softmax(scores, -1);  // ATen's vectorised exp; -inf keys get 0
@@ -312,15 +360,22 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   T* op = out.data_ptr<T>();
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
     std::vector<float> acc(static_cast<size_t>(rep * D));
-    for (int64_t it = b; it < e; ++it) {
-      const int64_t r = it / Hkv, g = it % Hkv;
-      const T* next = it + 1 < e ? item_kv(vp, it + 1) : nullptr;
-      const int64_t next_n = it + 1 < e ? item_n(it + 1) : 0;
-      if constexpr (std::is_same_v<T, float>) {
-        if (avx512) values_item512(pp + it * rep * L, item_kv(vp, it), item_n(it), L, rep, D, acc.data(), next, next_n);
-        else values_f32(pp + it * rep * L, item_kv(vp, it), item_n(it), L, rep, D, acc.data(), next, next_n);
-      } else {
-        values_bf16(pp + it * rep * L, item_kv(vp, it), item_n(it), L, rep, D, acc.data(), next, next_n);
+    for (int64_t k = b; k < e; ++k) {
+      const int64_t it = item_of(k), r = it / Hkv, g = it % Hkv;
+      const KeyRun<T> next = next_own(k, e);
+      const T* next_v = next.j1 > next.j0 ? next.v : nullptr;
+      const int64_t next_n = next.j1 - next.j0;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      const float* p = pp + it * rep * L;
+      for (const KeyRun<T>& run : runs(it)) {
+        const int64_t n = run.j1 - run.j0;
+        if (n == 0) continue;
+        if constexpr (std::is_same_v<T, float>) {
+          if (avx512) values_item512(p + run.j0, run.v, n, L, rep, D, acc.data(), next_v, next_n);
+          else values_f32(p + run.j0, run.v, n, L, rep, D, acc.data(), next_v, next_n);
+        } else {
+          values_bf16(p + run.j0, run.v, n, L, rep, D, acc.data(), next_v, next_n);
+        }
       }
       T* o = op + (r * H + g * rep) * D;
       for (int64_t x = 0; x < rep * D; ++x) o[x] = static_cast<T>(acc[static_cast<size_t>(x)]);
@@ -330,6 +385,35 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
 }
 
 }  // namespace
+
+void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& slots, const at::Tensor& positions) {
+  const int64_t R = slots.numel(), Hkv = v_cache.size(1), cap = v_cache.size(2), D = v_cache.size(3);
+  TORCH_CHECK(kt_cache.is_contiguous() && v_cache.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
+                  k.numel() == R * Hkv * D && v.numel() == R * Hkv * D && positions.numel() == R &&
+                  k.scalar_type() == v_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+                  kt_cache.scalar_type() == v_cache.scalar_type() && decode_attention_supports(k.scalar_type(), k.device()),
+              "write_decode_kv: contiguous k and v [R, Hkv, D] in the caches' dtype");
+  const at::Tensor slot_c = slots.to(at::kCPU, at::kLong).contiguous(), pos_c = positions.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* slot = slot_c.data_ptr<int64_t>();
+  const int64_t* pos = pos_c.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r)
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < cap && slot[r] >= 0 && slot[r] < v_cache.size(0), "write_decode_kv: row ", r,
+                " slot ", slot[r], " position ", pos[r], " outside the cache");
+  const size_t bytes = static_cast<size_t>(D) * v_cache.element_size();
+  auto* kt = static_cast<char*>(kt_cache.data_ptr());
+  auto* vc = static_cast<char*>(v_cache.data_ptr());
+  const auto* kp = static_cast<const char*>(k.data_ptr());
+  const auto* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t es = v_cache.element_size();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t g = 0; g < Hkv; ++g) {
+      const int64_t head = (slot[r] * Hkv + g) * cap * D, row = (r * Hkv + g) * D;
+      std::memcpy(vc + (head + pos[r] * D) * es, vp + row * es, bytes);
+      for (int64_t d = 0; d < D; ++d)
+        std::memcpy(kt + (head + d * cap + pos[r]) * es, kp + (row + d) * es, static_cast<size_t>(es));
+    }
+}
 
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device) {
   return device.is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16);
@@ -342,33 +426,42 @@ bool attention_kernel_available(AttentionKernel kernel) {
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
-                            const at::Tensor& slots, const at::Tensor& positions, AttentionKernel kernel) {
+                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix,
+                            AttentionKernel kernel) {
   TORCH_CHECK(q.dim() == 3 && v_cache.dim() == 4 && kt_cache.sizes() == v_cache.transpose(2, 3).sizes() &&
                   kt_cache.is_contiguous() && v_cache.is_contiguous() && q.size(2) == v_cache.size(3) &&
                   q.size(1) % v_cache.size(1) == 0 && slots.numel() == q.size(0) && positions.numel() == q.size(0),
               "decode_attention: q [R, H, D], contiguous caches kt [S, Hkv, D, capacity] and v [S, Hkv, capacity, D], "
               "slots and positions [R]");
+  TORCH_CHECK(prefix.slots.defined() == prefix.lengths.defined() &&
+                  (!prefix.slots.defined() ||
+                   (prefix.slots.numel() == q.size(0) && prefix.lengths.numel() == q.size(0))),
+              "decode_attention: prefix slots and lengths [R], both or neither");
   TORCH_CHECK(q.scalar_type() == kt_cache.scalar_type() && kt_cache.scalar_type() == v_cache.scalar_type() &&
                   decode_attention_supports(q.scalar_type(), q.device()),
               "decode_attention: CPU float32 or bfloat16, the same for q and the caches");
   RECORD_FUNCTION("rpg::decode_attention", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   TORCH_CHECK(attention_kernel_available(kernel), "decode_attention: this CPU has no AVX-512F");
-  // kAuto: the blocked form where a KV head serves 4 or more query heads. Per call, on the Zen 4
-  // VM: Qwen2.5-0.5B's shape (7 per KV head) 8 sequences at 256 / 1024 / 2048 keys 0.137 /
-  // 0.454 / 0.77 ms against the generic form's 0.155 / 0.682 / 1.24; SmolLM2's (3 per KV head)
-  // even at 2048 keys (2.29 / 2.36 ms) and 22 % slower with 64 sequences of ~130 keys.
+  // kAuto: the blocked form where a KV head serves 4 or more query heads, or 3 when rows share
+  // a prompt (its keys then come from the caches, where the blocked form is faster; the two
+  // forms give the same bits). Per call, on the Zen 4 VM: Qwen2.5-0.5B's shape (7 per KV head)
+  // 8 sequences at 256 / 1024 / 2048 keys 0.137 / 0.454 / 0.77 ms against the generic form's
+  // 0.155 / 0.682 / 1.24; SmolLM2's (3 per KV head) equal at 2048 keys (2.29 / 2.36 ms), 22 %
+  // slower with 64 sequences of ~130 keys each from memory, and 0.35 against 0.50 ms with those
+  // 64 sharing a 128-token prompt.
   const int64_t rep = q.size(1) / v_cache.size(1);
   const bool avx512 = kernel == AttentionKernel::kAvx512 ||
-                      (kernel == AttentionKernel::kAuto && rep >= 4 && auto_uses_avx512());
-  if (q.scalar_type() == at::kFloat) return run<float>(q, kt_cache, v_cache, slots, positions, avx512);
-  return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, false);
+                      (kernel == AttentionKernel::kAuto && (rep >= 4 || (rep >= 3 && prefix.slots.defined())) &&
+                       auto_uses_avx512());
+  if (q.scalar_type() == at::kFloat) return run<float>(q, kt_cache, v_cache, slots, positions, prefix, avx512);
+  return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, prefix, false);
 }
 
 }  // namespace detail
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
-                            const at::Tensor& slots, const at::Tensor& positions) {
-  return detail::decode_attention(q, kt_cache, v_cache, slots, positions, detail::AttentionKernel::kAuto);
+                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix) {
+  return detail::decode_attention(q, kt_cache, v_cache, slots, positions, prefix, detail::AttentionKernel::kAuto);
 }
 
 }  // namespace rpg::model

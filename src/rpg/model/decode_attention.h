@@ -16,21 +16,40 @@ namespace rpg::model {
 // Why not SDPA: its CPU flash kernel pads the H / Hkv query rows of a group to 32-row
 // blocks and takes a [rows, 1, rep, L] mask; one pass over K and V per row and KV head, each
 // a run of AXPYs along contiguous memory, is several times faster (bench/roofline).
+//
+// prefix (optional, int64 [R] each): row r's keys 0..lengths[r]-1 are read from slot
+// slots[r] instead of its own, which must hold the same values there (the engine copies a
+// prompt's cache into the slots of its n samples). The result is the same bit for bit; rows
+// reading one prefix slot are taken one after another, so the prompt's keys and values come
+// from memory once per step instead of once per sample.
+struct SharedPrefix {
+  at::Tensor slots, lengths;
+};
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
-                            const at::Tensor& slots, const at::Tensor& positions);
+                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix = {});
+
+// Appends one token per row to the caches decode_attention() reads: k and v [R, Hkv, D] (or
+// any shape of R x Hkv x D elements, contiguous) go to position positions[r] of slot slots[r]
+// (keys dimension-major). A plain copy per row, for index_put_'s general path (50 us a call at
+// 64 rows on the Zen 4 VM, ~3 % of a decode step).
+void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& slots, const at::Tensor& positions);
 
 // Whether decode_attention() serves a decode step in this dtype on this device.
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device);
 
 namespace detail {
 // The fp32 kernels: kAuto picks the AVX-512 form (registers blocked over keys and query heads)
-// where the CPU has AVX-512F and a KV head serves 4 or more query heads, else the generic one
-// (compiled per CPU, target_clones); bf16 caches always take the generic one.
+// where the CPU has AVX-512F and a KV head serves 4 or more query heads (3 with a shared
+// prefix), else the generic one (compiled per CPU, target_clones); bf16 caches always take the
+// generic one. On such a CPU the two give the same bits (the same FMA chains): the choice is
+// speed only.
 // RPG_DECODE_ATTENTION=generic keeps kAuto generic. Tests run every kernel the CPU has.
 enum class AttentionKernel { kAuto, kGeneric, kAvx512 };
 bool attention_kernel_available(AttentionKernel kernel);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
-                            const at::Tensor& slots, const at::Tensor& positions, AttentionKernel kernel);
+                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix,
+                            AttentionKernel kernel);
 }  // namespace detail
 
 }  // namespace rpg::model

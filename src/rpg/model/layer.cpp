@@ -152,13 +152,17 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
   if (cache) {
     // The cache is heads-major; written through [S, capacity, Hkv, D] views.
     const at::Tensor keys = cache->keys_transposed ? cache->k->transpose(2, 3) : *cache->k;  // [S, Hkv, cap, D]
-    keys.transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
-    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
-    if (cache->kernel_slots.defined())
+    if (cache->kernel_slots.defined()) {
+      rpg::model::write_decode_kv(*cache->k, *cache->v, k.contiguous(), v.contiguous(), cache->kernel_slots,
+                                  cache->kernel_positions);
       return project(rpg::model::decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v, cache->kernel_slots,
-                                      cache->kernel_positions)
+                                                  cache->kernel_positions,
+                                                  {cache->kernel_prefix_slots, cache->kernel_prefix_lengths})
                          .view({q.size(0), 1, H * D}),
                      w.o_w, {}, w.o_lora, w.lora_scale);
+    }
+    keys.transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
+    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
     at::Tensor rows = cache->slot_index.view({-1});
     k = keys.narrow(2, 0, cache->kv_len);  // [S, Hkv, L, D]
     v = cache->v->narrow(2, 0, cache->kv_len);

@@ -62,6 +62,8 @@ struct CacheStep {
   // One token per row on the CPU: decode_attention() reads each row's slot in place (no
   // gather, no dense scatter). Host int64 [N]: each row's slot and query position.
   at::Tensor kernel_slots, kernel_positions;
+  // Rows sharing a prompt with others (decode_attention.h, SharedPrefix), or undefined.
+  at::Tensor kernel_prefix_slots, kernel_prefix_lengths;
 };
 
 // What every layer shares for one forward call.
