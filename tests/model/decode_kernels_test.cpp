@@ -396,7 +396,7 @@ TEST(PackedGemm, DecodeWithPackedWeightsEqualsDecodeWithout) {
 // out), in fp64 from the same inputs: rows of a width that is and is not a multiple of the
 // 16-lane loops, one and several positions, Qwen3's per-head norm shape; and the fused forms
 // refuse what they do not take (autograd recording, bf16, a non-contiguous x).
-TEST(DecodeElementwise, RmsNormAndRopeEqualTheAtenForms) {
+TEST(DecodeElementwise, RmsNormRopeAndSwigluEqualTheAtenForms) {
   c10::NoGradGuard no_grad;  // as decode runs
   at::manual_seed(4);
   for (auto shape : {std::vector<int64_t>{3, 1, 576}, {2, 5, 37}, {4, 1, 9, 64}, {1, 1, 16}}) {
@@ -417,6 +417,18 @@ TEST(DecodeElementwise, RmsNormAndRopeEqualTheAtenForms) {
     const at::Tensor y = detail::rope_rows(x, cos, sin);
     EXPECT_LE((y.to(at::kDouble) - ref).abs().max().item<double>(), 1e-5) << B << "x" << T << "x" << H << "x" << D;
   }
+  // SwiGLU: silu(g) * u against fp64, relative to each output (both signs of g, large ones,
+  // and the ends where exp underflows).
+  at::Tensor g = at::cat({at::randn({2, 1, 1000}) * 4, at::tensor({0.0f, -0.0f, 30.0f, -30.0f, 88.0f, -88.0f, 100.0f,
+                                                                   -100.0f, 1e-30f, -1e-30f, 5.0f, -5.0f}).view({1, 1, 12})
+                                                      .expand({2, 1, 12})},
+                     -1)
+                   .contiguous();
+  const at::Tensor u = at::randn(g.sizes()) * 2;
+  const at::Tensor gd = g.to(at::kDouble);
+  const at::Tensor want = gd * at::sigmoid(gd) * u.to(at::kDouble);
+  const at::Tensor got = detail::swiglu_rows(g, u).to(at::kDouble);
+  EXPECT_LE(((got - want).abs() / (want.abs() + 1e-30)).max().item<double>(), 1e-6);
   const at::Tensor x = at::randn({2, 8});
   EXPECT_TRUE(detail::decode_elementwise_applies(x));
   EXPECT_FALSE(detail::decode_elementwise_applies(x.to(at::kBFloat16)));

@@ -7,6 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <limits>
+
 #include "rpg/core/error.h"
 #include "rpg/core/rng.h"
 #include "tensor_file.h"
@@ -87,6 +90,37 @@ TEST(Sampler, EmpiricalFrequenciesMatchTheDistribution) {
       // 99.99th percentile of chi-square with <= 11 degrees of freedom is < 40.
       EXPECT_LT(chi2, 40.0) << "case " << j << " row " << row << " dof " << dof;
     }
+  }
+}
+
+TEST(Sampler, PlainSamplingInvertsTheCdfOfTheFloat64Distribution) {
+  // Without top-k and top-p, CPU rows take a one-pass path (fp32 exponentials, block sums).
+  // Against the rule written out on sampling_probs' float64 distribution: the first token whose
+  // CDF exceeds u * total; tokens of probability 0 never; the log-probs of log_softmax(x / T).
+  at::manual_seed(8);
+  const int64_t rows = 300, V = 1000 + 7;  // blocks of 16 and a tail
+  at::Tensor logits = at::randn({rows, V}) * 3;
+  logits.narrow(1, 0, 40).fill_(-std::numeric_limits<float>::infinity());  // masked tokens
+  logits.narrow(1, 500, 3).fill_(-std::numeric_limits<float>::infinity());
+  logits[0].fill_(0);            // flat
+  logits[1][V - 1] = 40;         // one token holds almost all the mass, the last one
+  std::vector<double> u(static_cast<size_t>(rows));
+  RandomStream rs(mix_key(3, 1, 4));
+  for (auto& x : u) x = rs.uniform();
+  u[2] = 0.0;
+  u[3] = std::nextafter(1.0, 0.0);
+  for (double t : {1.0, 0.7}) {
+    SamplingParams p;
+    p.temperature = t;
+    const SampledTokens s = sample_tokens(logits, p, u);
+    const at::Tensor probs = sampling_probs(logits, p), cdf = probs.cumsum(1);
+    const at::Tensor target = at::tensor(u, at::kDouble).unsqueeze(1) * cdf.narrow(1, V - 1, 1);
+    const at::Tensor want = at::searchsorted(cdf, target, false, true).squeeze(1).clamp_max(V - 1);
+    EXPECT_TRUE(at::equal(s.ids, want)) << "T " << t << ": " << (s.ids != want).sum().item<int64_t>() << " differ";
+    EXPECT_TRUE(at::isfinite(logits.gather(1, s.ids.unsqueeze(1))).all().item<bool>());
+    EXPECT_EQ(s.ids[2].item<int64_t>(), 40);  // u = 0: the first token of positive probability
+    const at::Tensor lp = at::log_softmax(logits.to(at::kDouble) / t, 1).gather(1, s.ids.unsqueeze(1)).squeeze(1);
+    EXPECT_LE((s.log_probs.to(at::kDouble) - lp).abs().max().item<double>(), 2e-6) << "T " << t;
   }
 }
 

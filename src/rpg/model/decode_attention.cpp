@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "rpg/core/fast_exp.h"
 #include "rpg/core/log.h"
 #include "rpg/model/cpu_kernels.h"
 
@@ -111,6 +112,35 @@ RPG_CPU_CLONES void values_f32(const float* p, const float* v, int64_t n, int64_
 RPG_CPU_CLONES void values_bf16(const float* p, const c10::BFloat16* v, int64_t n, int64_t L, int64_t rep,
                                 int64_t D, float* acc, const c10::BFloat16* next_v, int64_t next_n) {
   values_item(p, v, n, L, rep, D, acc, next_v, next_n);
+}
+
+// softmax in place over s[0, n): exp(s - max) / sum, in fixed blocks of 16 lanes so that each
+// CPU build vectorises it (core/fast_exp.h); the max and the sum keep 16 lanes, reduced at the end.
+RPG_CPU_CLONES void softmax_row(float* __restrict s, int64_t n) {
+  const int64_t nv = n / kLanes * kLanes;
+  float lane[kLanes];
+  for (int64_t t = 0; t < kLanes; ++t) lane[t] = -std::numeric_limits<float>::infinity();
+  for (int64_t b = 0; b < nv; b += kLanes)
+    for (int64_t t = 0; t < kLanes; ++t) lane[t] = lane[t] > s[b + t] ? lane[t] : s[b + t];  // vectorises
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < kLanes; ++t) m = std::max(m, lane[t]);
+  for (int64_t j = nv; j < n; ++j) m = std::max(m, s[j]);
+  auto exp_shifted = [m](float x) { return exp_nonpositive(x - m); };
+  for (int64_t t = 0; t < kLanes; ++t) lane[t] = 0;
+  for (int64_t b = 0; b < nv; b += kLanes)
+    for (int64_t t = 0; t < kLanes; ++t) {
+      const float e = exp_shifted(s[b + t]);
+      s[b + t] = e;
+      lane[t] += e;
+    }
+  float sum = 0;
+  for (int64_t t = 0; t < kLanes; ++t) sum += lane[t];
+  for (int64_t j = nv; j < n; ++j) {
+    s[j] = exp_shifted(s[j]);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j < n; ++j) s[j] *= inv;
 }
 
 // AVX-512, fp32: the same sums in the same order (an FMA chain over d per score, over keys
@@ -306,14 +336,14 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
       return (plen[a] > 0 ? pslot[a] : -1) < (plen[b] > 0 ? pslot[b] : -1);
     });
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  at::Tensor scores = at::empty({items, rep, L}, q.options().dtype(at::kFloat));
   const float* qp = qf.data_ptr<float>();
   const T* kp = kt_cache.data_ptr<T>();
   const T* vp = v_cache.data_ptr<T>();
-  float* sp = scores.data_ptr<float>();
+  at::Tensor out = at::empty({R, H * D}, q.options());
+  T* op = out.data_ptr<T>();
   const int64_t head_stride = cap * D;  // one (slot, KV head)'s keys or values
-  // The k-th item taken (a row and a KV head; stored at it = r * Hkv + g) and its runs of keys:
-  // the shared prefix, then the rest from its own slot.
+  // The k-th item taken (a row and a KV head) and its runs of keys: the shared prefix, then
+  // the rest from its own slot.
   auto item_of = [&](int64_t k) { return order[static_cast<size_t>(k / Hkv)] * Hkv + k % Hkv; };
   auto runs = [&](int64_t it) {
     const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1, p = shared ? plen[r] : 0;
@@ -330,51 +360,38 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     const auto r = runs(item_of(k + 1));
     return r[1].j1 > r[1].j0 ? r[1] : r[0];
   };
+  // Each item in one pass while its scores are in L1: scores, softmax, weighted values.
   at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> qs(static_cast<size_t>(rep * D));
+    std::vector<float> qs(static_cast<size_t>(rep * D)), acc(static_cast<size_t>(rep * D)),
+        scores(static_cast<size_t>(rep * L));
+    float* s = scores.data();
     for (int64_t k = b; k < e; ++k) {
-      const int64_t it = item_of(k), r = it / Hkv, g = it % Hkv;
+      const int64_t it = item_of(k), r = it / Hkv, g = it % Hkv, n = pos[r] + 1;
       const float* qi = qp + (r * H + g * rep) * D;
       const KeyRun<T> next = next_own(k, e);
       const int64_t next_n = next.j1 - next.j0;
-      float* s = sp + it * rep * L;
+      const auto item_runs = runs(it);
       if (avx512)
         for (int64_t x = 0; x < rep * D; ++x) qs[static_cast<size_t>(x)] = qi[x] * scale;
-      for (const KeyRun<T>& run : runs(it)) {
-        const int64_t n = run.j1 - run.j0;
-        if (n == 0) continue;
+      for (const KeyRun<T>& run : item_runs) {
+        if (run.j1 == run.j0) continue;
         if constexpr (std::is_same_v<T, float>) {
-          if (avx512) scores_item512(qs.data(), run.k, cap, n, L, rep, D, s + run.j0, next.k, next_n);
-          else scores_f32(qi, run.k, cap, n, L, rep, D, scale, s + run.j0, next.k, next_n);
+          if (avx512) scores_item512(qs.data(), run.k, cap, run.j1 - run.j0, L, rep, D, s + run.j0, next.k, next_n);
+          else scores_f32(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
         } else {
-          scores_bf16(qi, run.k, cap, n, L, rep, D, scale, s + run.j0, next.k, next_n);
+          scores_bf16(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
         }
       }
-      for (int64_t i = 0; i < rep; ++i)
-        for (int64_t j = pos[r] + 1; j < L; ++j) s[i * L + j] = -std::numeric_limits<float>::infinity();
-    }
-  });
-  const at::Tensor probs = at::softmax(scores, -1);  // ATen's vectorised exp; -inf keys get 0
-  const float* pp = probs.data_ptr<float>();
-  at::Tensor out = at::empty({R, H * D}, q.options());
-  T* op = out.data_ptr<T>();
-  at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> acc(static_cast<size_t>(rep * D));
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t it = item_of(k), r = it / Hkv, g = it % Hkv;
-      const KeyRun<T> next = next_own(k, e);
-      const T* next_v = next.j1 > next.j0 ? next.v : nullptr;
-      const int64_t next_n = next.j1 - next.j0;
+      for (int64_t i = 0; i < rep; ++i) softmax_row(s + i * L, n);
       std::fill(acc.begin(), acc.end(), 0.0f);
-      const float* p = pp + it * rep * L;
-      for (const KeyRun<T>& run : runs(it)) {
-        const int64_t n = run.j1 - run.j0;
-        if (n == 0) continue;
+      const T* next_v = next_n > 0 ? next.v : nullptr;
+      for (const KeyRun<T>& run : item_runs) {
+        if (run.j1 == run.j0) continue;
         if constexpr (std::is_same_v<T, float>) {
-          if (avx512) values_item512(p + run.j0, run.v, n, L, rep, D, acc.data(), next_v, next_n);
-          else values_f32(p + run.j0, run.v, n, L, rep, D, acc.data(), next_v, next_n);
+          if (avx512) values_item512(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc.data(), next_v, next_n);
+          else values_f32(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc.data(), next_v, next_n);
         } else {
-          values_bf16(p + run.j0, run.v, n, L, rep, D, acc.data(), next_v, next_n);
+          values_bf16(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc.data(), next_v, next_n);
         }
       }
       T* o = op + (r * H + g * rep) * D;

@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "rpg/core/fast_exp.h"
+
 namespace rpg::model::detail {
 namespace {
 
@@ -63,6 +65,22 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rope_f32(const
   }
 }
 
+// y = silu(g) * u = g * u / (1 + exp(-g)), with exp taken at -|g| only (no overflow):
+// exp(-g) = e for g >= 0, and 1 / e below.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_f32(const float* __restrict g,
+                                                                             const float* __restrict u,
+                                                                             float* __restrict y, int64_t n) {
+  auto one = [](float gi, float ui) {
+    const float e = exp_nonpositive(gi >= 0.0f ? -gi : gi);
+    const float sig = gi >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    return gi * sig * ui;
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) y[i + j] = one(g[i + j], u[i + j]);
+  for (; i < n; ++i) y[i] = one(g[i], u[i]);
+}
+
 }  // namespace
 
 bool decode_elementwise_applies(const at::Tensor& x) {
@@ -91,6 +109,15 @@ at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
   at::Tensor y = at::empty_like(x);
   rope_f32(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), y.data_ptr<float>(),
            x.size(0) * x.size(1), x.size(2), x.size(3));
+  return y;
+}
+
+at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK(decode_elementwise_applies(gate) && decode_elementwise_applies(up) && gate.sizes() == up.sizes(),
+              "swiglu_rows: contiguous float32 CPU gate and up of one shape");
+  RECORD_FUNCTION("rpg::swiglu_rows", std::vector<c10::IValue>());
+  at::Tensor y = at::empty_like(gate);
+  swiglu_f32(gate.data_ptr<float>(), up.data_ptr<float>(), y.data_ptr<float>(), gate.numel());
   return y;
 }
 

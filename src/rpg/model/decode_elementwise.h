@@ -1,4 +1,4 @@
-// Internal: a decode step's RMSNorm and RoPE as one pass each over fp32 CPU rows, instead of
+// Internal: a decode step's RMSNorm, RoPE and SwiGLU as one pass each over fp32 CPU rows, instead of
 // the 7-9 ATen ops (each with its own dispatch, allocation and pass) of layer.cpp's forms.
 // Only decode uses them (DecodingScope): the training forward keeps transformers' op-by-op
 // arithmetic, bit for bit. Equal to those forms up to fp32 rounding (the sum of squares is
@@ -16,5 +16,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
 // x * cos + swap_halves(x) * sin (rope_tables' sign-folded sine) for x [B, T, H, D] and
 // cos, sin [B, T, 1, D].
 at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// silu(gate) * up, elementwise (the MLP's SwiGLU), one pass instead of silu's and mul's.
+at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up);
 
 }  // namespace rpg::model::detail

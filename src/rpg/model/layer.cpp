@@ -272,8 +272,11 @@ at::Tensor make_mask(const at::Tensor& mask, const ModelConfig& c) {
 at::Tensor mlp_block(const LayerWeights& w, const ModelConfig& c, const at::Tensor& h) {
   at::Tensor n = rms_norm(h, w.post_norm, c.rms_norm_eps);
   const double r = w.lora_scale;
-  return h + project(at::silu(project(n, w.gate_w, {}, w.gate_lora, r)) * project(n, w.up_w, {}, w.up_lora, r), w.down_w,
-                     {}, w.down_lora, r);
+  const at::Tensor gate = project(n, w.gate_w, {}, w.gate_lora, r), up = project(n, w.up_w, {}, w.up_lora, r);
+  const at::Tensor act = t_decoding && decode_elementwise_applies(gate) && decode_elementwise_applies(up)
+                             ? swiglu_rows(gate, up)
+                             : at::silu(gate) * up;
+  return h + project(act, w.down_w, {}, w.down_lora, r);
 }
 
 at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
