@@ -117,31 +117,36 @@ TEST(DecodeAttention, KernelsAgreeAndRowsDoNotDependOnTheirNeighbours) {
 }
 
 TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
-  // Slots 1, 3 and 4 hold the same first 37 positions (a prompt copied into the slots of its
-  // samples); rows reading them from slot 1 give the bits they give reading their own.
-  const int64_t S = 6, H = 9, Hkv = 3, D = 64, cap = 128, P = 37;
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
-    at::manual_seed(5);
-    const auto opt = at::TensorOptions().dtype(dtype);
-    at::Tensor kt = at::randn({S, Hkv, D, cap}, opt), v = at::randn({S, Hkv, cap, D}, opt), q = at::randn({5, H, D}, opt);
-    for (int64_t s : {3, 4}) {
-      kt[s].narrow(2, 0, P).copy_(kt[1].narrow(2, 0, P));
-      v[s].narrow(1, 0, P).copy_(v[1].narrow(1, 0, P));
+  // Slots 1, 3, 4 and 5 hold the same first 37 positions (a prompt copied into the slots of its
+  // samples); rows reading them from slot 1 give the bits they give reading their own. Shapes:
+  // SmolLM2's heads, Qwen2.5's 7 per KV head (more queries than the AVX-512 form takes at once),
+  // a head dim that is not a multiple of its 32 columns, one query head per KV head.
+  const int64_t S = 7, cap = 128, P = 37;
+  for (auto [H, Hkv, D] : {std::array<int64_t, 3>{9, 3, 64}, {14, 2, 40}, {4, 4, 16}})
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      at::manual_seed(5);
+      const auto opt = at::TensorOptions().dtype(dtype);
+      at::Tensor kt = at::randn({S, Hkv, D, cap}, opt), v = at::randn({S, Hkv, cap, D}, opt), q = at::randn({6, H, D}, opt);
+      for (int64_t s : {3, 4, 5}) {
+        kt[s].narrow(2, 0, P).copy_(kt[1].narrow(2, 0, P));
+        v[s].narrow(1, 0, P).copy_(v[1].narrow(1, 0, P));
+      }
+      const at::Tensor slots = at::tensor({4, 1, 0, 3, 2, 5}, at::kLong), pos = at::tensor({50, 36, 20, 99, 127, 36}, at::kLong);
+      const SharedPrefix prefix{at::tensor({1, 1, 0, 1, 2, 1}, at::kLong),
+                                at::tensor(std::vector<int64_t>{P, P, 0, 30, 128, P}, at::kLong)};
+      for (auto kernel : dtype == at::kFloat ? kernels() : std::vector<detail::AttentionKernel>{detail::AttentionKernel::kAuto}) {
+        const std::string what = c10::str(c10::toString(dtype), " kernel ", static_cast<int>(kernel), " H ", H, " Hkv ", Hkv, " D ", D);
+        const at::Tensor own = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
+        EXPECT_TRUE(at::equal(detail::decode_attention(q, kt, v, slots, pos, prefix, kernel), own)) << what;
+        // It is read from there: a prefix slot holding other keys changes the rows that use it.
+        const SharedPrefix elsewhere{at::tensor({6, 1, 0, 6, 2, 1}, at::kLong), prefix.lengths};
+        const at::Tensor wrong = detail::decode_attention(q, kt, v, slots, pos, elsewhere, kernel);
+        EXPECT_FALSE(at::equal(wrong[0], own[0])) << what;
+        EXPECT_FALSE(at::equal(wrong[3], own[3])) << what;
+        EXPECT_TRUE(at::equal(wrong[1], own[1])) << what;
+        EXPECT_TRUE(at::equal(wrong[5], own[5])) << what;
+      }
     }
-    const at::Tensor slots = at::tensor({4, 1, 0, 3, 2}, at::kLong), pos = at::tensor({50, 36, 20, 99, 127}, at::kLong);
-    const SharedPrefix prefix{at::tensor({1, 1, 0, 1, 2}, at::kLong), at::tensor(std::vector<int64_t>{P, P, 0, 30, 128}, at::kLong)};
-    for (auto kernel : dtype == at::kFloat ? kernels() : std::vector<detail::AttentionKernel>{detail::AttentionKernel::kAuto}) {
-      const at::Tensor own = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
-      EXPECT_TRUE(at::equal(detail::decode_attention(q, kt, v, slots, pos, prefix, kernel), own))
-          << c10::toString(dtype) << " kernel " << static_cast<int>(kernel);
-      // It is read from there: a prefix slot holding other keys changes the rows that use it.
-      const SharedPrefix elsewhere{at::tensor({5, 1, 0, 5, 2}, at::kLong), prefix.lengths};
-      const at::Tensor wrong = detail::decode_attention(q, kt, v, slots, pos, elsewhere, kernel);
-      EXPECT_FALSE(at::equal(wrong[0], own[0]));
-      EXPECT_FALSE(at::equal(wrong[3], own[3]));
-      EXPECT_TRUE(at::equal(wrong[1], own[1]));
-    }
-  }
   at::Tensor kt = at::zeros({2, 1, 4, 8}), v = at::zeros({2, 1, 8, 4}), q = at::zeros({1, 1, 4});
   const at::Tensor zero = at::zeros({1}, at::kLong), three = at::full({1}, 3, at::kLong);
   EXPECT_THROW(decode_attention(q, kt, v, zero, three, {zero, at::full({1}, 5, at::kLong)}), c10::Error);  // past its keys

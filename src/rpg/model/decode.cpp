@@ -3,6 +3,8 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <memory>
 #include <utility>
 
@@ -132,7 +134,8 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     step.kernel_slots = at::tensor(slots, at::kLong);
     step.kernel_positions = at::tensor(starts, at::kLong);
     // Rows holding one prompt read it from the first of them (at the shorter of their two
-    // prefix lengths, should one have been shortened).
+    // prefix lengths, should one have been shortened). RPG_DECODE_SHARED_PROMPT=0: each its own
+    // copy (the same results; benchmarks compare the two).
     std::vector<int64_t> prefix_slots(N), prefix_lengths(N, 0);
     std::vector<std::pair<int64_t, int64_t>> firsts;  // (prefix id, row)
     bool any = false;
@@ -151,7 +154,11 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
       prefix_lengths[i] = std::min(cache.prefix_length_[s], cache.prefix_length_[first]);
       any = true;
     }
-    if (any) {
+    static const bool share = [] {
+      const char* env = std::getenv("RPG_DECODE_SHARED_PROMPT");
+      return !env || std::string(env) != "0";
+    }();
+    if (any && share) {
       step.kernel_prefix_slots = at::tensor(prefix_slots, at::kLong);
       step.kernel_prefix_lengths = at::tensor(prefix_lengths, at::kLong);
     }

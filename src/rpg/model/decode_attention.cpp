@@ -59,6 +59,11 @@ inline __attribute__((always_inline)) void prefetch(const void* p, int64_t bytes
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
 }
 
+// The same into L2 only (T1): for runs requested well ahead of use.
+inline void prefetch_l2(const void* p, int64_t bytes) {
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
+}
+
 template <class T>
 inline __attribute__((always_inline)) void scores_item(const float* __restrict q, const T* __restrict kt,
                                                        int64_t stride, int64_t n_keys, int64_t L, int64_t rep,
@@ -280,6 +285,97 @@ void values_item512(const float* p, const float* v, int64_t n_keys, int64_t L, i
   }
 }
 
+// Rows sharing a prompt, AVX-512, fp32: up to 12 query vectors (the heads of several rows) at
+// once against one block of the prompt's keys or values, so each key row is loaded once per
+// 12 queries instead of once per row's heads. The same FMA chains again (over d per score,
+// over keys per output), so the same bits as the forms above.
+#define RPG_Q12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define RPG_DECL(i) __m512 a##i##_0 = _mm512_setzero_ps(), a##i##_1 = a##i##_0;
+#define RPG_SFMA(i)                                           \
+  if constexpr (NQ > (i)) {                                   \
+    const __m512 qb = _mm512_set1_ps(q[i][d]);                \
+    a##i##_0 = _mm512_fmadd_ps(qb, k0, a##i##_0);             \
+    a##i##_1 = _mm512_fmadd_ps(qb, k1, a##i##_1);             \
+  }
+#define RPG_SSTORE(i)                                         \
+  if constexpr (NQ > (i)) {                                   \
+    _mm512_mask_storeu_ps(s[i] + j0, m0, a##i##_0);           \
+    _mm512_mask_storeu_ps(s[i] + j0 + 16, m1, a##i##_1);      \
+  }
+// s[i][j0, j0 + 32) = q[i] . k_j (masked by m0, m1) for NQ scaled queries q[i] [D].
+template <int NQ>
+__attribute__((target("avx512f"))) void scores_multi512(const float* const* q, int64_t D, const float* __restrict kt,
+                                                        int64_t stride, int64_t j0, __mmask16 m0, __mmask16 m1,
+                                                        float* const* s) {
+  RPG_Q12(RPG_DECL)
+  for (int64_t d = 0; d < D; ++d) {
+    const float* row = kt + d * stride + j0;
+    const __m512 k0 = _mm512_maskz_loadu_ps(m0, row), k1 = _mm512_maskz_loadu_ps(m1, row + 16);
+    RPG_Q12(RPG_SFMA)
+  }
+  RPG_Q12(RPG_SSTORE)
+}
+#define RPG_VLOAD(i)                                          \
+  if constexpr (NQ > (i)) {                                   \
+    a##i##_0 = _mm512_maskz_loadu_ps(m0, acc[i] + c0);        \
+    a##i##_1 = _mm512_maskz_loadu_ps(m1, acc[i] + c0 + 16);   \
+  }
+#define RPG_VFMA(i)                                           \
+  if constexpr (NQ > (i)) {                                   \
+    const __m512 pb = _mm512_set1_ps(p[i][j]);                \
+    a##i##_0 = _mm512_fmadd_ps(pb, v0, a##i##_0);             \
+    a##i##_1 = _mm512_fmadd_ps(pb, v1, a##i##_1);             \
+  }
+#define RPG_VSTORE(i)                                         \
+  if constexpr (NQ > (i)) {                                   \
+    _mm512_mask_storeu_ps(acc[i] + c0, m0, a##i##_0);         \
+    _mm512_mask_storeu_ps(acc[i] + c0 + 16, m1, a##i##_1);    \
+  }
+// acc[i][c0, c0 + 32) += sum over keys j < n of p[i][j] v[j][c0, c0 + 32) (masked by m0, m1).
+template <int NQ>
+__attribute__((target("avx512f"))) void values_multi512(const float* const* p, const float* __restrict v, int64_t D,
+                                                        int64_t n, int64_t c0, __mmask16 m0, __mmask16 m1,
+                                                        float* const* acc) {
+  RPG_Q12(RPG_DECL)
+  RPG_Q12(RPG_VLOAD)
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = v + j * D + c0;
+    const __m512 v0 = _mm512_maskz_loadu_ps(m0, vj), v1 = _mm512_maskz_loadu_ps(m1, vj + 16);
+    RPG_Q12(RPG_VFMA)
+  }
+  RPG_Q12(RPG_VSTORE)
+}
+#undef RPG_Q12
+#undef RPG_DECL
+#undef RPG_SFMA
+#undef RPG_SSTORE
+#undef RPG_VLOAD
+#undef RPG_VFMA
+#undef RPG_VSTORE
+
+constexpr int64_t kMultiQueries = 12;
+
+// The scores of `nq` queries (q[i] [D], scaled) over the keys [0, n) of kt (D rows of `stride`)
+// into s[i][0, n); then, once softmaxed, the same queries' weighted sums of v [n, D] added to
+// acc[i] [D].
+void prompt_scores512(const float* const* q, int64_t nq, int64_t D, const float* kt, int64_t stride, int64_t n,
+                      float* const* s) {
+  for (int64_t j0 = 0; j0 < n; j0 += 32) {
+    const __mmask16 m0 = lanes_mask(n - j0), m1 = lanes_mask(n - j0 - 16);
+    for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
+      detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
+        scores_multi512<decltype(c)::value>(q + i0, D, kt, stride, j0, m0, m1, s + i0);
+      });
+  }
+}
+void prompt_values512(const float* const* p, int64_t nq, int64_t D, const float* v, int64_t n, float* const* acc) {
+  for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
+    for (int64_t c0 = 0; c0 < D; c0 += 32)
+      detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
+        values_multi512<decltype(c)::value>(p + i0, v, D, n, c0, lanes_mask(D - c0), lanes_mask(D - c0 - 16), acc + i0);
+      });
+}
+
 // kAuto's choice: the AVX-512 form where the CPU has it; RPG_DECODE_ATTENTION=generic keeps
 // the generic one (benchmarks compare the two with it).
 bool auto_uses_avx512() {
@@ -305,7 +401,7 @@ template <class T>
 at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache, const at::Tensor& slots,
                const at::Tensor& positions, const SharedPrefix& prefix, bool avx512) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), Hkv = v_cache.size(1), cap = v_cache.size(2);
-  const int64_t rep = H / Hkv, items = R * Hkv;
+  const int64_t rep = H / Hkv;
   const at::Tensor qf = q.to(at::kFloat).contiguous();
   const at::Tensor slot_c = slots.to(at::kCPU, at::kLong).contiguous(), pos_c = positions.to(at::kCPU, at::kLong).contiguous();
   const int64_t* slot = slot_c.data_ptr<int64_t>();
@@ -342,9 +438,8 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   at::Tensor out = at::empty({R, H * D}, q.options());
   T* op = out.data_ptr<T>();
   const int64_t head_stride = cap * D;  // one (slot, KV head)'s keys or values
-  // The k-th item taken (a row and a KV head) and its runs of keys: the shared prefix, then
-  // the rest from its own slot.
-  auto item_of = [&](int64_t k) { return order[static_cast<size_t>(k / Hkv)] * Hkv + k % Hkv; };
+  // An item's (a row's and a KV head's, at it = r * Hkv + g) runs of keys: the shared prefix,
+  // then the rest from its own slot.
   auto runs = [&](int64_t it) {
     const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1, p = shared ? plen[r] : 0;
     auto at_slot = [&](int64_t s, int64_t j0, int64_t j1) {
@@ -353,49 +448,121 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     };
     return std::array<KeyRun<T>, 2>{at_slot(p > 0 ? pslot[r] : slot[r], 0, p), at_slot(slot[r], p, n)};
   };
-  // What the next item reads from memory, for the prefetch: its own run (its prefix, if shared
-  // with this one, is in the caches already).
-  auto next_own = [&](int64_t k, int64_t e) {
-    if (k + 1 >= e) return KeyRun<T>{};
-    const auto r = runs(item_of(k + 1));
-    return r[1].j1 > r[1].j0 ? r[1] : r[0];
+
+  // One (row, KV head) item in one pass while its scores are in L1: scores, softmax, weighted values.
+  auto one_item = [&](int64_t it, const KeyRun<T>& next, float* s, float* qs, float* acc) {
+    const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1, next_n = next.j1 - next.j0;
+    const float* qi = qp + (r * H + g * rep) * D;
+    const auto item_runs = runs(it);
+    if (avx512)
+      for (int64_t x = 0; x < rep * D; ++x) qs[x] = qi[x] * scale;
+    for (const KeyRun<T>& run : item_runs) {
+      if (run.j1 == run.j0) continue;
+      if constexpr (std::is_same_v<T, float>) {
+        if (avx512) scores_item512(qs, run.k, cap, run.j1 - run.j0, L, rep, D, s + run.j0, next.k, next_n);
+        else scores_f32(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
+      } else {
+        scores_bf16(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
+      }
+    }
+    for (int64_t i = 0; i < rep; ++i) softmax_row(s + i * L, n);
+    std::fill(acc, acc + rep * D, 0.0f);
+    const T* next_v = next_n > 0 ? next.v : nullptr;
+    for (const KeyRun<T>& run : item_runs) {
+      if (run.j1 == run.j0) continue;
+      if constexpr (std::is_same_v<T, float>) {
+        if (avx512) values_item512(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc, next_v, next_n);
+        else values_f32(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc, next_v, next_n);
+      } else {
+        values_bf16(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc, next_v, next_n);
+      }
+    }
+    T* o = op + (r * H + g * rep) * D;
+    for (int64_t x = 0; x < rep * D; ++x) o[x] = static_cast<T>(acc[x]);
   };
-  // Each item in one pass while its scores are in L1: scores, softmax, weighted values.
-  at::parallel_for(0, items, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> qs(static_cast<size_t>(rep * D)), acc(static_cast<size_t>(rep * D)),
-        scores(static_cast<size_t>(rep * L));
-    float* s = scores.data();
-    for (int64_t k = b; k < e; ++k) {
-      const int64_t it = item_of(k), r = it / Hkv, g = it % Hkv, n = pos[r] + 1;
-      const float* qi = qp + (r * H + g * rep) * D;
-      const KeyRun<T> next = next_own(k, e);
-      const int64_t next_n = next.j1 - next.j0;
-      const auto item_runs = runs(it);
-      if (avx512)
-        for (int64_t x = 0; x < rep * D; ++x) qs[static_cast<size_t>(x)] = qi[x] * scale;
-      for (const KeyRun<T>& run : item_runs) {
-        if (run.j1 == run.j0) continue;
-        if constexpr (std::is_same_v<T, float>) {
-          if (avx512) scores_item512(qs.data(), run.k, cap, run.j1 - run.j0, L, rep, D, s + run.j0, next.k, next_n);
-          else scores_f32(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
-        } else {
-          scores_bf16(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
+  // Tasks: a KV head of a chunk of consecutive rows (in `order`). The AVX-512 fp32 form takes up
+  // to kChunk rows sharing a prompt together (their queries against each block of the prompt's
+  // keys and values at once, prompt_scores512 / prompt_values512); otherwise a chunk is one row.
+  constexpr int64_t kChunk = 4;
+  std::vector<std::pair<int64_t, int64_t>> chunks;  // [begin, end) in order
+  for (int64_t k = 0; k < R;) {
+    int64_t e = k + 1;
+    if constexpr (std::is_same_v<T, float>) {
+      const int64_t r0 = order[static_cast<size_t>(k)];
+      if (avx512 && shared && plen[r0] > 0)
+        while (e < R && e - k < kChunk && plen[order[static_cast<size_t>(e)]] > 0 &&
+               pslot[order[static_cast<size_t>(e)]] == pslot[r0])
+          ++e;
+    }
+    chunks.emplace_back(k, e);
+    k = e;
+  }
+  const int64_t tasks = static_cast<int64_t>(chunks.size()) * Hkv;
+  at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
+    const size_t per_row = static_cast<size_t>(rep * D);
+    std::vector<float> qs(kChunk * per_row), acc(kChunk * per_row), scores(static_cast<size_t>(kChunk * rep * L));
+    std::vector<const float*> qv(static_cast<size_t>(kChunk * rep));
+    std::vector<float*> sv(static_cast<size_t>(kChunk * rep)), av(static_cast<size_t>(kChunk * rep));
+    for (int64_t t = b; t < e; ++t) {
+      const auto [c0, c1] = chunks[static_cast<size_t>(t / Hkv)];
+      const int64_t g = t % Hkv, nr = c1 - c0;
+      if (nr == 1) {
+        const int64_t it = order[static_cast<size_t>(c0)] * Hkv + g;
+        KeyRun<T> next{};
+        if (t + 1 < e) {
+          const auto [d0, d1] = chunks[static_cast<size_t>((t + 1) / Hkv)];
+          const auto r = runs(order[static_cast<size_t>(d0)] * Hkv + (t + 1) % Hkv);
+          next = r[1].j1 > r[1].j0 ? r[1] : r[0];
+        }
+        one_item(it, next, scores.data(), qs.data(), acc.data());
+        continue;
+      }
+      if constexpr (std::is_same_v<T, float>) {
+        // The prompt's keys [0, P) from the first row's prefix slot, P the shortest of the chunk's
+        // prefixes (a row's own slot holds the same values up to its own).
+        int64_t P = std::numeric_limits<int64_t>::max();
+        for (int64_t k = c0; k < c1; ++k) P = std::min(P, plen[order[static_cast<size_t>(k)]]);
+        const int64_t ps = pslot[order[static_cast<size_t>(c0)]], nq = nr * rep;
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t r = order[static_cast<size_t>(c0 + i)];
+          const float* qi = qp + (r * H + g * rep) * D;
+          for (int64_t x = 0; x < rep * D; ++x) qs[static_cast<size_t>(i * rep * D + x)] = qi[x] * scale;
+          for (int64_t h = 0; h < rep; ++h) {
+            qv[static_cast<size_t>(i * rep + h)] = qs.data() + (i * rep + h) * D;
+            sv[static_cast<size_t>(i * rep + h)] = scores.data() + (i * rep + h) * L;
+            av[static_cast<size_t>(i * rep + h)] = acc.data() + (i * rep + h) * D;
+          }
+        }
+        // The rows' own keys and values (in memory since an earlier step) requested into L2
+        // now, to arrive while the prompt's part is computed.
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
+          if (n <= P) continue;
+          const int64_t own = (slot[r] * Hkv + g) * head_stride;
+          for (int64_t d = 0; d < D; ++d) prefetch_l2(kp + own + d * cap + P, (n - P) * 4);
+          prefetch_l2(vp + own + P * D, (n - P) * D * 4);
+        }
+        const int64_t prompt = (ps * Hkv + g) * head_stride;
+        prompt_scores512(qv.data(), nq, D, kp + prompt, cap, P, sv.data());
+        for (int64_t i = 0; i < nr; ++i) {  // each row's own keys after the prompt, then its softmax
+          const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
+          const int64_t own = (slot[r] * Hkv + g) * head_stride;
+          if (n > P) scores_item512(qv[static_cast<size_t>(i * rep)], kp + own + P, cap, n - P, L, rep, D,
+                                    sv[static_cast<size_t>(i * rep)] + P, nullptr, 0);
+          for (int64_t h = 0; h < rep; ++h) softmax_row(sv[static_cast<size_t>(i * rep + h)], n);
+        }
+        std::fill(acc.begin(), acc.begin() + static_cast<int64_t>(nq * D), 0.0f);
+        std::vector<const float*> pv(sv.begin(), sv.begin() + nq);
+        prompt_values512(pv.data(), nq, D, vp + prompt, P, av.data());
+        for (int64_t i = 0; i < nr; ++i) {
+          const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
+          const int64_t own = (slot[r] * Hkv + g) * head_stride;
+          if (n > P) values_item512(sv[static_cast<size_t>(i * rep)] + P, vp + own + P * D, n - P, L, rep, D,
+                                    av[static_cast<size_t>(i * rep)], nullptr, 0);
+          T* o = op + (r * H + g * rep) * D;
+          for (int64_t x = 0; x < rep * D; ++x) o[x] = acc[static_cast<size_t>(i * rep * D + x)];
         }
       }
-      for (int64_t i = 0; i < rep; ++i) softmax_row(s + i * L, n);
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      const T* next_v = next_n > 0 ? next.v : nullptr;
-      for (const KeyRun<T>& run : item_runs) {
-        if (run.j1 == run.j0) continue;
-        if constexpr (std::is_same_v<T, float>) {
-          if (avx512) values_item512(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc.data(), next_v, next_n);
-          else values_f32(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc.data(), next_v, next_n);
-        } else {
-          values_bf16(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc.data(), next_v, next_n);
-        }
-      }
-      T* o = op + (r * H + g * rep) * D;
-      for (int64_t x = 0; x < rep * D; ++x) o[x] = static_cast<T>(acc[static_cast<size_t>(x)]);
     }
   });
   return out;
