@@ -1,12 +1,19 @@
 #include "rpg/model/decode_elementwise.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "rpg/core/fast_exp.h"
+
+// at::parallel_for's OpenMP region is compiled into this file (src/rpg/model/CMakeLists.txt).
+#if !defined(_OPENMP)
+#error "this kernel file must be compiled with -fopenmp"
+#endif
 
 namespace rpg::model::detail {
 namespace {
@@ -81,6 +88,13 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_f32(con
   for (; i < n; ++i) y[i] = one(g[i], u[i]);
 }
 
+// Rows (of `width` elements) per task: below ~16k elements a step's kernel runs on the calling
+// thread (the threads' start costs more than the pass). Above, both threads take a share, so
+// that no thread spins idle at its barrier beside a serial pass: on the shared VMs that spin
+// sometimes slowed the serial pass itself 3-4x (swiglu at 64 rows: 93 ms or 229-268 ms per
+// 64-token rollout, between runs of one binary).
+int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
+
 }  // namespace
 
 bool decode_elementwise_applies(const at::Tensor& x) {
@@ -94,8 +108,11 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
   RECORD_FUNCTION("rpg::rms_norm_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(x);
   const int64_t C = x.size(-1);
-  rms_norm_f32(x.data_ptr<float>(), weight.data_ptr<float>(), y.data_ptr<float>(), x.numel() / C, C,
-               static_cast<float>(eps));
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.numel() / C, grain(C), [&](int64_t b, int64_t e) {
+    rms_norm_f32(xp + b * C, weight.data_ptr<float>(), yp + b * C, e - b, C, static_cast<float>(eps));
+  });
   return y;
 }
 
@@ -107,8 +124,12 @@ at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
               "rope_rows: contiguous float32 CPU x [B, T, H, D] and cos, sin [B, T, 1, D]");
   RECORD_FUNCTION("rpg::rope_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(x);
-  rope_f32(x.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), y.data_ptr<float>(),
-           x.size(0) * x.size(1), x.size(2), x.size(3));
+  const int64_t H = x.size(2), D = x.size(3);
+  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, x.size(0) * x.size(1), grain(H * D), [&](int64_t b, int64_t e) {
+    rope_f32(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+  });
   return y;
 }
 
@@ -117,7 +138,13 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
               "swiglu_rows: contiguous float32 CPU gate and up of one shape");
   RECORD_FUNCTION("rpg::swiglu_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(gate);
-  swiglu_f32(gate.data_ptr<float>(), up.data_ptr<float>(), y.data_ptr<float>(), gate.numel());
+  const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, gate.numel() / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
+    // Blocks of 16 elements; the last task also takes the tail.
+    const int64_t end = e == gate.numel() / kLanes ? gate.numel() : e * kLanes;
+    swiglu_f32(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+  });
   return y;
 }
 
