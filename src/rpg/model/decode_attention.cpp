@@ -289,69 +289,47 @@ void values_item512(const float* p, const float* v, int64_t n_keys, int64_t L, i
 // once against one block of the prompt's keys or values, so each key row is loaded once per
 // 12 queries instead of once per row's heads. The same FMA chains again (over d per score,
 // over keys per output), so the same bits as the forms above.
+// One kernel for both: two vectors per query (a_i_0, a_i_1), and per step idx one number of each
+// query's row src[i][idx] broadcast against the same two vectors x[idx * x_step, + 32) (masked
+// by m0, m1); the result stored at dst[i] + off, or added to what is there (Accumulate).
+//   scores: src = scaled queries [D], x = keys from j0 (D rows of `stride`), dst = score rows at j0;
+//   values: src = probability rows, x = value rows at column c0 (stride D), dst = acc rows at c0.
 #define RPG_Q12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define RPG_DECL(i) __m512 a##i##_0 = _mm512_setzero_ps(), a##i##_1 = a##i##_0;
-#define RPG_SFMA(i)                                           \
+#define RPG_FMA_PAIR(i)                                       \
   if constexpr (NQ > (i)) {                                   \
-    const __m512 qb = _mm512_set1_ps(q[i][d]);                \
-    a##i##_0 = _mm512_fmadd_ps(qb, k0, a##i##_0);             \
-    a##i##_1 = _mm512_fmadd_ps(qb, k1, a##i##_1);             \
+    const __m512 b = _mm512_set1_ps(src[i][idx]);             \
+    a##i##_0 = _mm512_fmadd_ps(b, x0, a##i##_0);              \
+    a##i##_1 = _mm512_fmadd_ps(b, x1, a##i##_1);              \
   }
-#define RPG_SSTORE(i)                                         \
+#define RPG_LOAD_PAIR(i)                                      \
   if constexpr (NQ > (i)) {                                   \
-    _mm512_mask_storeu_ps(s[i] + j0, m0, a##i##_0);           \
-    _mm512_mask_storeu_ps(s[i] + j0 + 16, m1, a##i##_1);      \
+    a##i##_0 = _mm512_maskz_loadu_ps(m0, dst[i] + off);       \
+    a##i##_1 = _mm512_maskz_loadu_ps(m1, dst[i] + off + 16);  \
   }
-// s[i][j0, j0 + 32) = q[i] . k_j (masked by m0, m1) for NQ scaled queries q[i] [D].
-template <int NQ>
-__attribute__((target("avx512f"))) void scores_multi512(const float* const* q, int64_t D, const float* __restrict kt,
-                                                        int64_t stride, int64_t j0, __mmask16 m0, __mmask16 m1,
-                                                        float* const* s) {
+#define RPG_STORE_PAIR(i)                                     \
+  if constexpr (NQ > (i)) {                                   \
+    _mm512_mask_storeu_ps(dst[i] + off, m0, a##i##_0);        \
+    _mm512_mask_storeu_ps(dst[i] + off + 16, m1, a##i##_1);   \
+  }
+template <int NQ, bool Accumulate>
+__attribute__((target("avx512f"))) void rank1_multi512(const float* const* src, const float* __restrict x,
+                                                       int64_t x_step, int64_t count, __mmask16 m0, __mmask16 m1,
+                                                       float* const* dst, int64_t off) {
   RPG_Q12(RPG_DECL)
-  for (int64_t d = 0; d < D; ++d) {
-    const float* row = kt + d * stride + j0;
-    const __m512 k0 = _mm512_maskz_loadu_ps(m0, row), k1 = _mm512_maskz_loadu_ps(m1, row + 16);
-    RPG_Q12(RPG_SFMA)
+  if constexpr (Accumulate) { RPG_Q12(RPG_LOAD_PAIR) }
+  for (int64_t idx = 0; idx < count; ++idx) {
+    const float* xi = x + idx * x_step;
+    const __m512 x0 = _mm512_maskz_loadu_ps(m0, xi), x1 = _mm512_maskz_loadu_ps(m1, xi + 16);
+    RPG_Q12(RPG_FMA_PAIR)
   }
-  RPG_Q12(RPG_SSTORE)
-}
-#define RPG_VLOAD(i)                                          \
-  if constexpr (NQ > (i)) {                                   \
-    a##i##_0 = _mm512_maskz_loadu_ps(m0, acc[i] + c0);        \
-    a##i##_1 = _mm512_maskz_loadu_ps(m1, acc[i] + c0 + 16);   \
-  }
-#define RPG_VFMA(i)                                           \
-  if constexpr (NQ > (i)) {                                   \
-    const __m512 pb = _mm512_set1_ps(p[i][j]);                \
-    a##i##_0 = _mm512_fmadd_ps(pb, v0, a##i##_0);             \
-    a##i##_1 = _mm512_fmadd_ps(pb, v1, a##i##_1);             \
-  }
-#define RPG_VSTORE(i)                                         \
-  if constexpr (NQ > (i)) {                                   \
-    _mm512_mask_storeu_ps(acc[i] + c0, m0, a##i##_0);         \
-    _mm512_mask_storeu_ps(acc[i] + c0 + 16, m1, a##i##_1);    \
-  }
-// acc[i][c0, c0 + 32) += sum over keys j < n of p[i][j] v[j][c0, c0 + 32) (masked by m0, m1).
-template <int NQ>
-__attribute__((target("avx512f"))) void values_multi512(const float* const* p, const float* __restrict v, int64_t D,
-                                                        int64_t n, int64_t c0, __mmask16 m0, __mmask16 m1,
-                                                        float* const* acc) {
-  RPG_Q12(RPG_DECL)
-  RPG_Q12(RPG_VLOAD)
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vj = v + j * D + c0;
-    const __m512 v0 = _mm512_maskz_loadu_ps(m0, vj), v1 = _mm512_maskz_loadu_ps(m1, vj + 16);
-    RPG_Q12(RPG_VFMA)
-  }
-  RPG_Q12(RPG_VSTORE)
+  RPG_Q12(RPG_STORE_PAIR)
 }
 #undef RPG_Q12
 #undef RPG_DECL
-#undef RPG_SFMA
-#undef RPG_SSTORE
-#undef RPG_VLOAD
-#undef RPG_VFMA
-#undef RPG_VSTORE
+#undef RPG_FMA_PAIR
+#undef RPG_LOAD_PAIR
+#undef RPG_STORE_PAIR
 
 constexpr int64_t kMultiQueries = 12;
 
@@ -364,7 +342,7 @@ void prompt_scores512(const float* const* q, int64_t nq, int64_t D, const float*
     const __mmask16 m0 = lanes_mask(n - j0), m1 = lanes_mask(n - j0 - 16);
     for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
       detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
-        scores_multi512<decltype(c)::value>(q + i0, D, kt, stride, j0, m0, m1, s + i0);
+        rank1_multi512<decltype(c)::value, false>(q + i0, kt + j0, stride, D, m0, m1, s + i0, j0);
       });
   }
 }
@@ -372,7 +350,8 @@ void prompt_values512(const float* const* p, int64_t nq, int64_t D, const float*
   for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
     for (int64_t c0 = 0; c0 < D; c0 += 32)
       detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
-        values_multi512<decltype(c)::value>(p + i0, v, D, n, c0, lanes_mask(D - c0), lanes_mask(D - c0 - 16), acc + i0);
+        rank1_multi512<decltype(c)::value, true>(p + i0, v + c0, D, n, lanes_mask(D - c0), lanes_mask(D - c0 - 16),
+                                                 acc + i0, c0);
       });
 }
 
