@@ -122,6 +122,9 @@ TEST(Sampler, PlainSamplingInvertsTheCdfOfTheFloat64Distribution) {
     const at::Tensor lp = at::log_softmax(logits.to(at::kDouble) / t, 1).gather(1, s.ids.unsqueeze(1)).squeeze(1);
     EXPECT_LE((s.log_probs.to(at::kDouble) - lp).abs().max().item<double>(), 2e-6) << "T " << t;
   }
+  // A row of NaN (a broken model) still names a token of the vocabulary.
+  const SampledTokens nan = sample_tokens(at::full({2, V}, std::nanf("")), SamplingParams{}, {0.5, 0.999});
+  EXPECT_TRUE(((nan.ids >= 0) & (nan.ids < V)).all().item<bool>());
 }
 
 TEST(Sampler, GreedyTakesTheFirstMaximumAndReportsItsLogProb) {

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "rpg/core/error.h"

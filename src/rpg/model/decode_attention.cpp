@@ -489,7 +489,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
         const int64_t it = order[static_cast<size_t>(c0)] * Hkv + g;
         KeyRun<T> next{};
         if (t + 1 < e) {
-          const auto [d0, d1] = chunks[static_cast<size_t>((t + 1) / Hkv)];
+          const int64_t d0 = chunks[static_cast<size_t>((t + 1) / Hkv)].first;
           const auto r = runs(order[static_cast<size_t>(d0)] * Hkv + (t + 1) % Hkv);
           next = r[1].j1 > r[1].j0 ? r[1] : r[0];
         }
