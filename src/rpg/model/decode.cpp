@@ -136,10 +136,14 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     // Rows holding one prompt read it from the first of them (at the shorter of their two
     // prefix lengths, should one have been shortened). RPG_DECODE_SHARED_PROMPT=0: each its own
     // copy (the same results; benchmarks compare the two).
+    static const bool share = [] {
+      const char* env = std::getenv("RPG_DECODE_SHARED_PROMPT");
+      return !env || std::string(env) != "0";
+    }();
     std::vector<int64_t> prefix_slots(N), prefix_lengths(N, 0);
     std::vector<std::pair<int64_t, int64_t>> firsts;  // (prefix id, row)
     bool any = false;
-    for (int64_t i = 0; i < N; ++i) {
+    for (int64_t i = 0; i < N && share; ++i) {
       const int64_t s = slots[i];
       prefix_slots[i] = s;
       if (cache.prefix_length_[s] == 0) continue;
@@ -154,11 +158,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
       prefix_lengths[i] = std::min(cache.prefix_length_[s], cache.prefix_length_[first]);
       any = true;
     }
-    static const bool share = [] {
-      const char* env = std::getenv("RPG_DECODE_SHARED_PROMPT");
-      return !env || std::string(env) != "0";
-    }();
-    if (any && share) {
+    if (any) {
       step.kernel_prefix_slots = at::tensor(prefix_slots, at::kLong);
       step.kernel_prefix_lengths = at::tensor(prefix_lengths, at::kLong);
     }

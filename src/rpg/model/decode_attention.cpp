@@ -54,14 +54,11 @@ inline __attribute__((always_inline)) void axpy(float a, const T* __restrict x, 
 // Cache lines of [p, p + bytes) requested ahead of use: the next item's keys or values,
 // while this item's are computed on (the K/V cache is read from memory once per step, in
 // short rows the hardware prefetcher does not follow far enough).
+// Locality 2 (T1, into L2 only): for runs requested well ahead of use.
+template <int Locality = 3>
 inline __attribute__((always_inline)) void prefetch(const void* p, int64_t bytes) {
   if (!p) return;
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off);
-}
-
-// The same into L2 only (T1): for runs requested well ahead of use.
-inline void prefetch_l2(const void* p, int64_t bytes) {
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, 2);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, Locality);
 }
 
 template <class T>
@@ -518,8 +515,8 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
           const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
           if (n <= P) continue;
           const int64_t own = (slot[r] * Hkv + g) * head_stride;
-          for (int64_t d = 0; d < D; ++d) prefetch_l2(kp + own + d * cap + P, (n - P) * 4);
-          prefetch_l2(vp + own + P * D, (n - P) * D * 4);
+          for (int64_t d = 0; d < D; ++d) prefetch<2>(kp + own + d * cap + P, (n - P) * 4);
+          prefetch<2>(vp + own + P * D, (n - P) * D * 4);
         }
         const int64_t prompt = (ps * Hkv + g) * head_stride;
         prompt_scores512(qv.data(), nq, D, kp + prompt, cap, P, sv.data());
@@ -531,8 +528,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
           for (int64_t h = 0; h < rep; ++h) softmax_row(sv[static_cast<size_t>(i * rep + h)], n);
         }
         std::fill(acc.begin(), acc.begin() + static_cast<int64_t>(nq * D), 0.0f);
-        std::vector<const float*> pv(sv.begin(), sv.begin() + nq);
-        prompt_values512(pv.data(), nq, D, vp + prompt, P, av.data());
+        prompt_values512(sv.data(), nq, D, vp + prompt, P, av.data());
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
           const int64_t own = (slot[r] * Hkv + g) * head_stride;
