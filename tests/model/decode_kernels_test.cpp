@@ -37,15 +37,15 @@ struct Shape {
 };
 
 // softmax(q k^T / sqrt(D)) v over keys 0..pos of each row's slot, in fp64 from the same
-// (rounded) inputs; head h reads KV head h / (H / Hkv).
-at::Tensor reference(const at::Tensor& q, const at::Tensor& kt, const at::Tensor& v, const at::Tensor& slots,
+// (rounded) inputs; head h reads KV head h / (H / Hkv). k: position-major [S, Hkv, capacity, D].
+at::Tensor reference(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v, const at::Tensor& slots,
                      const at::Tensor& pos) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), Hkv = v.size(1), rep = H / Hkv;
   at::Tensor out = at::zeros({R, H * D}, at::kDouble);
   for (int64_t r = 0; r < R; ++r) {
     const int64_t s = slots[r].item<int64_t>(), n = pos[r].item<int64_t>() + 1;
     for (int64_t h = 0; h < H; ++h) {
-      at::Tensor k = kt[s][h / rep].narrow(1, 0, n).t().to(at::kDouble);  // [n, D]
+      at::Tensor k = k_cache[s][h / rep].narrow(0, 0, n).to(at::kDouble);  // [n, D]
       at::Tensor vv = v[s][h / rep].narrow(0, 0, n).to(at::kDouble);
       at::Tensor p = at::softmax(at::mv(k, q[r][h].to(at::kDouble)) / std::sqrt(static_cast<double>(D)), 0);
       out[r].narrow(0, h * D, D).copy_(at::mv(vv.t(), p));
@@ -65,7 +65,7 @@ void check(const Shape& sh, at::ScalarType dtype, double tol,
            detail::AttentionKernel kernel = detail::AttentionKernel::kAuto) {
   at::manual_seed(sh.heads * 131 + sh.head_dim);
   const auto opt = at::TensorOptions().dtype(dtype);
-  at::Tensor kt = at::randn({sh.slots, sh.kv_heads, sh.head_dim, sh.capacity}, opt);
+  at::Tensor k = at::randn({sh.slots, sh.kv_heads, sh.capacity, sh.head_dim}, opt), kt = block_keys(k);
   at::Tensor v = at::randn({sh.slots, sh.kv_heads, sh.capacity, sh.head_dim}, opt);
   at::Tensor q = at::randn({sh.rows, sh.heads, sh.head_dim}, opt);
   at::Tensor slots = at::randperm(sh.slots, at::kLong).narrow(0, 0, sh.rows).contiguous();
@@ -75,7 +75,7 @@ void check(const Shape& sh, at::ScalarType dtype, double tol,
   at::Tensor out = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
   ASSERT_EQ(out.scalar_type(), dtype);
   ASSERT_EQ(out.sizes(), (std::vector<int64_t>{sh.rows, sh.heads * sh.head_dim}));
-  const at::Tensor ref = reference(q, kt, v, slots, pos);
+  const at::Tensor ref = reference(q, k, v, slots, pos);
   EXPECT_LE((out.to(at::kDouble) - ref).abs().max().item<double>(), tol)
       << "H " << sh.heads << " Hkv " << sh.kv_heads << " D " << sh.head_dim << " cap " << sh.capacity << " "
       << c10::toString(dtype) << " kernel " << static_cast<int>(kernel);
@@ -101,7 +101,7 @@ TEST(DecodeAttention, KernelsAgreeAndRowsDoNotDependOnTheirNeighbours) {
   // alone or beside others; the kernels differ only in how they block the same sums.
   const int64_t S = 4, H = 14, Hkv = 2, D = 64, cap = 200;
   at::manual_seed(11);
-  at::Tensor kt = at::randn({S, Hkv, D, cap}), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
+  at::Tensor kt = block_keys(at::randn({S, Hkv, cap, D})), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
   at::Tensor pos = at::tensor({199, 31, 64, 100}, at::kLong), slots = at::tensor({2, 0, 3, 1}, at::kLong);
   for (auto kernel : kernels()) {
     at::Tensor all = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
@@ -126,11 +126,12 @@ TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {
       at::manual_seed(5);
       const auto opt = at::TensorOptions().dtype(dtype);
-      at::Tensor kt = at::randn({S, Hkv, D, cap}, opt), v = at::randn({S, Hkv, cap, D}, opt), q = at::randn({6, H, D}, opt);
+      at::Tensor k = at::randn({S, Hkv, cap, D}, opt), v = at::randn({S, Hkv, cap, D}, opt), q = at::randn({6, H, D}, opt);
       for (int64_t s : {3, 4, 5}) {
-        kt[s].narrow(2, 0, P).copy_(kt[1].narrow(2, 0, P));
+        k[s].narrow(1, 0, P).copy_(k[1].narrow(1, 0, P));
         v[s].narrow(1, 0, P).copy_(v[1].narrow(1, 0, P));
       }
+      const at::Tensor kt = block_keys(k);
       const at::Tensor slots = at::tensor({4, 1, 0, 3, 2, 5}, at::kLong), pos = at::tensor({50, 36, 20, 99, 127, 36}, at::kLong);
       const SharedPrefix prefix{at::tensor({1, 1, 0, 1, 2, 1}, at::kLong),
                                 at::tensor(std::vector<int64_t>{P, P, 0, 30, 128, P}, at::kLong)};
@@ -147,7 +148,7 @@ TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
         EXPECT_TRUE(at::equal(wrong[5], own[5])) << what;
       }
     }
-  at::Tensor kt = at::zeros({2, 1, 4, 8}), v = at::zeros({2, 1, 8, 4}), q = at::zeros({1, 1, 4});
+  at::Tensor kt = block_keys(at::zeros({2, 1, 8, 4})), v = at::zeros({2, 1, 8, 4}), q = at::zeros({1, 1, 4});
   const at::Tensor zero = at::zeros({1}, at::kLong), three = at::full({1}, 3, at::kLong);
   EXPECT_THROW(decode_attention(q, kt, v, zero, three, {zero, at::full({1}, 5, at::kLong)}), c10::Error);  // past its keys
   EXPECT_THROW(decode_attention(q, kt, v, zero, three, {at::full({1}, 2, at::kLong), three}), c10::Error);  // no such slot
@@ -155,21 +156,34 @@ TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
 }
 
 TEST(DecodeAttention, WritingATokenEqualsIndexPut) {
-  // write_decode_kv against the layer's general path: index_put_ through [S, capacity, Hkv, D] views.
-  const int64_t S = 5, Hkv = 3, D = 40, cap = 17;
+  // write_decode_kv against the general path: index_put_ through [S, capacity, Hkv, D] views of
+  // position-major keys, then blocked. Positions in the first block, the second and the last
+  // (partial) one of a capacity of 71.
+  const int64_t S = 5, Hkv = 3, D = 40, cap = 71;
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     at::manual_seed(7);
     const auto opt = at::TensorOptions().dtype(dtype);
-    at::Tensor kt = at::randn({S, Hkv, D, cap}, opt), v = at::randn({S, Hkv, cap, D}, opt);
+    at::Tensor k = at::randn({S, Hkv, cap, D}, opt), v = at::randn({S, Hkv, cap, D}, opt), kt = block_keys(k);
     at::Tensor k_new = at::randn({3, 1, Hkv, D}, opt), v_new = at::randn({3, 1, Hkv, D}, opt);
-    const at::Tensor slots = at::tensor({3, 0, 4}, at::kLong), pos = at::tensor({16, 0, 9}, at::kLong);
-    at::Tensor kt_ref = kt.clone(), v_ref = v.clone();
-    kt_ref.transpose(2, 3).transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, k_new);
+    const at::Tensor slots = at::tensor({3, 0, 4}, at::kLong), pos = at::tensor({70, 0, 33}, at::kLong);
+    at::Tensor k_ref = k.clone(), v_ref = v.clone();
+    k_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, k_new);
     v_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, v_new);
     write_decode_kv(kt, v, k_new, v_new, slots, pos);
-    EXPECT_TRUE(at::equal(kt, kt_ref)) << c10::toString(dtype);
+    EXPECT_TRUE(at::equal(kt, block_keys(k_ref))) << c10::toString(dtype);
     EXPECT_TRUE(at::equal(v, v_ref)) << c10::toString(dtype);
-    EXPECT_THROW(write_decode_kv(kt, v, k_new, v_new, slots, at::tensor({16, 0, 17}, at::kLong)), c10::Error);
+    EXPECT_THROW(write_decode_kv(kt, v, k_new, v_new, slots, at::tensor({16, 0, 71}, at::kLong)), c10::Error);
+    // The same keys through the prefill's path (several positions per row, index_put_ on the
+    // blocked cache), read back position-major.
+    at::Tensor kt2 = block_keys(k);
+    const at::Tensor rows = at::tensor({1, 4}, at::kLong).unsqueeze(1), at_pos = at::tensor({30, 31, 32, 33, 66, 67, 68, 69}, at::kLong).view({2, 4});
+    const at::Tensor k_put = at::randn({2, 4, Hkv, D}, opt);
+    put_blocked_keys(kt2, rows, at_pos, k_put);
+    at::Tensor k_ref2 = k.clone();
+    k_ref2.transpose(1, 2).index_put_({rows, at_pos}, k_put);
+    EXPECT_TRUE(at::equal(kt2, block_keys(k_ref2))) << c10::toString(dtype);
+    for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{32}, int64_t{33}, cap})
+      EXPECT_TRUE(at::equal(unblock_keys(kt2, n), k_ref2.narrow(2, 0, n))) << n;
   }
 }
 
@@ -183,21 +197,22 @@ TEST(DecodeAttention, EqualsScaledDotProductAttention) {
   // GQA, on the position-major copy of the keys.
   const int64_t S = 5, H = 6, Hkv = 2, D = 32, cap = 21;
   at::manual_seed(3);
-  at::Tensor kt = at::randn({S, Hkv, D, cap}), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
+  at::Tensor k = at::randn({S, Hkv, cap, D}), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
   at::Tensor pos = at::tensor({3, 20, 0, 11, 7}, at::kLong), slots = at::arange(S, at::kLong);
   at::Tensor mask = (at::arange(cap, at::kLong).view({1, 1, 1, cap}) <= pos.view({S, 1, 1, 1}));
-  at::Tensor sdpa = at::scaled_dot_product_attention(q.unsqueeze(2), kt.transpose(2, 3).contiguous(), v, mask, 0.0,
+  at::Tensor sdpa = at::scaled_dot_product_attention(q.unsqueeze(2), k, v, mask, 0.0,
                                                      false, std::nullopt, /*enable_gqa=*/true);  // [S, H, 1, D]
-  at::Tensor out = decode_attention(q, kt, v, slots, pos);
+  at::Tensor out = decode_attention(q, block_keys(k), v, slots, pos);
   EXPECT_LE((out - sdpa.reshape({S, H * D})).abs().max().item<double>(), 2e-6);
 }
 
 TEST(DecodeAttention, RefusesWhatItCannotRead) {
-  at::Tensor kt = at::zeros({2, 1, 8, 4}), v = at::zeros({2, 1, 4, 8}), q = at::zeros({1, 2, 8});
+  at::Tensor kt = block_keys(at::zeros({2, 1, 4, 8})), v = at::zeros({2, 1, 4, 8}), q = at::zeros({1, 2, 8});
   at::Tensor one = at::zeros({1}, at::kLong);
   EXPECT_THROW(decode_attention(q, kt, v, one, at::full({1}, 4, at::kLong)), c10::Error);  // position >= capacity
   EXPECT_THROW(decode_attention(q, kt, v, at::full({1}, 2, at::kLong), one), c10::Error);  // slot out of range
-  EXPECT_THROW(decode_attention(q, v, v, one, one), c10::Error);                           // keys not dimension-major
+  EXPECT_THROW(decode_attention(q, v, v, one, one), c10::Error);                           // keys not blocked
+  EXPECT_THROW(decode_attention(q, kt.transpose(3, 4), v, one, one), c10::Error);          // blocks the wrong way
   EXPECT_THROW(decode_attention(q.to(at::kDouble), kt.to(at::kDouble), v.to(at::kDouble), one, one), c10::Error);
   EXPECT_FALSE(decode_attention_supports(at::kHalf, at::kCPU));
 }

@@ -124,10 +124,10 @@ class KVCache {
 
  private:
   friend class CausalLM;
-  // Per layer, in the model dtype: values [S, Hkv, capacity, D]; keys the same, or
-  // [S, Hkv, D, capacity] when keys_transposed_ (the CPU decode kernel's layout).
+  // Per layer, in the model dtype: values [S, Hkv, capacity, D]; keys the same, or in blocks of
+  // positions when keys_blocked_ (the CPU decode kernel's layout, decode_attention.h).
   std::vector<at::Tensor> k_, v_;
-  bool keys_transposed_ = false;
+  bool keys_blocked_ = false;
   std::vector<int64_t> lengths_;   // [S] on the host: shapes depend on it
   // Slots with the same prefix_id_ hold the same keys and values at positions below their
   // prefix_length_ (0: none): a prompt prefilled from an empty slot, and its copies. Writes

@@ -44,7 +44,8 @@ void KVCache::copy_slot(int64_t from, int64_t to) {
   (void)length(to);
   if (from == to) return;
   for (size_t l = 0; l < k_.size(); ++l) {
-    k_[l][to].narrow(keys_transposed_ ? 2 : 1, 0, n).copy_(k_[l][from].narrow(keys_transposed_ ? 2 : 1, 0, n));
+    const int64_t key_rows = keys_blocked_ ? key_blocks(n) : n;  // positions, or blocks of them
+    k_[l][to].narrow(1, 0, key_rows).copy_(k_[l][from].narrow(1, 0, key_rows));
     v_[l][to].narrow(1, 0, n).copy_(v_[l][from].narrow(1, 0, n));
   }
   lengths_[to] = n;
@@ -68,12 +69,12 @@ KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   cache.prefix_id_.assign(num_slots, 0);
   cache.prefix_length_.assign(num_slots, 0);
   auto opt = at::TensorOptions().dtype(impl_->dtype).device(impl_->device);
-  // decode_attention() reads keys dimension-major; elsewhere SDPA reads them position-major.
-  cache.keys_transposed_ = decode_attention_supports(impl_->dtype, impl_->device);
+  // decode_attention() reads keys in blocks of positions; elsewhere SDPA reads them position-major.
+  cache.keys_blocked_ = decode_attention_supports(impl_->dtype, impl_->device);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    cache.k_.push_back(cache.keys_transposed_
-                           ? at::zeros({num_slots, c.num_key_value_heads, c.head_dim, capacity}, opt)
-                           : at::zeros({num_slots, c.num_key_value_heads, capacity, c.head_dim}, opt));
+    cache.k_.push_back(cache.keys_blocked_ ? at::zeros({num_slots, c.num_key_value_heads, key_blocks(capacity),
+                                                        c.head_dim, kKeyBlock}, opt)
+                                           : at::zeros({num_slots, c.num_key_value_heads, capacity, c.head_dim}, opt));
     cache.v_.push_back(at::zeros({num_slots, c.num_key_value_heads, capacity, c.head_dim}, opt));
   }
   return cache;
@@ -119,7 +120,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   AttnInputs a;
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
   CacheStep step;
-  step.keys_transposed = cache.keys_transposed_;
+  step.keys_blocked = cache.keys_blocked_;
   step.slot_index = at::tensor(slots, at::kLong).to(m.device).unsqueeze(1);
   step.write_pos = pos;
   step.kv_len = kv_len;
@@ -128,9 +129,9 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   // Key j is visible to the query at absolute position p iff j <= p: that covers both the
   // causal order among the new tokens and the slot's length (stale entries lie beyond).
   // Dense reads attend for every slot; idle ones get position 0 so they see key 0 only.
-  // A cache laid out for decode_attention() (keys dimension-major) is read by it at one token
+  // A cache laid out for decode_attention() (keys in blocks) is read by it at one token
   // per row: no mask, no dense scatter, no gather.
-  if (T == 1 && cache.keys_transposed_) {
+  if (T == 1 && cache.keys_blocked_) {
     step.kernel_slots = at::tensor(slots, at::kLong);
     step.kernel_positions = at::tensor(starts, at::kLong);
     // Rows holding one prompt read it from the first of them (at the shorter of their two
@@ -232,12 +233,12 @@ at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, 
   AttnInputs a;
   std::tie(a.cos, a.sin) = rope_tables(m.inv_freq, pos, m.dtype);
   CacheStep step;
-  step.keys_transposed = cache.keys_transposed_;
+  step.keys_blocked = cache.keys_blocked_;
   step.slot_index = at::arange(S, long_opt).unsqueeze(1);
   step.write_pos = pos;
   step.kv_len = L;
   step.read = CacheStep::Read::kAll;
-  if (cache.keys_transposed_) {  // decode_attention() (see decode())
+  if (cache.keys_blocked_) {  // decode_attention() (see decode())
     step.kernel_slots = at::arange(S, at::kLong);
     step.kernel_positions = positions.cpu();
   } else {

@@ -33,8 +33,8 @@ inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
 
 // Both loops run along contiguous memory with one multiplier per row (an AXPY), so they
-// vectorise without reductions: the keys are stored dimension-major (kt: D rows of the
-// positions), the values position-major.
+// vectorise without reductions: the keys are stored dimension-major within blocks of
+// kKeyBlock positions (decode_attention.h), the values position-major.
 
 // y[0, n) += a * x[0, n): in blocks of 16 (one AVX-512 register, two AVX2 ones; a fixed
 // trip count is what -O2's cheap vectoriser accepts), then the tail.
@@ -47,13 +47,9 @@ inline __attribute__((always_inline)) void axpy(float a, const T* __restrict x, 
   for (int64_t t = nv; t < n; ++t) y[t] += a * to_float(x[t]);
 }
 
-// Scores of one (row, KV head) over a run of its keys: s[i * L + j] = scale * q_i . k_j for the
-// rep query heads i and keys j < n_keys (kt: D rows of `stride` positions). Each score is its
-// own chain over d, so a row's keys may be taken in runs from different places (a shared
-// prefix, then its own slot) with the same result.
 // Cache lines of [p, p + bytes) requested ahead of use: the next item's keys or values,
-// while this item's are computed on (the K/V cache is read from memory once per step, in
-// short rows the hardware prefetcher does not follow far enough).
+// while this item's are computed on (the K/V cache is read from memory once per step; with
+// short items the start of each would otherwise wait on memory).
 // Locality 2 (T1, into L2 only): for runs requested well ahead of use.
 template <int Locality = 3>
 inline __attribute__((always_inline)) void prefetch(const void* p, int64_t bytes) {
@@ -61,36 +57,57 @@ inline __attribute__((always_inline)) void prefetch(const void* p, int64_t bytes
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, Locality);
 }
 
+// Bytes to request ahead for the part of the next item read first: its first blocks of keys
+// (the rest follows in order, which the hardware prefetcher keeps up with), or its values.
+constexpr int64_t kAheadKeys = 4 * kKeyBlock;
+
+// The part of `bytes` requested with block b of this item's `blocks`: an even share each.
+inline __attribute__((always_inline)) void prefetch_share(const void* next, int64_t bytes, int64_t b,
+                                                          int64_t blocks) {
+  if (!next) return;
+  const int64_t share = (bytes + blocks - 1) / blocks, off = b * share;
+  if (off < bytes) prefetch(static_cast<const char*>(next) + off, std::min(share, bytes - off));
+}
+
+// Scores of one (row, KV head) over a run [j0, j1) of its keys: s[i * L + j] = scale * q_i . k_j
+// for the rep query heads i (kb: the slot's blocks for this KV head). Each score is its own
+// chain over d, so a row's keys may be taken in runs from different places (a shared prefix,
+// then its own slot) with the same result.
 template <class T>
-inline __attribute__((always_inline)) void scores_item(const float* __restrict q, const T* __restrict kt,
-                                                       int64_t stride, int64_t n_keys, int64_t L, int64_t rep,
-                                                       int64_t D, float scale, float* __restrict s,
-                                                       const T* next_kt, int64_t next_n) {
-  for (int64_t i = 0; i < rep; ++i)
-    for (int64_t j = 0; j < n_keys; ++j) s[i * L + j] = 0;
-  for (int64_t d = 0; d < D; ++d) {
-    prefetch(next_kt ? next_kt + d * stride : nullptr, next_n * static_cast<int64_t>(sizeof(T)));
-    const T* __restrict row = kt + d * stride;
+inline __attribute__((always_inline)) void scores_item(const float* __restrict q, const T* __restrict kb,
+                                                       int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
+                                                       float scale, float* __restrict s, const void* next,
+                                                       int64_t next_bytes) {
+  const int64_t b0 = j0 / kKeyBlock, b1 = key_blocks(j1);
+  for (int64_t b = b0; b < b1; ++b) {
+    prefetch_share(next, next_bytes, b - b0, b1 - b0);
+    const int64_t lo = std::max(j0 - b * kKeyBlock, int64_t{0}), hi = std::min(j1 - b * kKeyBlock, kKeyBlock);
+    const T* __restrict block = kb + b * D * kKeyBlock;
+    // A whole block's lanes in registers over all of d (a block is always allocated whole;
+    // lanes outside [lo, hi) are computed and not stored).
     for (int64_t i = 0; i < rep; ++i) {
-      axpy(q[i * D + d] * scale, row, s + i * L, n_keys);
+      float acc[kKeyBlock] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        const float a = q[i * D + d] * scale;
+        const T* __restrict row = block + d * kKeyBlock;
+        for (int64_t t = 0; t < kKeyBlock; ++t) acc[t] += a * to_float(row[t]);
+      }
+      for (int64_t t = lo; t < hi; ++t) s[i * L + b * kKeyBlock + t] = acc[t];
     }
   }
 }
 
-// acc_i += sum_j p[i * L + j] v_j over j < n_keys for the rep heads, in key order, in fp32
-// (acc: rep x D; a run of keys continues the sums of the runs before it).
+// acc_i += sum_j p[i * L + j] v_j over the run [j0, j1) for the rep heads, in key order, in
+// fp32 (acc: rep x D; a run of keys continues the sums of the runs before it; v: the slot's
+// values for this KV head, from position 0).
 template <class T>
 inline __attribute__((always_inline)) void values_item(const float* __restrict p, const T* __restrict v,
-                                                       int64_t n_keys, int64_t L, int64_t rep, int64_t D,
-                                                       float* __restrict acc, const T* next_v, int64_t next_n) {
-  // The next item's values, spread over this item's keys.
-  const int64_t ahead = next_v && n_keys > 0 ? (next_n * D * static_cast<int64_t>(sizeof(T)) + n_keys - 1) / n_keys : 0;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    if (next_v) prefetch(reinterpret_cast<const char*>(next_v) + j * ahead, ahead);
+                                                       int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
+                                                       float* __restrict acc, const void* next, int64_t next_bytes) {
+  for (int64_t j = j0; j < j1; ++j) {
+    prefetch_share(next, next_bytes, j - j0, j1 - j0);
     const T* __restrict vj = v + j * D;
-    for (int64_t i = 0; i < rep; ++i) {
-      axpy(p[i * L + j], vj, acc + i * D, D);
-    }
+    for (int64_t i = 0; i < rep; ++i) axpy(p[i * L + j], vj, acc + i * D, D);
   }
 }
 
@@ -98,22 +115,21 @@ inline __attribute__((always_inline)) void values_item(const float* __restrict p
 // picks one at load time (the binaries are built without -march).
 #define RPG_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-RPG_CPU_CLONES void scores_f32(const float* q, const float* kt, int64_t stride, int64_t n, int64_t L, int64_t rep,
-                               int64_t D, float scale, float* s, const float* next_kt, int64_t next_n) {
-  scores_item(q, kt, stride, n, L, rep, D, scale, s, next_kt, next_n);
+RPG_CPU_CLONES void scores_f32(const float* q, const float* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep,
+                               int64_t D, float scale, float* s, const void* next, int64_t next_bytes) {
+  scores_item(q, kb, j0, j1, L, rep, D, scale, s, next, next_bytes);
 }
-RPG_CPU_CLONES void scores_bf16(const float* q, const c10::BFloat16* kt, int64_t stride, int64_t n, int64_t L,
-                                int64_t rep, int64_t D, float scale, float* s, const c10::BFloat16* next_kt,
-                                int64_t next_n) {
-  scores_item(q, kt, stride, n, L, rep, D, scale, s, next_kt, next_n);
+RPG_CPU_CLONES void scores_bf16(const float* q, const c10::BFloat16* kb, int64_t j0, int64_t j1, int64_t L,
+                                int64_t rep, int64_t D, float scale, float* s, const void* next, int64_t next_bytes) {
+  scores_item(q, kb, j0, j1, L, rep, D, scale, s, next, next_bytes);
 }
-RPG_CPU_CLONES void values_f32(const float* p, const float* v, int64_t n, int64_t L, int64_t rep, int64_t D,
-                               float* acc, const float* next_v, int64_t next_n) {
-  values_item(p, v, n, L, rep, D, acc, next_v, next_n);
+RPG_CPU_CLONES void values_f32(const float* p, const float* v, int64_t j0, int64_t j1, int64_t L, int64_t rep,
+                               int64_t D, float* acc, const void* next, int64_t next_bytes) {
+  values_item(p, v, j0, j1, L, rep, D, acc, next, next_bytes);
 }
-RPG_CPU_CLONES void values_bf16(const float* p, const c10::BFloat16* v, int64_t n, int64_t L, int64_t rep,
-                                int64_t D, float* acc, const c10::BFloat16* next_v, int64_t next_n) {
-  values_item(p, v, n, L, rep, D, acc, next_v, next_n);
+RPG_CPU_CLONES void values_bf16(const float* p, const c10::BFloat16* v, int64_t j0, int64_t j1, int64_t L,
+                                int64_t rep, int64_t D, float* acc, const void* next, int64_t next_bytes) {
+  values_item(p, v, j0, j1, L, rep, D, acc, next, next_bytes);
 }
 
 // softmax in place over s[0, n): exp(s - max) / sum, in fixed blocks of 16 lanes so that each
@@ -159,19 +175,22 @@ RPG_CPU_CLONES void softmax_row(float* __restrict s, int64_t n) {
   }
 #define RPG_STORE2(h)                                                 \
   {                                                                   \
-    _mm512_mask_storeu_ps(s + (h) * L + j0, m0, a##h##0);             \
-    _mm512_mask_storeu_ps(s + (h) * L + j0 + 16, m1, a##h##1);        \
+    _mm512_mask_storeu_ps(s + (h) * L, m0, a##h##0);                  \
+    _mm512_mask_storeu_ps(s + (h) * L + 16, m1, a##h##1);             \
   }
+// One block of keys (D rows of kKeyBlock, contiguous), the lanes m0, m1 of it; s: the score rows
+// at the block's first key.
 template <int NH, bool Ahead>
 __attribute__((target("avx512f"))) void scores_block512(const float* __restrict qs, int64_t D,
-                                                        const float* __restrict kt, int64_t stride, int64_t j0,
-                                                        __mmask16 m0, __mmask16 m1, float* __restrict s, int64_t L) {
+                                                        const float* __restrict block, __mmask16 m0, __mmask16 m1,
+                                                        float* __restrict s, int64_t L) {
+  static_assert(kKeyBlock == 32, "two vectors per block row");
   __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
   for (int64_t d = 0; d < D; ++d) {
-    const float* row = kt + d * stride + j0;
-    if constexpr (Ahead) {  // this row's block two ahead: D rows are too many streams for the
-      __builtin_prefetch(row + 64);  // hardware prefetcher
-      __builtin_prefetch(row + 80);
+    const float* row = block + d * kKeyBlock;
+    if constexpr (Ahead) {  // the same row of the block two ahead
+      __builtin_prefetch(row + 2 * D * kKeyBlock);
+      __builtin_prefetch(row + 2 * D * kKeyBlock + 16);
     }
     const __m512 k0 = _mm512_maskz_loadu_ps(m0, row), k1 = _mm512_maskz_loadu_ps(m1, row + 16);
     RPG_FMA2(0)
@@ -239,38 +258,40 @@ __attribute__((target("avx512f"))) void values_block512(const float* __restrict 
 __mmask16 lanes_mask(int64_t n) {  // the first min(n, 16) lanes (none for n <= 0)
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? 0 : static_cast<__mmask16>((1u << n) - 1);
 }
+// Lanes [lo, hi) of a block's 32 keys as its two vectors' masks.
+std::pair<__mmask16, __mmask16> block_masks(int64_t lo, int64_t hi) {
+  return {static_cast<__mmask16>(lanes_mask(hi) & ~lanes_mask(lo)),
+          static_cast<__mmask16>(lanes_mask(hi - 16) & ~lanes_mask(lo - 16))};
+}
 
-// One (row, KV head) item's run of keys: scores s [rep, L] at j < n_keys from the scaled queries
-// qs [rep, D] and keys kt (D rows of `stride` positions).
-// The next item's keys (next_kt, next_n of them) are prefetched a share per block, as the
-// generic form does: with short items (a few hundred keys, many sequences) the start of each
-// item would otherwise wait on memory.
-void scores_item512(const float* qs, const float* kt, int64_t stride, int64_t n_keys, int64_t L, int64_t rep,
-                    int64_t D, float* s, const float* next_kt, int64_t next_n) {
-  const int64_t blocks = (n_keys + 31) / 32;
-  for (int64_t j0 = 0; j0 < n_keys; j0 += 32) {
-    if (next_kt)
-      for (int64_t d = j0 / 32 * D / blocks; d < (j0 / 32 + 1) * D / blocks; ++d)
-        prefetch(next_kt + d * stride, next_n * static_cast<int64_t>(sizeof(float)));
-    const __mmask16 m0 = lanes_mask(n_keys - j0), m1 = lanes_mask(n_keys - j0 - 16);
-    const bool ahead = j0 + 64 < n_keys;
+// One (row, KV head) item's run [j0, j1) of keys: scores s [rep, L] from the scaled queries
+// qs [rep, D] and the slot's key blocks kb. `next_bytes` of `next` (the next item's first
+// keys) are requested a share per block.
+void scores_item512(const float* qs, const float* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
+                    float* s, const void* next, int64_t next_bytes) {
+  const int64_t b0 = j0 / kKeyBlock, b1 = key_blocks(j1);
+  for (int64_t b = b0; b < b1; ++b) {
+    prefetch_share(next, next_bytes, b - b0, b1 - b0);
+    const auto [m0, m1] = block_masks(j0 - b * kKeyBlock, j1 - b * kKeyBlock);
+    const bool ahead = b + 2 < b1;
+    const float* block = kb + b * D * kKeyBlock;
+    float* sb = s + b * kKeyBlock;
     for (int64_t h0 = 0; h0 < rep; h0 += 4)
       detail::with_count<4>(rep - h0, [&](auto nh) {
-        if (ahead) scores_block512<decltype(nh)::value, true>(qs + h0 * D, D, kt, stride, j0, m0, m1, s + h0 * L, L);
-        else scores_block512<decltype(nh)::value, false>(qs + h0 * D, D, kt, stride, j0, m0, m1, s + h0 * L, L);
+        if (ahead) scores_block512<decltype(nh)::value, true>(qs + h0 * D, D, block, m0, m1, sb + h0 * L, L);
+        else scores_block512<decltype(nh)::value, false>(qs + h0 * D, D, block, m0, m1, sb + h0 * L, L);
       });
   }
 }
 
-// acc [rep, D] += p [rep, L] . v [n_keys, D], keys in tiles of 64 (a tile of values stays in L1
-// while every block of heads reads it).
-void values_item512(const float* p, const float* v, int64_t n_keys, int64_t L, int64_t rep, int64_t D,
-                    float* acc, const float* next_v, int64_t next_n) {
-  const int64_t tiles = (n_keys + 63) / 64;
-  const int64_t share = (next_n * D * static_cast<int64_t>(sizeof(float)) + tiles - 1) / tiles;  // bytes per tile
-  for (int64_t t0 = 0; t0 < n_keys; t0 += 64) {
-    const int64_t t1 = std::min(n_keys, t0 + 64);
-    if (next_v) prefetch(reinterpret_cast<const char*>(next_v) + t0 / 64 * share, share);
+// acc [rep, D] += p [rep, L] . v over the run [j0, j1) (v: the slot's values from position 0),
+// keys in tiles of 64 (a tile of values stays in L1 while every block of heads reads it).
+void values_item512(const float* p, const float* v, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
+                    float* acc, const void* next, int64_t next_bytes) {
+  const int64_t tiles = (j1 - j0 + 63) / 64;
+  for (int64_t t0 = j0; t0 < j1; t0 += 64) {
+    const int64_t t1 = std::min(j1, t0 + 64);
+    prefetch_share(next, next_bytes, (t0 - j0) / 64, tiles);
     for (int64_t c0 = 0; c0 < D; c0 += 64) {
       const __mmask16 mk[4] = {lanes_mask(D - c0), lanes_mask(D - c0 - 16), lanes_mask(D - c0 - 32),
                                lanes_mask(D - c0 - 48)};
@@ -330,16 +351,15 @@ __attribute__((target("avx512f"))) void rank1_multi512(const float* const* src, 
 
 constexpr int64_t kMultiQueries = 12;
 
-// The scores of `nq` queries (q[i] [D], scaled) over the keys [0, n) of kt (D rows of `stride`)
-// into s[i][0, n); then, once softmaxed, the same queries' weighted sums of v [n, D] added to
+// The scores of `nq` queries (q[i] [D], scaled) over the keys [0, n) of the key blocks kb into
+// s[i][0, n); then, once softmaxed, the same queries' weighted sums of v [n, D] added to
 // acc[i] [D].
-void prompt_scores512(const float* const* q, int64_t nq, int64_t D, const float* kt, int64_t stride, int64_t n,
-                      float* const* s) {
-  for (int64_t j0 = 0; j0 < n; j0 += 32) {
-    const __mmask16 m0 = lanes_mask(n - j0), m1 = lanes_mask(n - j0 - 16);
+void prompt_scores512(const float* const* q, int64_t nq, int64_t D, const float* kb, int64_t n, float* const* s) {
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
+    const auto [m0, m1] = block_masks(0, n - j0);
     for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
       detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
-        rank1_multi512<decltype(c)::value, false>(q + i0, kt + j0, stride, D, m0, m1, s + i0, j0);
+        rank1_multi512<decltype(c)::value, false>(q + i0, kb + j0 * D, kKeyBlock, D, m0, m1, s + i0, j0);
       });
   }
 }
@@ -365,11 +385,11 @@ bool auto_uses_avx512() {
   return use;
 }
 
-// One run of an item's keys, [j0, j1): where they are read and which scores they fill.
+// One run of an item's keys, [j0, j1): the slot they are read from and which scores they fill.
 template <class T>
 struct KeyRun {
-  const T* k = nullptr;  // the run's first key (dimension-major: D rows of the cache's capacity)
-  const T* v = nullptr;  // the run's first value row
+  const T* k = nullptr;  // the slot's key blocks for the item's KV head
+  const T* v = nullptr;  // the slot's values for that head, from position 0
   int64_t j0 = 0, j1 = 0;
 };
 
@@ -413,21 +433,29 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   const T* vp = v_cache.data_ptr<T>();
   at::Tensor out = at::empty({R, H * D}, q.options());
   T* op = out.data_ptr<T>();
-  const int64_t head_stride = cap * D;  // one (slot, KV head)'s keys or values
+  const int64_t key_stride = key_blocks(cap) * D * kKeyBlock, value_stride = cap * D;  // per (slot, KV head)
   // An item's (a row's and a KV head's, at it = r * Hkv + g) runs of keys: the shared prefix,
   // then the rest from its own slot.
   auto runs = [&](int64_t it) {
     const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1, p = shared ? plen[r] : 0;
     auto at_slot = [&](int64_t s, int64_t j0, int64_t j1) {
-      const int64_t base = (s * Hkv + g) * head_stride;
-      return KeyRun<T>{kp + base + j0, vp + base + j0 * D, j0, j1};
+      return KeyRun<T>{kp + (s * Hkv + g) * key_stride, vp + (s * Hkv + g) * value_stride, j0, j1};
     };
     return std::array<KeyRun<T>, 2>{at_slot(p > 0 ? pslot[r] : slot[r], 0, p), at_slot(slot[r], p, n)};
   };
+  constexpr int64_t es = static_cast<int64_t>(sizeof(T));
 
-  // One (row, KV head) item in one pass while its scores are in L1: scores, softmax, weighted values.
+  // One (row, KV head) item in one pass while its scores are in L1: scores, softmax, weighted
+  // values. `next`: the first run of the next item, whose first kAheadKeys keys and values are
+  // requested meanwhile.
   auto one_item = [&](int64_t it, const KeyRun<T>& next, float* s, float* qs, float* acc) {
-    const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1, next_n = next.j1 - next.j0;
+    const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1;
+    const int64_t ahead_end = std::min(next.j1, next.j0 + kAheadKeys);
+    const bool any_next = next.j1 > next.j0;
+    const void* next_k = any_next ? next.k + next.j0 / kKeyBlock * D * kKeyBlock : nullptr;
+    const void* next_v = any_next ? next.v + next.j0 * D : nullptr;
+    const int64_t next_k_bytes = (key_blocks(ahead_end) - next.j0 / kKeyBlock) * D * kKeyBlock * es,
+                  next_v_bytes = (ahead_end - next.j0) * D * es;
     const float* qi = qp + (r * H + g * rep) * D;
     const auto item_runs = runs(it);
     if (avx512)
@@ -435,22 +463,21 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     for (const KeyRun<T>& run : item_runs) {
       if (run.j1 == run.j0) continue;
       if constexpr (std::is_same_v<T, float>) {
-        if (avx512) scores_item512(qs, run.k, cap, run.j1 - run.j0, L, rep, D, s + run.j0, next.k, next_n);
-        else scores_f32(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
+        if (avx512) scores_item512(qs, run.k, run.j0, run.j1, L, rep, D, s, next_k, next_k_bytes);
+        else scores_f32(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
       } else {
-        scores_bf16(qi, run.k, cap, run.j1 - run.j0, L, rep, D, scale, s + run.j0, next.k, next_n);
+        scores_bf16(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
       }
     }
     for (int64_t i = 0; i < rep; ++i) softmax_row(s + i * L, n);
     std::fill(acc, acc + rep * D, 0.0f);
-    const T* next_v = next_n > 0 ? next.v : nullptr;
     for (const KeyRun<T>& run : item_runs) {
       if (run.j1 == run.j0) continue;
       if constexpr (std::is_same_v<T, float>) {
-        if (avx512) values_item512(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc, next_v, next_n);
-        else values_f32(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc, next_v, next_n);
+        if (avx512) values_item512(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
+        else values_f32(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
       } else {
-        values_bf16(s + run.j0, run.v, run.j1 - run.j0, L, rep, D, acc, next_v, next_n);
+        values_bf16(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
       }
     }
     T* o = op + (r * H + g * rep) * D;
@@ -514,25 +541,25 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
           if (n <= P) continue;
-          const int64_t own = (slot[r] * Hkv + g) * head_stride;
-          for (int64_t d = 0; d < D; ++d) prefetch<2>(kp + own + d * cap + P, (n - P) * 4);
-          prefetch<2>(vp + own + P * D, (n - P) * D * 4);
+          const int64_t own = slot[r] * Hkv + g, b0 = P / kKeyBlock;
+          prefetch<2>(kp + own * key_stride + b0 * D * kKeyBlock, (key_blocks(n) - b0) * D * kKeyBlock * es);
+          prefetch<2>(vp + own * value_stride + P * D, (n - P) * D * es);
         }
-        const int64_t prompt = (ps * Hkv + g) * head_stride;
-        prompt_scores512(qv.data(), nq, D, kp + prompt, cap, P, sv.data());
+        const int64_t prompt = ps * Hkv + g;
+        prompt_scores512(qv.data(), nq, D, kp + prompt * key_stride, P, sv.data());
         for (int64_t i = 0; i < nr; ++i) {  // each row's own keys after the prompt, then its softmax
           const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
-          const int64_t own = (slot[r] * Hkv + g) * head_stride;
-          if (n > P) scores_item512(qv[static_cast<size_t>(i * rep)], kp + own + P, cap, n - P, L, rep, D,
-                                    sv[static_cast<size_t>(i * rep)] + P, nullptr, 0);
+          const int64_t own = slot[r] * Hkv + g;
+          if (n > P) scores_item512(qv[static_cast<size_t>(i * rep)], kp + own * key_stride, P, n, L, rep, D,
+                                    sv[static_cast<size_t>(i * rep)], nullptr, 0);
           for (int64_t h = 0; h < rep; ++h) softmax_row(sv[static_cast<size_t>(i * rep + h)], n);
         }
         std::fill(acc.begin(), acc.begin() + static_cast<int64_t>(nq * D), 0.0f);
-        prompt_values512(sv.data(), nq, D, vp + prompt, P, av.data());
+        prompt_values512(sv.data(), nq, D, vp + prompt * value_stride, P, av.data());
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
-          const int64_t own = (slot[r] * Hkv + g) * head_stride;
-          if (n > P) values_item512(sv[static_cast<size_t>(i * rep)] + P, vp + own + P * D, n - P, L, rep, D,
+          const int64_t own = slot[r] * Hkv + g;
+          if (n > P) values_item512(sv[static_cast<size_t>(i * rep)], vp + own * value_stride, P, n, L, rep, D,
                                     av[static_cast<size_t>(i * rep)], nullptr, 0);
           T* o = op + (r * H + g * rep) * D;
           for (int64_t x = 0; x < rep * D; ++x) o[x] = acc[static_cast<size_t>(i * rep * D + x)];
@@ -543,12 +570,40 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   return out;
 }
 
+// kt_cache is contiguous blocked keys for the values v_cache [S, Hkv, capacity, D].
+bool blocked_keys_for(const at::Tensor& kt_cache, const at::Tensor& v_cache) {
+  return kt_cache.dim() == 5 && v_cache.dim() == 4 && kt_cache.is_contiguous() &&
+         kt_cache.sizes() == at::IntArrayRef{v_cache.size(0), v_cache.size(1), key_blocks(v_cache.size(2)),
+                                             v_cache.size(3), kKeyBlock};
+}
+
 }  // namespace
+
+at::Tensor block_keys(const at::Tensor& k) {
+  TORCH_CHECK(k.dim() == 4, "block_keys: keys [S, Hkv, capacity, D]");
+  const int64_t S = k.size(0), Hkv = k.size(1), cap = k.size(2), D = k.size(3), nb = key_blocks(cap);
+  at::Tensor padded = at::constant_pad_nd(k, {0, 0, 0, nb * kKeyBlock - cap});
+  return padded.view({S, Hkv, nb, kKeyBlock, D}).transpose(3, 4).contiguous();
+}
+
+at::Tensor unblock_keys(const at::Tensor& kt, int64_t n) {
+  TORCH_CHECK(kt.dim() == 5 && kt.size(4) == kKeyBlock && n >= 0 && key_blocks(n) <= kt.size(2),
+              "unblock_keys: blocked keys [S, Hkv, blocks, D, ", kKeyBlock, "] holding ", n, " positions");
+  const int64_t nb = key_blocks(n);
+  return kt.narrow(2, 0, nb).transpose(3, 4).reshape({kt.size(0), kt.size(1), nb * kKeyBlock, kt.size(3)}).narrow(2, 0, n);
+}
+
+void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const at::Tensor& write_pos, const at::Tensor& k) {
+  TORCH_CHECK(kt.dim() == 5 && kt.size(4) == kKeyBlock, "put_blocked_keys: blocked keys [S, Hkv, blocks, D, ",
+              kKeyBlock, "]");
+  // [S, blocks, kKeyBlock, Hkv, D]: (slot, block, lane) names one position's [Hkv, D].
+  kt.permute({0, 2, 4, 1, 3}).index_put_({slot_index, at::floor_divide(write_pos, kKeyBlock), at::remainder(write_pos, kKeyBlock)}, k);
+}
 
 void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& slots, const at::Tensor& positions) {
   const int64_t R = slots.numel(), Hkv = v_cache.size(1), cap = v_cache.size(2), D = v_cache.size(3);
-  TORCH_CHECK(kt_cache.is_contiguous() && v_cache.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
+  TORCH_CHECK(blocked_keys_for(kt_cache, v_cache) && v_cache.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
                   k.numel() == R * Hkv * D && v.numel() == R * Hkv * D && positions.numel() == R &&
                   k.scalar_type() == v_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
                   kt_cache.scalar_type() == v_cache.scalar_type() && decode_attention_supports(k.scalar_type(), k.device()),
@@ -566,25 +621,29 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
   const auto* kp = static_cast<const char*>(k.data_ptr());
   const auto* vp = static_cast<const char*>(v.data_ptr());
   const int64_t es = v_cache.element_size();
-  // A key is D scattered elements (one cache line each, dimension-major): the lines of the next
-  // few (row, KV head)s are requested for writing while this one's are written, and the threads
-  // split the rows, so that many of these misses are in flight at once (at 64 rows, 274 ms
-  // per 63 steps on one thread without requests, 189 with one ahead, 148 with four).
-  auto head_of = [&](int64_t it) { return (slot[it / Hkv] * Hkv + it % Hkv) * cap * D; };
+  // A key is D scattered elements (one cache line each, dimension-major in its block): the lines
+  // of the next few (row, KV head)s are requested for writing while this one's are written, and
+  // the threads split the rows, so that many of these misses are in flight at once (at 64 rows,
+  // 274 ms per 63 steps on one thread without requests, 189 with one ahead, 148 with four).
+  const int64_t key_stride = key_blocks(cap) * D * kKeyBlock;
+  auto key_of = [&](int64_t it) {  // the key's element 0: its block's first row, its lane
+    const int64_t p = pos[it / Hkv];
+    return (slot[it / Hkv] * Hkv + it % Hkv) * key_stride + p / kKeyBlock * D * kKeyBlock + p % kKeyBlock;
+  };
   constexpr int64_t kAhead = 4;  // (row, KV head)s requested ahead of the one written
   at::parallel_for(0, R * Hkv, 16, [&](int64_t b, int64_t e) {
     auto request = [&](int64_t it) {
       if (it >= e) return;
-      const int64_t at_pos = head_of(it) + pos[it / Hkv];
-      for (int64_t d = 0; d < D; ++d) __builtin_prefetch(kt + (at_pos + d * cap) * es, 1);
+      const int64_t at_key = key_of(it);
+      for (int64_t d = 0; d < D; ++d) __builtin_prefetch(kt + (at_key + d * kKeyBlock) * es, 1);
     };
     for (int64_t it = b; it < b + kAhead - 1; ++it) request(it);
     for (int64_t it = b; it < e; ++it) {
       request(it + kAhead - 1);
-      const int64_t head = head_of(it), row = it * D;
-      std::memcpy(vc + (head + pos[it / Hkv] * D) * es, vp + row * es, bytes);
+      const int64_t at_key = key_of(it), row = it * D;
+      std::memcpy(vc + ((slot[it / Hkv] * Hkv + it % Hkv) * cap + pos[it / Hkv]) * D * es, vp + row * es, bytes);
       for (int64_t d = 0; d < D; ++d)
-        std::memcpy(kt + (head + d * cap + pos[it / Hkv]) * es, kp + (row + d) * es, static_cast<size_t>(es));
+        std::memcpy(kt + (at_key + d * kKeyBlock) * es, kp + (row + d) * es, static_cast<size_t>(es));
     }
   });
 }
@@ -602,11 +661,11 @@ bool attention_kernel_available(AttentionKernel kernel) {
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
                             const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix,
                             AttentionKernel kernel) {
-  TORCH_CHECK(q.dim() == 3 && v_cache.dim() == 4 && kt_cache.sizes() == v_cache.transpose(2, 3).sizes() &&
-                  kt_cache.is_contiguous() && v_cache.is_contiguous() && q.size(2) == v_cache.size(3) &&
-                  q.size(1) % v_cache.size(1) == 0 && slots.numel() == q.size(0) && positions.numel() == q.size(0),
-              "decode_attention: q [R, H, D], contiguous caches kt [S, Hkv, D, capacity] and v [S, Hkv, capacity, D], "
-              "slots and positions [R]");
+  TORCH_CHECK(q.dim() == 3 && blocked_keys_for(kt_cache, v_cache) && v_cache.is_contiguous() &&
+                  q.size(2) == v_cache.size(3) && q.size(1) % v_cache.size(1) == 0 && slots.numel() == q.size(0) &&
+                  positions.numel() == q.size(0),
+              "decode_attention: q [R, H, D], contiguous caches kt [S, Hkv, capacity / ", kKeyBlock, ", D, ", kKeyBlock,
+              "] and v [S, Hkv, capacity, D], slots and positions [R]");
   TORCH_CHECK(prefix.slots.defined() == prefix.lengths.defined() &&
                   (!prefix.slots.defined() ||
                    (prefix.slots.numel() == q.size(0) && prefix.lengths.numel() == q.size(0))),
@@ -616,17 +675,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
               "decode_attention: CPU float32 or bfloat16, the same for q and the caches");
   RECORD_FUNCTION("rpg::decode_attention", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   TORCH_CHECK(attention_kernel_available(kernel), "decode_attention: this CPU has no AVX-512F");
-  // kAuto: the blocked form where a KV head serves 4 or more query heads, or 3 when rows share
-  // a prompt (its keys then come from the caches, where the blocked form is faster; the two
-  // forms give the same bits). Per call, on the Zen 4 VM: Qwen2.5-0.5B's shape (7 per KV head)
-  // 8 sequences at 256 / 1024 / 2048 keys 0.137 / 0.454 / 0.77 ms against the generic form's
-  // 0.155 / 0.682 / 1.24; SmolLM2's (3 per KV head) equal at 2048 keys (2.29 / 2.36 ms), 22 %
-  // slower with 64 sequences of ~130 keys each from memory, and 0.35 against 0.50 ms with those
-  // 64 sharing a 128-token prompt.
+  // kAuto: the register-blocked form where a KV head serves 3 or more query heads (the two forms
+  // give the same bits). decode_attention's time per 15 steps on the Zen 4 VM, without shared
+  // prompts, generic / AVX-512: SmolLM2 (3 per KV head) 16 sequences at 2048 keys 859 / 553 ms,
+  // 64 at ~160 keys 1298 / 1162 ms; head dim 64 at 8 query heads, 4 layers, 16 at 2048 / 64 at
+  // 160 keys: 1 per KV head 227 / 249 and 81 / 87 ms, 2 per KV head 136 / 137 and 51 / 53 ms,
+  // 4 per KV head 79 / 73 and 31 / 26 ms.
   const int64_t rep = q.size(1) / v_cache.size(1);
-  const bool avx512 = kernel == AttentionKernel::kAvx512 ||
-                      (kernel == AttentionKernel::kAuto && (rep >= 4 || (rep >= 3 && prefix.slots.defined())) &&
-                       auto_uses_avx512());
+  const bool avx512 =
+      kernel == AttentionKernel::kAvx512 || (kernel == AttentionKernel::kAuto && rep >= 3 && auto_uses_avx512());
   if (q.scalar_type() == at::kFloat) return run<float>(q, kt_cache, v_cache, slots, positions, prefix, avx512);
   return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, prefix, false);
 }

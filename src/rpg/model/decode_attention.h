@@ -6,12 +6,29 @@
 
 namespace rpg::model {
 
+// The keys' layout for decode_attention(): blocks of kKeyBlock positions, dimension-major
+// inside each block. kt_cache [S, Hkv, ceil(capacity / kKeyBlock), D, kKeyBlock]: dimension d
+// of the key at position j is at [s, g, j / kKeyBlock, d, j % kKeyBlock].
+// Why blocks: a block of keys is one contiguous 8 KB run (D = 64, fp32) that the scores kernel
+// reads front to back; fully dimension-major keys put each of a block's D rows on its own page,
+// D streams too many for the hardware prefetcher (long sequences read their keys at about half
+// the rate of their values that way).
+constexpr int64_t kKeyBlock = 32;
+inline int64_t key_blocks(int64_t positions) { return (positions + kKeyBlock - 1) / kKeyBlock; }
+// Position-major keys [S, Hkv, capacity, D] in the blocked layout (a copy; a last partial block
+// is padded with zeros).
+at::Tensor block_keys(const at::Tensor& k);
+// Positions [0, n) of blocked keys as position-major [S, Hkv, n, D] (a copy).
+at::Tensor unblock_keys(const at::Tensor& kt, int64_t n);
+// kt[slot_index, :, write_pos] = k, as index_put_ on position-major keys: slot_index [N, 1],
+// write_pos [N, T] int64, k [N, T, Hkv, D].
+void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const at::Tensor& write_pos, const at::Tensor& k);
+
 // For each row r: softmax(q[r] K^T / sqrt(D)) V over the keys 0..positions[r] of cache slot
 // slots[r], each query head h reading KV head h / (H / Hkv) (grouped-query attention as
-// repeat_kv). q [R, H, D]; keys kt_cache [S, Hkv, D, capacity] (dimension-major), values
-// v_cache [S, Hkv, capacity, D], float32 or bfloat16 like q; slots and positions int64 [R].
-// Returns [R, H * D] in q's dtype. Scores, softmax and sums are fp32 (as SDPA's CPU kernels
-// accumulate for bf16).
+// repeat_kv). q [R, H, D]; keys kt_cache blocked as above, values v_cache [S, Hkv, capacity, D],
+// float32 or bfloat16 like q; slots and positions int64 [R]. Returns [R, H * D] in q's dtype.
+// Scores, softmax and sums are fp32 (as SDPA's CPU kernels accumulate for bf16).
 //
 // Why not SDPA: its CPU flash kernel pads the H / Hkv query rows of a group to 32-row
 // blocks and takes a [rows, 1, rep, L] mask; one pass over K and V per row and KV head, each
@@ -30,7 +47,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
 
 // Appends one token per row to the caches decode_attention() reads: k and v [R, Hkv, D] (or
 // any shape of R x Hkv x D elements, contiguous) go to position positions[r] of slot slots[r]
-// (keys dimension-major). A plain copy per row, for index_put_'s general path (50 us a call at
+// (keys blocked). A plain copy per row, for index_put_'s general path (50 us a call at
 // 64 rows on the Zen 4 VM, ~3 % of a decode step).
 void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& slots, const at::Tensor& positions);
@@ -40,8 +57,7 @@ bool decode_attention_supports(at::ScalarType dtype, c10::Device device);
 
 namespace detail {
 // The fp32 kernels: kAuto picks the AVX-512 form (registers blocked over keys and query heads)
-// where the CPU has AVX-512F and a KV head serves 4 or more query heads (3 with a shared
-// prefix), else the generic one (compiled per CPU, target_clones); bf16 caches always take the
+// where the CPU has AVX-512F and a KV head serves 3 or more query heads, else the generic one (compiled per CPU, target_clones); bf16 caches always take the
 // generic one. On such a CPU the two give the same bits (the same FMA chains): the choice is
 // speed only.
 // RPG_DECODE_ATTENTION=generic keeps kAuto generic. Tests run every kernel the CPU has.

@@ -151,7 +151,6 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
   auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin);
   if (cache) {
     // The cache is heads-major; written through [S, capacity, Hkv, D] views.
-    const at::Tensor keys = cache->keys_transposed ? cache->k->transpose(2, 3) : *cache->k;  // [S, Hkv, cap, D]
     if (cache->kernel_slots.defined()) {
       rpg::model::write_decode_kv(*cache->k, *cache->v, k.contiguous(), v.contiguous(), cache->kernel_slots,
                                   cache->kernel_positions);
@@ -161,17 +160,20 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
                          .view({q.size(0), 1, H * D}),
                      w.o_w, {}, w.o_lora, w.lora_scale);
     }
-    keys.transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
-    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
+    const bool gather = cache->read == CacheStep::Read::kGather;
     at::Tensor rows = cache->slot_index.view({-1});
-    k = keys.narrow(2, 0, cache->kv_len);  // [S, Hkv, L, D]
-    v = cache->v->narrow(2, 0, cache->kv_len);
-    if (cache->read == CacheStep::Read::kGather) {
-      k = k.index_select(0, rows);
-      v = v.index_select(0, rows);
-    } else if (cache->keys_transposed) {
-      k = k.contiguous();  // a prefill over every slot (SDPA wants the last dim contiguous)
+    if (cache->keys_blocked) {  // read back as a position-major copy of the first kv_len positions
+      put_blocked_keys(*cache->k, cache->slot_index, cache->write_pos, k);
+      const at::Tensor blocks = cache->k->narrow(2, 0, key_blocks(cache->kv_len));
+      k = unblock_keys(gather ? blocks.index_select(0, rows) : blocks, cache->kv_len);  // [N or S, Hkv, L, D]
+    } else {
+      cache->k->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
+      k = cache->k->narrow(2, 0, cache->kv_len);  // [S, Hkv, L, D]
+      if (gather) k = k.index_select(0, rows);
     }
+    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
+    v = cache->v->narrow(2, 0, cache->kv_len);
+    if (gather) v = v.index_select(0, rows);
     if (cache->read == CacheStep::Read::kDense) {
       const int64_t S = cache->k->size(0);
       at::Tensor qs = at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q);

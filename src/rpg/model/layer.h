@@ -46,9 +46,9 @@ class DecodingScope {
 // Where a layer's keys/values come from: the current tokens only (training forward) or a
 // KV cache the new tokens are appended to first (decode).
 struct CacheStep {
-  at::Tensor* k = nullptr;  // [S, Hkv, capacity, D], or [S, Hkv, D, capacity] when keys_transposed
+  at::Tensor* k = nullptr;  // [S, Hkv, capacity, D], or blocked when keys_blocked (decode_attention.h)
   at::Tensor* v = nullptr;  // [S, Hkv, capacity, D]
-  bool keys_transposed = false;
+  bool keys_blocked = false;
   at::Tensor slot_index;    // [N, 1] int64 on device
   at::Tensor write_pos;     // [N, T] int64 on device
   int64_t kv_len = 0;       // keys to attend: max over rows of (length + T)
