@@ -145,7 +145,8 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
 // A share of the memory available when generate() starts (the trainer's and the CLI's KV
 // budget) bounds the slots: the model's own K/V bytes per position (2 x layers x KV heads x head
 // dim x 4 for fp32, from the checkpoint's config.json, not from rpg) times the longest prompt +
-// max_new_tokens per slot, out of the memory left after the packed copy of the weights (CPU).
+// max_new_tokens per slot (on the CPU the keys padded to whole blocks of 32 positions, the
+// decode kernel's layout), out of the memory left after the packed copy of the weights (CPU).
 // The responses are those of the unbounded engine; below one sequence it is a clear error.
 TEST_P(EngineTest, KvBudgetBoundsTheSlotsNotTheResponses) {
   model::CausalLM m = load("qwen2_fp32");
@@ -164,7 +165,10 @@ TEST_P(EngineTest, KvBudgetBoundsTheSlotsNotTheResponses) {
   const auto ps = prompts("qwen2_fp32");
   size_t longest = 0;
   for (const auto& q : ps) longest = std::max(longest, q.size());
-  const double per_sequence = static_cast<double>((static_cast<int64_t>(longest) + p.max_new_tokens) * per_token);
+  const int64_t capacity = static_cast<int64_t>(longest) + p.max_new_tokens;
+  const int64_t key_positions = GetParam().is_cuda() ? capacity : (capacity + 31) / 32 * 32;
+  const double per_sequence = static_cast<double>((capacity + key_positions) * (per_token / 2));
+  EXPECT_EQ(m.kv_cache_bytes_per_sequence(capacity), static_cast<int64_t>(per_sequence));
 
   RolloutEngine unbounded(m, {64, 0});
   const auto want = unbounded.generate(ps, p);

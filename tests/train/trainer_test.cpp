@@ -1181,8 +1181,8 @@ TEST_F(TrainerTest, KvCacheMemoryFractionBoundsTheRolloutNotTheResult) {
   TrainConfig a = config("kv_unbounded");
   a.actor_rollout_ref.rollout.kv_cache_memory_fraction = 1.0;
   const auto probe = model::CausalLM::from_pretrained(a.actor_rollout_ref.model.path);
-  const double per_sequence = static_cast<double>((a.data.max_prompt_length + a.data.max_response_length) *
-                                                  probe.kv_cache_bytes_per_token());
+  const double per_sequence = static_cast<double>(
+      probe.kv_cache_bytes_per_sequence(a.data.max_prompt_length + a.data.max_response_length));
   TrainConfig b = config("kv_two_at_a_time");
   b.actor_rollout_ref.rollout.kv_cache_memory_fraction = 2.5 * per_sequence / static_cast<double>(*avail);
   Trainer ta(a, scorers()), tb(b, scorers());

@@ -238,6 +238,9 @@ class CausalLM {
   KVCache new_cache(int64_t num_slots, int64_t capacity) const;
   // Bytes new_cache() holds per slot and token position: K and V of every layer, model dtype.
   int64_t kv_cache_bytes_per_token() const;
+  // Bytes new_cache() holds per slot of `capacity` positions: the above, with the keys padded to
+  // whole blocks of positions where the CPU decode kernel reads them (decode_attention.h).
+  int64_t kv_cache_bytes_per_sequence(int64_t capacity) const;
   struct DecodeOptions {
     // Valid tokens per row when `tokens` is right-padded (ragged prefill); empty = all T'.
     // A slot advances by its own count; its padded tail is written but never attended to,

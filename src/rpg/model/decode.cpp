@@ -59,6 +59,12 @@ int64_t CausalLM::kv_cache_bytes_per_token() const {
          static_cast<int64_t>(c10::elementSize(impl_->dtype));
 }
 
+int64_t CausalLM::kv_cache_bytes_per_sequence(int64_t capacity) const {
+  const int64_t key_positions =
+      decode_attention_supports(impl_->dtype, impl_->device) ? key_blocks(capacity) * kKeyBlock : capacity;
+  return kv_cache_bytes_per_token() / 2 * (capacity + key_positions);
+}
+
 KVCache CausalLM::new_cache(int64_t num_slots, int64_t capacity) const {
   if (num_slots < 1 || capacity < 1)
     throw ValueError(str("KV cache: got ", num_slots, " slots of ", capacity, " tokens, expected both >= 1"));

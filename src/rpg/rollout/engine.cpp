@@ -114,7 +114,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
     slots = std::min(slots, options_.max_kv_tokens / capacity);
   }
   if (const auto budget = kv_budget_bytes(model_, options_)) {
-    const int64_t per_sequence = capacity * model_.kv_cache_bytes_per_token();
+    const int64_t per_sequence = model_.kv_cache_bytes_per_sequence(capacity);
     if (*budget < per_sequence)
       throw ValueError(str("kv_cache_memory_fraction=", options_.kv_cache_memory_fraction, " of the available memory: ",
                            format_bytes(static_cast<double>(*budget)), " cannot hold one sequence of ", capacity,

@@ -108,7 +108,8 @@ rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& mode
   o.kv_cache_memory_fraction = r.kv_cache_memory_fraction;
   o.memory_ranks = cuda ? 1 : dist::layout_from_env().local_world_size;
   if (const auto budget = rollout::kv_budget_bytes(model, o)) {
-    const int64_t sequence = (cfg.data.max_prompt_length + cfg.data.max_response_length) * model.kv_cache_bytes_per_token();
+    const int64_t sequence =
+        model.kv_cache_bytes_per_sequence(cfg.data.max_prompt_length + cfg.data.max_response_length);
     if (*budget < sequence)
       throw ValueError(str("actor_rollout_ref.rollout.kv_cache_memory_fraction: ", r.kv_cache_memory_fraction,
                            " of the memory available now is ", format_bytes(static_cast<double>(*budget)),
