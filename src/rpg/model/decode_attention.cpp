@@ -32,9 +32,9 @@ namespace {
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
 
-// Both loops run along contiguous memory with one multiplier per row (an AXPY), so they
-// vectorise without reductions: the keys are stored dimension-major within blocks of
-// kKeyBlock positions (decode_attention.h), the values position-major.
+// The generic forms vectorise without reductions: the keys are stored dimension-major within
+// blocks of kKeyBlock positions (decode_attention.h), so a block's scores are 32 lanes summed
+// over d; the values are position-major, so the weighted sum is an AXPY per key.
 
 // y[0, n) += a * x[0, n): in blocks of 16 (one AVX-512 register, two AVX2 ones; a fixed
 // trip count is what -O2's cheap vectoriser accepts), then the tail.
