@@ -178,7 +178,7 @@ TEST(DecodeAttention, WritingATokenEqualsIndexPut) {
     at::Tensor kt2 = block_keys(k);
     const at::Tensor rows = at::tensor({1, 4}, at::kLong).unsqueeze(1), at_pos = at::tensor({30, 31, 32, 33, 66, 67, 68, 69}, at::kLong).view({2, 4});
     const at::Tensor k_put = at::randn({2, 4, Hkv, D}, opt);
-    put_blocked_keys(kt2, rows, at_pos, k_put);
+    put_blocked_keys(kt2, rows, key_places(at_pos), k_put);
     at::Tensor k_ref2 = k.clone();
     k_ref2.transpose(1, 2).index_put_({rows, at_pos}, k_put);
     EXPECT_TRUE(at::equal(kt2, block_keys(k_ref2))) << c10::toString(dtype);

@@ -170,6 +170,7 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
       step.kernel_prefix_lengths = at::tensor(prefix_lengths, at::kLong);
     }
   } else {
+    if (cache.keys_blocked_) step.write_places = key_places(pos);  // once, not per layer
     at::Tensor query_pos = pos;
     if (step.read == CacheStep::Read::kDense)
       query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);

@@ -57,6 +57,16 @@ inline __attribute__((always_inline)) void prefetch(const void* p, int64_t bytes
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(static_cast<const char*>(p) + off, 0, Locality);
 }
 
+// The blocks holding keys [j0, j1) of one (slot, KV head): where they start and how many
+// elements they take, from that (slot, KV head)'s first block.
+struct KeySpan {
+  int64_t offset, size;
+};
+inline KeySpan key_span(int64_t j0, int64_t j1, int64_t D) {
+  const int64_t b0 = j0 / kKeyBlock;
+  return {b0 * D * kKeyBlock, (key_blocks(j1) - b0) * D * kKeyBlock};
+}
+
 // Bytes to request ahead for the part of the next item read first: its first blocks of keys
 // (the rest follows in order, which the hardware prefetcher keeps up with), or its values.
 constexpr int64_t kAheadKeys = 4 * kKeyBlock;
@@ -433,7 +443,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   const T* vp = v_cache.data_ptr<T>();
   at::Tensor out = at::empty({R, H * D}, q.options());
   T* op = out.data_ptr<T>();
-  const int64_t key_stride = key_blocks(cap) * D * kKeyBlock, value_stride = cap * D;  // per (slot, KV head)
+  const int64_t key_stride = key_span(0, cap, D).size, value_stride = cap * D;  // per (slot, KV head)
   // An item's (a row's and a KV head's, at it = r * Hkv + g) runs of keys: the shared prefix,
   // then the rest from its own slot.
   auto runs = [&](int64_t it) {
@@ -452,10 +462,10 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1;
     const int64_t ahead_end = std::min(next.j1, next.j0 + kAheadKeys);
     const bool any_next = next.j1 > next.j0;
-    const void* next_k = any_next ? next.k + next.j0 / kKeyBlock * D * kKeyBlock : nullptr;
+    const KeySpan next_keys = key_span(next.j0, ahead_end, D);
+    const void* next_k = any_next ? next.k + next_keys.offset : nullptr;
     const void* next_v = any_next ? next.v + next.j0 * D : nullptr;
-    const int64_t next_k_bytes = (key_blocks(ahead_end) - next.j0 / kKeyBlock) * D * kKeyBlock * es,
-                  next_v_bytes = (ahead_end - next.j0) * D * es;
+    const int64_t next_k_bytes = next_keys.size * es, next_v_bytes = (ahead_end - next.j0) * D * es;
     const float* qi = qp + (r * H + g * rep) * D;
     const auto item_runs = runs(it);
     if (avx512)
@@ -541,8 +551,9 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t r = order[static_cast<size_t>(c0 + i)], n = pos[r] + 1;
           if (n <= P) continue;
-          const int64_t own = slot[r] * Hkv + g, b0 = P / kKeyBlock;
-          prefetch<2>(kp + own * key_stride + b0 * D * kKeyBlock, (key_blocks(n) - b0) * D * kKeyBlock * es);
+          const int64_t own = slot[r] * Hkv + g;
+          const KeySpan keys = key_span(P, n, D);
+          prefetch<2>(kp + own * key_stride + keys.offset, keys.size * es);
           prefetch<2>(vp + own * value_stride + P * D, (n - P) * D * es);
         }
         const int64_t prompt = ps * Hkv + g;
@@ -593,11 +604,15 @@ at::Tensor unblock_keys(const at::Tensor& kt, int64_t n) {
   return kt.narrow(2, 0, nb).transpose(3, 4).reshape({kt.size(0), kt.size(1), nb * kKeyBlock, kt.size(3)}).narrow(2, 0, n);
 }
 
-void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const at::Tensor& write_pos, const at::Tensor& k) {
+KeyPlaces key_places(const at::Tensor& positions) {
+  return {at::floor_divide(positions, kKeyBlock), at::remainder(positions, kKeyBlock)};
+}
+
+void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const KeyPlaces& at, const at::Tensor& k) {
   TORCH_CHECK(kt.dim() == 5 && kt.size(4) == kKeyBlock, "put_blocked_keys: blocked keys [S, Hkv, blocks, D, ",
               kKeyBlock, "]");
   // [S, blocks, kKeyBlock, Hkv, D]: (slot, block, lane) names one position's [Hkv, D].
-  kt.permute({0, 2, 4, 1, 3}).index_put_({slot_index, at::floor_divide(write_pos, kKeyBlock), at::remainder(write_pos, kKeyBlock)}, k);
+  kt.permute({0, 2, 4, 1, 3}).index_put_({slot_index, at.block, at.lane}, k);
 }
 
 void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
@@ -625,10 +640,10 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
   // of the next few (row, KV head)s are requested for writing while this one's are written, and
   // the threads split the rows, so that many of these misses are in flight at once (at 64 rows,
   // 274 ms per 63 steps on one thread without requests, 189 with one ahead, 148 with four).
-  const int64_t key_stride = key_blocks(cap) * D * kKeyBlock;
+  const int64_t key_stride = key_span(0, cap, D).size;
   auto key_of = [&](int64_t it) {  // the key's element 0: its block's first row, its lane
     const int64_t p = pos[it / Hkv];
-    return (slot[it / Hkv] * Hkv + it % Hkv) * key_stride + p / kKeyBlock * D * kKeyBlock + p % kKeyBlock;
+    return (slot[it / Hkv] * Hkv + it % Hkv) * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
   };
   constexpr int64_t kAhead = 4;  // (row, KV head)s requested ahead of the one written
   at::parallel_for(0, R * Hkv, 16, [&](int64_t b, int64_t e) {

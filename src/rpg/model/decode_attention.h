@@ -20,9 +20,14 @@ inline int64_t key_blocks(int64_t positions) { return (positions + kKeyBlock - 1
 at::Tensor block_keys(const at::Tensor& k);
 // Positions [0, n) of blocked keys as position-major [S, Hkv, n, D] (a copy).
 at::Tensor unblock_keys(const at::Tensor& kt, int64_t n);
-// kt[slot_index, :, write_pos] = k, as index_put_ on position-major keys: slot_index [N, 1],
-// write_pos [N, T] int64, k [N, T, Hkv, D].
-void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const at::Tensor& write_pos, const at::Tensor& k);
+// Where positions [N, T] (int64) lie in blocked keys: their block and their lane in it.
+struct KeyPlaces {
+  at::Tensor block, lane;
+};
+KeyPlaces key_places(const at::Tensor& positions);
+// kt[slot_index, :, positions] = k, as index_put_ on position-major keys: slot_index [N, 1],
+// at = key_places(positions [N, T]), k [N, T, Hkv, D].
+void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const KeyPlaces& at, const at::Tensor& k);
 
 // For each row r: softmax(q[r] K^T / sqrt(D)) V over the keys 0..positions[r] of cache slot
 // slots[r], each query head h reading KV head h / (H / Hkv) (grouped-query attention as

@@ -163,7 +163,7 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
     const bool gather = cache->read == CacheStep::Read::kGather;
     at::Tensor rows = cache->slot_index.view({-1});
     if (cache->keys_blocked) {  // read back as a position-major copy of the first kv_len positions
-      put_blocked_keys(*cache->k, cache->slot_index, cache->write_pos, k);
+      put_blocked_keys(*cache->k, cache->slot_index, cache->write_places, k);
       const at::Tensor blocks = cache->k->narrow(2, 0, key_blocks(cache->kv_len));
       k = unblock_keys(gather ? blocks.index_select(0, rows) : blocks, cache->kv_len);  // [N or S, Hkv, L, D]
     } else {

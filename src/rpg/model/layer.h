@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "rpg/model/decode_attention.h"
 #include "rpg/model/impl.h"
 
 namespace rpg::model::detail {
@@ -51,6 +52,7 @@ struct CacheStep {
   bool keys_blocked = false;
   at::Tensor slot_index;    // [N, 1] int64 on device
   at::Tensor write_pos;     // [N, T] int64 on device
+  KeyPlaces write_places;   // write_pos in blocked keys (keys_blocked, more than one token per row)
   int64_t kv_len = 0;       // keys to attend: max over rows of (length + T)
   // How attention reads the cache for the N rows:
   //   kAll:    the rows are slots 0..S-1 in order; the cache is used as is.
