@@ -330,6 +330,62 @@ TEST(PackedGemm, PanelRowsDoNotDependOnTheRowsBesideThem) {
   }
 }
 
+// The fused forms a decode layer uses (layer.cpp): gate, up and SwiGLU in one pass
+// (swiglu_linear), and o_proj / down_proj adding the residual as they store (linear with a
+// residual). Both give the same bits as the unfused forms they replace (two products and
+// swiglu_rows; a product, then residual + it), for every panel kernel the CPU has, at row
+// counts around the 4- and 8-row tiles and widths around the 24- and 32-column panels; and
+// the SwiGLU equals silu(x G^T) * (x U^T) in fp64. Where it cannot run it says so (undefined),
+// and a residual of the wrong shape is refused.
+TEST(PackedGemm, FusedSwigluAndResidualEqualTheUnfusedFormsBitForBit) {
+  c10::NoGradGuard no_grad;  // as decode runs
+  const auto backends = usable_backends();
+  if (backends.empty()) GTEST_FAIL() << "no packed GEMM on this CPU (see ChoosesThePanelKernelWhereTheCpuHasAvx2AndFma)";
+  for (auto backend : backends) {
+    SCOPED_TRACE(detail::packed_backend_name(backend));
+    const bool panels = backend != detail::PackedBackend::kMkl;
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{53, 45}, {80, 64}, {37, 29}, {96, 130}, {24, 8}}) {
+      at::manual_seed(N * 17 + K);
+      const at::Tensor gw = at::randn({N, K}), uw = at::randn({N, K}), b = at::randn({N});
+      const detail::PackedWeight g = detail::PackedWeight::pack(gw, backend), u = detail::PackedWeight::pack(uw, backend);
+      ASSERT_TRUE(g.defined() && u.defined());
+      for (int64_t M : {1, 2, 3, 5, 8, 9, 13, 64}) {
+        const at::Tensor x = at::randn({M, 1, K}) * 2, residual = at::randn({M, 1, N});
+        EXPECT_TRUE(at::equal(g.linear(x, {}, residual), residual + g.linear(x, {}))) << M << " x " << N;
+        EXPECT_TRUE(at::equal(g.linear(x, b, residual), residual + g.linear(x, b))) << M << " x " << N;
+        const at::Tensor act = detail::swiglu_linear(g, u, x);
+        if (!panels) {
+          EXPECT_FALSE(act.defined()) << "swiglu_linear is the panel kernels' only";
+          continue;
+        }
+        ASSERT_TRUE(act.defined());
+        ASSERT_EQ(act.sizes(), (std::vector<int64_t>{M, 1, N}));
+        EXPECT_TRUE(at::equal(act, detail::swiglu_rows(g.linear(x, {}), u.linear(x, {})))) << M << " x " << N;
+        // fp64, within the fp32 sums' error bound: K eps sum_k |x_k w_k| for each product, carried
+        // through silu(g) u (|silu'| < 1.1), plus the result's own rounding.
+        const at::Tensor xd = x.to(at::kDouble), gd = at::linear(xd, gw.to(at::kDouble)),
+                         ud = at::linear(xd, uw.to(at::kDouble));
+        const at::Tensor want = gd * at::sigmoid(gd) * ud;
+        const double eps = static_cast<double>(K) * 6e-8;
+        const at::Tensor eg = at::linear(xd.abs(), gw.to(at::kDouble).abs()) * eps,
+                         eu = at::linear(xd.abs(), uw.to(at::kDouble).abs()) * eps;
+        const at::Tensor bound = 1.1 * eg * ud.abs() + (gd.abs() + 1) * eu + 1e-6 * want.abs() + 1e-30;
+        EXPECT_TRUE(((act.to(at::kDouble) - want).abs() <= bound).all().item<bool>()) << M << " x " << N;
+      }
+      EXPECT_FALSE(detail::swiglu_linear(g, detail::PackedWeight::pack(at::randn({N, K + 1}), backend),
+                                         at::randn({2, K}))
+                       .defined())
+          << "gate and up of different shapes";
+      EXPECT_THROW(g.linear(at::randn({2, K}), {}, at::randn({2, N + 1})), c10::Error);
+    }
+  }
+  at::Tensor gw = at::randn({32, 16}), uw = at::randn({32, 16});
+  const detail::PackedWeight g = detail::PackedWeight::pack(gw), u = detail::PackedWeight::pack(uw);
+  if (!g.defined()) GTEST_FAIL() << "no packed GEMM in this libtorch";
+  gw.mul_(2);  // stale: never multiplied
+  EXPECT_FALSE(detail::swiglu_linear(g, u, at::randn({2, 16})).defined());
+}
+
 TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
   at::Tensor w = at::randn({16, 8});
   EXPECT_FALSE(detail::PackedWeight::pack(w.to(at::kBFloat16)).defined());

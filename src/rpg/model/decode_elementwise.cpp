@@ -72,9 +72,18 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void rope_f32(const
   }
 }
 
+// Rows (of `width` elements) per task: below ~16k elements a step's kernel runs on the calling
+// thread (the threads' start costs more than the pass). Above, both threads take a share, so
+// that no thread spins idle at its barrier beside a serial pass: on the shared VMs that spin
+// sometimes slowed the serial pass itself 3-4x (swiglu at 64 rows: 93 ms or 229-268 ms per
+// 64-token rollout, between runs of one binary).
+int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
+
+}  // namespace
+
 // y = silu(g) * u = g * u / (1 + exp(-g)), with exp taken at -|g| only (no overflow):
 // exp(-g) = e for g >= 0, and 1 / e below.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_f32(const float* __restrict g,
+__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_span(const float* __restrict g,
                                                                              const float* __restrict u,
                                                                              float* __restrict y, int64_t n) {
   auto one = [](float gi, float ui) {
@@ -87,15 +96,6 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_f32(con
     for (int64_t j = 0; j < kLanes; ++j) y[i + j] = one(g[i + j], u[i + j]);
   for (; i < n; ++i) y[i] = one(g[i], u[i]);
 }
-
-// Rows (of `width` elements) per task: below ~16k elements a step's kernel runs on the calling
-// thread (the threads' start costs more than the pass). Above, both threads take a share, so
-// that no thread spins idle at its barrier beside a serial pass: on the shared VMs that spin
-// sometimes slowed the serial pass itself 3-4x (swiglu at 64 rows: 93 ms or 229-268 ms per
-// 64-token rollout, between runs of one binary).
-int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
-
-}  // namespace
 
 bool decode_elementwise_applies(const at::Tensor& x) {
   return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && !c10::GradMode::is_enabled();
@@ -143,7 +143,7 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
   at::parallel_for(0, gate.numel() / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
     // Blocks of 16 elements; the last task also takes the tail.
     const int64_t end = e == gate.numel() / kLanes ? gate.numel() : e * kLanes;
-    swiglu_f32(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+    swiglu_span(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
   });
   return y;
 }

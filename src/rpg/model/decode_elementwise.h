@@ -18,5 +18,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
 at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // silu(gate) * up, elementwise (the MLP's SwiGLU), one pass instead of silu's and mul's.
 at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up);
+// y[0, n) = silu(g) * u: swiglu_rows's arithmetic on one run (the fused products use it).
+void swiglu_span(const float* g, const float* u, float* y, int64_t n);
 
 }  // namespace rpg::model::detail

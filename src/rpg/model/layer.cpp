@@ -39,9 +39,22 @@ DecodingScope::~DecodingScope() {
   t_packs = nullptr;
 }
 
-at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+namespace {
+
+// The packed copy of `weight` that a DecodingScope multiplies x by, or null.
+const PackedWeight* decode_pack(const at::Tensor& x, const at::Tensor& weight) {
   if (t_packs && x.dim() >= 1 && x.numel() <= kPackedMaxRows * x.size(-1) && !c10::GradMode::is_enabled())
-    if (const PackedWeight* p = t_packs->find(weight)) return p->linear(x, bias);
+    return t_packs->find(weight);
+  return nullptr;
+}
+
+// A projection with no adapter in effect (the packed forms below have no LoRA branch).
+bool without_adapter(const LoraPair& lora, double scale) { return scale == 0 || !lora.a.defined(); }
+
+}  // namespace
+
+at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  if (const PackedWeight* p = decode_pack(x, weight)) return p->linear(x, bias);
   return linear_for_decode(x, weight, bias);
 }
 
@@ -82,10 +95,22 @@ std::vector<at::Tensor*> compute_slots(LayerWeights& w, const ModelConfig& c) {
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
                    double scale) {
   at::Tensor y = t_decoding ? decode_linear(x, weight, bias) : at::linear(x, weight, bias);
-  if (scale == 0 || !lora.a.defined()) return y;
+  if (without_adapter(lora, scale)) return y;
   if (lora.a.scalar_type() == x.scalar_type()) return y + at::linear(at::linear(x, lora.a), lora.b) * scale;
   const at::Tensor delta = at::linear(at::linear(x.to(lora.a.scalar_type()), lora.a), lora.b) * scale;
   return (y + delta).to(y.scalar_type());
+}
+
+at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, const LoraPair& lora,
+                       double scale) {
+  if (without_adapter(lora, scale))
+    if (const PackedWeight* p = decode_pack(x, weight)) {
+      std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
+      out.back() = weight.size(0);
+      if (residual.sizes() == at::IntArrayRef(out) && residual.scalar_type() == at::kFloat && residual.device().is_cpu())
+        return p->linear(x, {}, residual);
+    }
+  return residual + project(x, weight, {}, lora, scale);
 }
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
@@ -145,8 +170,9 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
   return r;
 }
 
-at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
-                     const CacheStep* cache) {
+// The attention half of a layer: residual + o_proj(attention over x, the normed residual).
+at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& residual, const at::Tensor& x,
+                     const AttnInputs& a, const CacheStep* cache) {
   const int64_t T = x.size(1), H = c.num_attention_heads, D = c.head_dim;
   auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin);
   if (cache) {
@@ -154,11 +180,12 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
     if (cache->kernel_slots.defined()) {
       rpg::model::write_decode_kv(*cache->k, *cache->v, k.contiguous(), v.contiguous(), cache->kernel_slots,
                                   cache->kernel_positions);
-      return project(rpg::model::decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v, cache->kernel_slots,
-                                                  cache->kernel_positions,
-                                                  {cache->kernel_prefix_slots, cache->kernel_prefix_lengths})
-                         .view({q.size(0), 1, H * D}),
-                     w.o_w, {}, w.o_lora, w.lora_scale);
+      return project_add(residual,
+                         rpg::model::decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v,
+                                                      cache->kernel_slots, cache->kernel_positions,
+                                                      {cache->kernel_prefix_slots, cache->kernel_prefix_lengths})
+                             .view({q.size(0), 1, H * D}),
+                         w.o_w, w.o_lora, w.lora_scale);
     }
     const bool gather = cache->read == CacheStep::Read::kGather;
     at::Tensor rows = cache->slot_index.view({-1});
@@ -178,11 +205,11 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
       const int64_t S = cache->k->size(0);
       at::Tensor qs = at::zeros({S, T, H, D}, q.options()).index_copy_(0, rows, q);
       at::Tensor o = attend(c, qs, k.transpose(1, 2), v.transpose(1, 2), a);
-      return project(o.index_select(0, rows), w.o_w, {}, w.o_lora, w.lora_scale);
+      return project_add(residual, o.index_select(0, rows), w.o_w, w.o_lora, w.lora_scale);
     }
-    return project(attend(c, q, k.transpose(1, 2), v.transpose(1, 2), a), w.o_w, {}, w.o_lora, w.lora_scale);
+    return project_add(residual, attend(c, q, k.transpose(1, 2), v.transpose(1, 2), a), w.o_w, w.o_lora, w.lora_scale);
   }
-  return project(attend(c, q, k, v, a), w.o_w, {}, w.o_lora, w.lora_scale);
+  return project_add(residual, attend(c, q, k, v, a), w.o_w, w.o_lora, w.lora_scale);
 }
 
 namespace {
@@ -274,16 +301,22 @@ at::Tensor make_mask(const at::Tensor& mask, const ModelConfig& c) {
 at::Tensor mlp_block(const LayerWeights& w, const ModelConfig& c, const at::Tensor& h) {
   at::Tensor n = rms_norm(h, w.post_norm, c.rms_norm_eps);
   const double r = w.lora_scale;
-  const at::Tensor gate = project(n, w.gate_w, {}, w.gate_lora, r), up = project(n, w.up_w, {}, w.up_lora, r);
-  const at::Tensor act = t_decoding && decode_elementwise_applies(gate) && decode_elementwise_applies(up)
-                             ? swiglu_rows(gate, up)
-                             : at::silu(gate) * up;
-  return h + project(act, w.down_w, {}, w.down_lora, r);
+  at::Tensor act;
+  // Decode's packed gate and up: both products and the SwiGLU in one pass (swiglu_linear).
+  if (without_adapter(w.gate_lora, r) && without_adapter(w.up_lora, r))
+    if (const PackedWeight* gate = decode_pack(n, w.gate_w))
+      if (const PackedWeight* up = decode_pack(n, w.up_w)) act = swiglu_linear(*gate, *up, n);
+  if (!act.defined()) {
+    const at::Tensor gate = project(n, w.gate_w, {}, w.gate_lora, r), up = project(n, w.up_w, {}, w.up_lora, r);
+    act = t_decoding && decode_elementwise_applies(gate) && decode_elementwise_applies(up) ? swiglu_rows(gate, up)
+                                                                                            : at::silu(gate) * up;
+  }
+  return project_add(h, act, w.down_w, w.down_lora, r);
 }
 
 at::Tensor layer_forward(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const AttnInputs& a,
                          const CacheStep* cache) {
-  return mlp_block(w, c, x + attention(w, c, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache));
+  return mlp_block(w, c, attention(w, c, x, rms_norm(x, w.input_norm, c.rms_norm_eps), a, cache));
 }
 
 at::Tensor default_positions(const at::Tensor& input_ids, const at::Tensor& attention_mask) {

@@ -90,6 +90,11 @@ at::Tensor decode_linear(const at::Tensor& x, const at::Tensor& weight, const at
 // A projection: x W^T + b, plus LoRA's (x A^T) B^T * scale in PEFT's order of operations.
 at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const LoraPair& lora,
                    double scale);
+// residual + project(x, weight, {}, lora, scale) (a layer's o_proj and down_proj with the
+// residual stream): inside a DecodingScope the packed product adds the residual as it stores
+// its tiles, with the same bits as the sum of tensors.
+at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, const LoraPair& lora,
+                       double scale);
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // RoPE tables for positions [B, T] -> cos, sin [B, T, 1, D] in `dtype`.

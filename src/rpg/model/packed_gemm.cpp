@@ -18,6 +18,7 @@
 
 #include "rpg/core/log.h"
 #include "rpg/model/cpu_kernels.h"
+#include "rpg/model/decode_elementwise.h"
 
 // at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
 // thread, silently (src/rpg/model/CMakeLists.txt).
@@ -152,11 +153,11 @@ at::Tensor panel_pack(const float* w, int64_t n, int64_t k, int64_t width) {
   return buf;
 }
 
-// y[R rows, cols] = x[R rows, K] . panel; x rows `ldx` apart, y rows `ldy` apart.
+// t[R rows, kPanel] = x[R rows, K] . panel; x rows `ldx` apart (t: the caller's tile, 32-byte
+// aligned, rows kPanel apart).
 template <int R>
 __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, int64_t ldx,
-                                                     const float* __restrict panel, int64_t K,
-                                                     float* __restrict y, int64_t ldy, int64_t cols) {
+                                                     const float* __restrict panel, int64_t K, float* __restrict t) {
   // Named accumulators, not an array: GCC kept an array's tile on the stack and stored it
   // every iteration (half the speed).
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
@@ -183,19 +184,16 @@ __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, i
       c30 = _mm256_fmadd_ps(a, b0, c30), c31 = _mm256_fmadd_ps(a, b1, c31), c32 = _mm256_fmadd_ps(a, b2, c32);
     }
   }
-  alignas(32) float tile[4][kPanel];
-  _mm256_store_ps(tile[0], c00), _mm256_store_ps(tile[0] + 8, c01), _mm256_store_ps(tile[0] + 16, c02);
-  _mm256_store_ps(tile[1], c10), _mm256_store_ps(tile[1] + 8, c11), _mm256_store_ps(tile[1] + 16, c12);
-  _mm256_store_ps(tile[2], c20), _mm256_store_ps(tile[2] + 8, c21), _mm256_store_ps(tile[2] + 16, c22);
-  _mm256_store_ps(tile[3], c30), _mm256_store_ps(tile[3] + 8, c31), _mm256_store_ps(tile[3] + 16, c32);
-  for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy, tile[r], static_cast<size_t>(cols) * sizeof(float));
+  _mm256_store_ps(t, c00), _mm256_store_ps(t + 8, c01), _mm256_store_ps(t + 16, c02);
+  if constexpr (R > 1) _mm256_store_ps(t + 24, c10), _mm256_store_ps(t + 32, c11), _mm256_store_ps(t + 40, c12);
+  if constexpr (R > 2) _mm256_store_ps(t + 48, c20), _mm256_store_ps(t + 56, c21), _mm256_store_ps(t + 64, c22);
+  if constexpr (R > 3) _mm256_store_ps(t + 72, c30), _mm256_store_ps(t + 80, c31), _mm256_store_ps(t + 88, c32);
 }
 
-// The AVX-512 tile: y[R rows, cols] = x[R rows, K] . panel (32 columns), R <= 8.
+// The AVX-512 tile: t[R rows, 32] = x[R rows, K] . panel (32 columns), R <= 8 (t: 64-byte aligned).
 template <int R>
 __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x, int64_t ldx,
-                                                       const float* __restrict panel, int64_t K,
-                                                       float* __restrict y, int64_t ldy, int64_t cols) {
+                                                       const float* __restrict panel, int64_t K, float* __restrict t) {
 #define RPG_TILE_ROW_INIT(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
   RPG_TILE_ROW_INIT(0) RPG_TILE_ROW_INIT(1) RPG_TILE_ROW_INIT(2) RPG_TILE_ROW_INIT(3)
   RPG_TILE_ROW_INIT(4) RPG_TILE_ROW_INIT(5) RPG_TILE_ROW_INIT(6) RPG_TILE_ROW_INIT(7)
@@ -213,40 +211,83 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
     RPG_TILE_ROW_FMA(4) RPG_TILE_ROW_FMA(5) RPG_TILE_ROW_FMA(6) RPG_TILE_ROW_FMA(7)
 #undef RPG_TILE_ROW_FMA
   }
-  alignas(64) float tile[8][kPanel512];
-#define RPG_TILE_ROW_STORE(r) _mm512_store_ps(tile[r], c##r##0), _mm512_store_ps(tile[r] + 16, c##r##1);
+#define RPG_TILE_ROW_STORE(r) \
+  if constexpr (R > r) _mm512_store_ps(t + r * kPanel512, c##r##0), _mm512_store_ps(t + r * kPanel512 + 16, c##r##1);
   RPG_TILE_ROW_STORE(0) RPG_TILE_ROW_STORE(1) RPG_TILE_ROW_STORE(2) RPG_TILE_ROW_STORE(3)
   RPG_TILE_ROW_STORE(4) RPG_TILE_ROW_STORE(5) RPG_TILE_ROW_STORE(6) RPG_TILE_ROW_STORE(7)
 #undef RPG_TILE_ROW_STORE
-  for (int r = 0; r < R; ++r) std::memcpy(y + r * ldy, tile[r], static_cast<size_t>(cols) * sizeof(float));
 }
 
-// y [M, N] = x [M, K] W^T over W's panels of `width` columns, the threads splitting the
-// panels; tile(rows, x rows, panel, y rows, columns) multiplies a block of at most MaxRows
-// rows (rows: an integral_constant) by one panel.
-template <int MaxRows, typename Tile>
-void compute_panels(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y, int64_t width,
-                    const Tile& tile) {
-  at::parallel_for(0, (n + width - 1) / width, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t cols = std::min(width, n - p * width);
-      for (int64_t r = 0; r < m; r += MaxRows)
-        with_count<MaxRows>(std::min<int64_t>(MaxRows, m - r), [&](auto rows) {
-          tile(rows, x + r * k, panels + p * k * width, y + r * n + p * width, cols);
-        });
+// A panel backend's tile kernel: kWidth columns per panel, up to kRows rows per tile.
+struct Avx2Tiles {
+  static constexpr int64_t kWidth = kPanel, kRows = 4;
+  template <int R>
+  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t) {
+    panel_tile<R>(x, ldx, panel, K, t);
+  }
+};
+struct Avx512Tiles {
+  static constexpr int64_t kWidth = kPanel512, kRows = 8;
+  template <int R>
+  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t) {
+    panel_tile512<R>(x, ldx, panel, K, t);
+  }
+};
+
+// Every tile of an [m, n] product over panels of Tiles::kWidth columns, the threads splitting
+// the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
+// integral_constant, at most Tiles::kRows).
+template <class Tiles, typename Block>
+void for_each_tile(int64_t m, int64_t n, const Block& block) {
+  at::parallel_for(0, (n + Tiles::kWidth - 1) / Tiles::kWidth, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t r = 0; r < m; r += Tiles::kRows)
+        with_count<Tiles::kRows>(std::min<int64_t>(Tiles::kRows, m - r), [&](auto rows) { block(p, r, rows); });
+  });
+}
+
+// y [m, n] = x [m, k] W^T (+ bias [n]) (+ residual [m, n]), the additions made as each tile is
+// stored: ((x W^T) + b) + residual, in the order at::linear's result + residual rounds them.
+template <class Tiles>
+void panels_linear(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, const float* bias,
+                   const float* residual, float* y) {
+  constexpr int64_t W = Tiles::kWidth;
+  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
+    constexpr int R = decltype(rows)::value;
+    alignas(64) float t[R * W];
+    Tiles::template tile<R>(x + r * k, k, panels + p * k * W, k, t);
+    const int64_t c0 = p * W, cols = std::min(W, n - c0);
+    for (int64_t i = 0; i < R; ++i) {
+      const float* ti = t + i * W;
+      float* yi = y + (r + i) * n + c0;
+      if (!bias && !residual) {
+        std::memcpy(yi, ti, static_cast<size_t>(cols) * sizeof(float));
+        continue;
+      }
+      const float* res = residual ? residual + (r + i) * n + c0 : nullptr;
+      for (int64_t c = 0; c < cols; ++c) {
+        float v = ti[c];
+        if (bias) v += bias[c0 + c];
+        yi[c] = res ? res[c] + v : v;
+      }
     }
   });
 }
 
-void panel_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
-  compute_panels<4>(x, m, n, k, panels, y, kPanel, [k, n](auto rows, const float* xr, const float* panel, float* yr, int64_t cols) {
-    panel_tile<decltype(rows)::value>(xr, k, panel, k, yr, n, cols);
-  });
-}
-
-void panel512_compute(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, float* y) {
-  compute_panels<8>(x, m, n, k, panels, y, kPanel512, [k, n](auto rows, const float* xr, const float* panel, float* yr, int64_t cols) {
-    panel_tile512<decltype(rows)::value>(xr, k, panel, k, yr, n, cols);
+// y [m, n] = silu(x G^T) * (x U^T): each panel's gate and up tiles multiplied one after the
+// other (both panels stay in L2) and combined by swiglu_span while in L1.
+template <class Tiles>
+void panels_swiglu(const float* x, int64_t m, int64_t n, int64_t k, const float* gate, const float* up, float* y) {
+  constexpr int64_t W = Tiles::kWidth;
+  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
+    constexpr int R = decltype(rows)::value;
+    alignas(64) float g[R * W], u[R * W], a[R * W];
+    Tiles::template tile<R>(x + r * k, k, gate + p * k * W, k, g);
+    Tiles::template tile<R>(x + r * k, k, up + p * k * W, k, u);
+    swiglu_span(g, u, a, R * W);
+    const int64_t c0 = p * W, cols = std::min(W, n - c0);
+    for (int64_t i = 0; i < R; ++i)
+      std::memcpy(y + (r + i) * n + c0, a + i * W, static_cast<size_t>(cols) * sizeof(float));
   });
 }
 
@@ -311,7 +352,7 @@ PackedWeight PackedWeight::pack(const at::Tensor& weight, PackedBackend backend)
   return p;
 }
 
-at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias) const {
+at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual) const {
   TORCH_CHECK(current() && x.size(-1) == k_ && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
                   (!bias.defined() || (bias.numel() == n_ && bias.scalar_type() == at::kFloat)),
               "PackedWeight::linear: float32 CPU x [..., ", k_, "] and bias [", n_, "] for a current packing");
@@ -320,17 +361,48 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias) con
   const int64_t m = x2.size(0);
   std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
   out.back() = n_;
+  TORCH_CHECK(!residual.defined() || (residual.sizes() == at::IntArrayRef(out) &&
+                                      residual.scalar_type() == at::kFloat && residual.device().is_cpu()),
+              "PackedWeight::linear: residual ", residual.defined() ? residual.sizes() : at::IntArrayRef{},
+              " must be float32 ", at::IntArrayRef(out), " on the CPU");
   at::Tensor y = at::empty({m, n_}, x.options());
-  // The bias is added after: MKL's packed product of one row ignores a C to add to (beta = 1
-  // with the bias in C gave x W^T alone), and the panel kernel's chains start from 0.
-  if (m > 0 && backend_ == PackedBackend::kPanels512)
-    panel512_compute(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), y.data_ptr<float>());
-  else if (m > 0 && backend_ == PackedBackend::kPanels)
-    panel_compute(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), y.data_ptr<float>());
-  else if (m > 0)
+  if (m > 0 && (backend_ == PackedBackend::kPanels512 || backend_ == PackedBackend::kPanels)) {
+    const at::Tensor b = bias.defined() ? bias.reshape({n_}).contiguous() : at::Tensor();
+    const at::Tensor res = residual.defined() ? residual.reshape({m, n_}).contiguous() : at::Tensor();
+    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+    const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
+    if (backend_ == PackedBackend::kPanels512)
+      panels_linear<Avx512Tiles>(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), bp, rp, y.data_ptr<float>());
+    else
+      panels_linear<Avx2Tiles>(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), bp, rp, y.data_ptr<float>());
+    return y.view(out);
+  }
+  // MKL: the bias and the residual are added after. Its packed product of one row ignores a C
+  // to add to (beta = 1 with the bias in C gave x W^T alone).
+  if (m > 0)
     mkl_compute(x2.data_ptr<float>(), static_cast<int>(m), static_cast<int>(n_), static_cast<int>(k_),
                 buffer_.data_ptr<float>(), y.data_ptr<float>());
   if (bias.defined()) y.add_(bias.reshape({n_}));
+  y = y.view(out);
+  return residual.defined() ? residual + y : y;
+}
+
+at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x) {
+  if (!gate.current() || !up.current() || gate.backend() != up.backend() || gate.n_ != up.n_ || gate.k_ != up.k_ ||
+      (gate.backend() != PackedBackend::kPanels512 && gate.backend() != PackedBackend::kPanels) ||
+      x.size(-1) != gate.k_ || x.scalar_type() != at::kFloat || !x.device().is_cpu())
+    return {};
+  RECORD_FUNCTION("rpg::packed_swiglu", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
+  const at::Tensor x2 = x.reshape({-1, gate.k_}).contiguous();
+  const int64_t m = x2.size(0), n = gate.n_, k = gate.k_;
+  std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
+  out.back() = n;
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m > 0) {
+    const float *xp = x2.data_ptr<float>(), *gp = gate.buffer_.data_ptr<float>(), *up_p = up.buffer_.data_ptr<float>();
+    if (gate.backend() == PackedBackend::kPanels512) panels_swiglu<Avx512Tiles>(xp, m, n, k, gp, up_p, y.data_ptr<float>());
+    else panels_swiglu<Avx2Tiles>(xp, m, n, k, gp, up_p, y.data_ptr<float>());
+  }
   return y.view(out);
 }
 

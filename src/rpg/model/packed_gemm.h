@@ -44,15 +44,25 @@ class PackedWeight {
   PackedBackend backend() const { return backend_; }
   // True while the source weight has not been modified in place since it was packed.
   bool current() const { return defined() && source_._version() == version_; }
-  // x [..., K] float32 on the CPU -> [..., N]; bias [N] or undefined.
-  at::Tensor linear(const at::Tensor& x, const at::Tensor& bias) const;
+  // x [..., K] float32 on the CPU -> [..., N]; bias [N] or undefined; residual [..., N] float32
+  // or undefined: the result is residual + (x W^T + b), rounded as that sum of tensors would be
+  // (the panel kernels add it as they store each tile: one pass over the output fewer).
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual = {}) const;
 
  private:
+  friend at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
   at::Tensor source_;  // kept alive: its address keys PackedWeights and cannot be reused
   at::Tensor buffer_;  // the packed copy (MKL's layout depends on its address: never copied)
   PackedBackend backend_ = PackedBackend::kNone;
   int64_t version_ = 0, n_ = 0, k_ = 0;
 };
+
+// silu(x G^T) * (x U^T) (the MLP's SwiGLU on its gate and up projections) for x [..., K]: for
+// each panel of columns, the gate's and the up's tiles are multiplied and combined at once, one
+// pass where the unfused form makes three (two products, then swiglu_rows). The same bits as
+// swiglu_rows(gate.linear(x), up.linear(x)). Undefined where it does not apply: the two are
+// not current panel packings (kPanels, kPanels512) of one shape, or x is not float32 on the CPU.
+at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
 
 // The packed weights of one model, by the weight tensor they were made from.
 class PackedWeights {
