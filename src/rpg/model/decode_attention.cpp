@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "rpg/core/cpu_clones.h"
 #include "rpg/core/fast_exp.h"
 #include "rpg/core/log.h"
 #include "rpg/model/cpu_kernels.h"
@@ -121,10 +122,6 @@ inline __attribute__((always_inline)) void values_item(const float* __restrict p
     for (int64_t i = 0; i < rep; ++i) axpy(p[i * L + j], vj, acc + i * D, D);
   }
 }
-
-// The per-CPU builds: the compiler makes AVX-512, AVX2 and baseline versions of each and
-// picks one at load time (the binaries are built without -march).
-#define RPG_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 RPG_CPU_CLONES void scores_f32(const float* q, const float* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep,
                                int64_t D, float scale, float* s, const void* next, int64_t next_bytes) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "rpg/core/cpu_clones.h"
 #include "rpg/core/fast_exp.h"
 
 // at::parallel_for's OpenMP region is compiled into this file (src/rpg/model/CMakeLists.txt).
@@ -22,7 +23,7 @@ namespace {
 // takes these, not a loop of unknown trip count.
 constexpr int64_t kLanes = 16;
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void rms_norm_f32(const float* __restrict x,
+RPG_CPU_CLONES void rms_norm_f32(const float* __restrict x,
                                                                                const float* __restrict w,
                                                                                float* __restrict y, int64_t rows,
                                                                                int64_t C, float eps) {
@@ -54,7 +55,7 @@ inline __attribute__((always_inline)) void rotate(const float* __restrict x, con
   for (; i < n; ++i) y[i] = x[i] * c[i] + partner[i] * s[i];
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void rope_f32(const float* __restrict x,
+RPG_CPU_CLONES void rope_f32(const float* __restrict x,
                                                                            const float* __restrict cos,
                                                                            const float* __restrict sin,
                                                                            float* __restrict y, int64_t positions,
@@ -83,7 +84,7 @@ int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int6
 
 // y = silu(g) * u = g * u / (1 + exp(-g)), with exp taken at -|g| only (no overflow):
 // exp(-g) = e for g >= 0, and 1 / e below.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void swiglu_span(const float* __restrict g,
+RPG_CPU_CLONES void swiglu_span(const float* __restrict g,
                                                                              const float* __restrict u,
                                                                              float* __restrict y, int64_t n) {
   auto one = [](float gi, float ui) {

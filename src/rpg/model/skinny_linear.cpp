@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "rpg/core/cpu_clones.h"
+
 // at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
 // thread, silently (src/rpg/model/CMakeLists.txt).
 #if !defined(_OPENMP)
@@ -82,7 +84,7 @@ inline __attribute__((always_inline)) void rows(const float* x, int64_t M, int64
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void skinny_f32(const float* x, int64_t M, int64_t K,
+RPG_CPU_CLONES void skinny_f32(const float* x, int64_t M, int64_t K,
                                                                              const float* w, const float* b,
                                                                              int64_t n0, int64_t n1, float* y,
                                                                              int64_t N) {

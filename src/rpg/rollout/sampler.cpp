@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 
+#include "rpg/core/cpu_clones.h"
 #include "rpg/core/error.h"
 #include "rpg/core/fast_exp.h"
 
@@ -28,7 +29,7 @@ namespace {
 constexpr int64_t kBlock = 16;
 
 // z[j] = x[j] / t; returns their max (16 lanes of max, reduced at the end).
-__attribute__((target_clones("avx512f", "avx2", "default"))) float scaled_max(const float* __restrict x,
+RPG_CPU_CLONES float scaled_max(const float* __restrict x,
                                                                             float* __restrict z, int64_t V, float t) {
   float lane[kBlock];
   for (int64_t i = 0; i < kBlock; ++i) lane[i] = -std::numeric_limits<float>::infinity();
@@ -49,7 +50,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float scaled_max(co
 }
 
 // z[j] = exp(z[j] - m) and the sums of its blocks of kBlock tokens (float64, in token order).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void exp_and_block_sums(float* __restrict z, int64_t V,
+RPG_CPU_CLONES void exp_and_block_sums(float* __restrict z, int64_t V,
                                                                                    float m, double* __restrict sums) {
   const int64_t full = V / kBlock;
   for (int64_t k = 0; k < full; ++k) {
