@@ -23,10 +23,8 @@ namespace {
 // takes these, not a loop of unknown trip count.
 constexpr int64_t kLanes = 16;
 
-RPG_CPU_CLONES void rms_norm_f32(const float* __restrict x,
-                                                                               const float* __restrict w,
-                                                                               float* __restrict y, int64_t rows,
-                                                                               int64_t C, float eps) {
+RPG_CPU_CLONES void rms_norm_f32(const float* __restrict x, const float* __restrict w, float* __restrict y,
+                                 int64_t rows, int64_t C, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * C;
     float* yr = y + r * C;
@@ -55,11 +53,8 @@ inline __attribute__((always_inline)) void rotate(const float* __restrict x, con
   for (; i < n; ++i) y[i] = x[i] * c[i] + partner[i] * s[i];
 }
 
-RPG_CPU_CLONES void rope_f32(const float* __restrict x,
-                                                                           const float* __restrict cos,
-                                                                           const float* __restrict sin,
-                                                                           float* __restrict y, int64_t positions,
-                                                                           int64_t H, int64_t D) {
+RPG_CPU_CLONES void rope_f32(const float* __restrict x, const float* __restrict cos, const float* __restrict sin,
+                             float* __restrict y, int64_t positions, int64_t H, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t p = 0; p < positions; ++p) {
     const float* c = cos + p * D;
@@ -84,9 +79,7 @@ int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int6
 
 // y = silu(g) * u = g * u / (1 + exp(-g)), with exp taken at -|g| only (no overflow):
 // exp(-g) = e for g >= 0, and 1 / e below.
-RPG_CPU_CLONES void swiglu_span(const float* __restrict g,
-                                                                             const float* __restrict u,
-                                                                             float* __restrict y, int64_t n) {
+RPG_CPU_CLONES void swiglu_span(const float* __restrict g, const float* __restrict u, float* __restrict y, int64_t n) {
   auto one = [](float gi, float ui) {
     const float e = exp_nonpositive(gi >= 0.0f ? -gi : gi);
     const float sig = gi >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);

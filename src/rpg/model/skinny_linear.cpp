@@ -84,10 +84,8 @@ inline __attribute__((always_inline)) void rows(const float* x, int64_t M, int64
   }
 }
 
-RPG_CPU_CLONES void skinny_f32(const float* x, int64_t M, int64_t K,
-                                                                             const float* w, const float* b,
-                                                                             int64_t n0, int64_t n1, float* y,
-                                                                             int64_t N) {
+RPG_CPU_CLONES void skinny_f32(const float* x, int64_t M, int64_t K, const float* w, const float* b, int64_t n0,
+                               int64_t n1, float* y, int64_t N) {
   int64_t n = n0;
   for (; n + 8 <= n1; n += 8) rows<8>(x, M, K, w, b, n, y, N);
   for (; n + 4 <= n1; n += 4) rows<4>(x, M, K, w, b, n, y, N);

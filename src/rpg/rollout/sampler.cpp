@@ -29,8 +29,7 @@ namespace {
 constexpr int64_t kBlock = 16;
 
 // z[j] = x[j] / t; returns their max (16 lanes of max, reduced at the end).
-RPG_CPU_CLONES float scaled_max(const float* __restrict x,
-                                                                            float* __restrict z, int64_t V, float t) {
+RPG_CPU_CLONES float scaled_max(const float* __restrict x, float* __restrict z, int64_t V, float t) {
   float lane[kBlock];
   for (int64_t i = 0; i < kBlock; ++i) lane[i] = -std::numeric_limits<float>::infinity();
   const int64_t full = V / kBlock * kBlock;
@@ -50,8 +49,7 @@ RPG_CPU_CLONES float scaled_max(const float* __restrict x,
 }
 
 // z[j] = exp(z[j] - m) and the sums of its blocks of kBlock tokens (float64, in token order).
-RPG_CPU_CLONES void exp_and_block_sums(float* __restrict z, int64_t V,
-                                                                                   float m, double* __restrict sums) {
+RPG_CPU_CLONES void exp_and_block_sums(float* __restrict z, int64_t V, float m, double* __restrict sums) {
   const int64_t full = V / kBlock;
   for (int64_t k = 0; k < full; ++k) {
     float* zb = z + k * kBlock;
