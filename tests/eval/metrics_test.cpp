@@ -151,7 +151,7 @@ TEST(EvalMetrics, EqualAnIndependentPythonComputationAndVerl) {
 
 TEST(EvalMetrics, MajorityNeedsEveryPrediction) {
   std::vector<eval::ScoredResponse> rs(4);
-  for (size_t i = 0; i < rs.size(); ++i) rs[i] = {"d", "p", 1.0, i % 2 == 0, std::string("x")};
+  for (size_t i = 0; i < rs.size(); ++i) rs[i] = {"d", "p", 1.0, i % 2 == 0, std::string("x"), std::nullopt};
   rs[3].pred.reset();
   auto t = eval::compute_metrics(rs);
   EXPECT_FALSE(t["d"].count("acc/maj@4"));
