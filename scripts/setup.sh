@@ -38,6 +38,9 @@ apt_packages=(
   # The HTML report's render test (tests/eval/report_render_test.cpp): headless Chromium
   # and a font, so the headings and chart captions have glyphs to draw.
   chromium fonts-dejavu-core
+  # The CPU kernels as a CPU with AVX2 + FMA and no AVX-512 runs them (tests/model, the
+  # "haswell" tests): qemu-user's emulated Haswell.
+  qemu-user
 )
 missing=()
 for p in "${apt_packages[@]}"; do

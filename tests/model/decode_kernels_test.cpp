@@ -258,6 +258,21 @@ std::vector<detail::PackedBackend> usable_backends() {
   return out;
 }
 
+// Under model_kernels.haswell (tests/model/CMakeLists.txt) the emulated CPU must be the one
+// that test is for: AVX2 and FMA (x86-64-v3), no AVX-512, so that the vectorised loops run
+// their x86-64-v3 builds and the packed products the AVX2 panel kernel. Elsewhere (no
+// RPG_TEST_EXPECT_CPU) there is nothing to check.
+TEST(CpuClones, TheEmulatedCpuIsTheOneAsked) {
+  const char* want = std::getenv("RPG_TEST_EXPECT_CPU");
+  if (!want) return;
+  ASSERT_EQ(std::string(want), "x86-64-v3");
+  __builtin_cpu_init();
+  EXPECT_TRUE(__builtin_cpu_supports("x86-64-v3"));
+  EXPECT_FALSE(__builtin_cpu_supports("avx512f"));
+  EXPECT_EQ(detail::packed_backend(), detail::PackedBackend::kPanels);
+  EXPECT_FALSE(detail::attention_kernel_available(detail::AttentionKernel::kAvx512));
+}
+
 TEST(PackedGemm, ChoosesThePanelKernelWhereTheCpuHasAvx2AndFma) {
   const bool avx512 = __builtin_cpu_supports("avx512f");
   const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
