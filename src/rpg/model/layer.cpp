@@ -103,13 +103,9 @@ at::Tensor project(const at::Tensor& x, const at::Tensor& weight, const at::Tens
 
 at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at::Tensor& weight, const LoraPair& lora,
                        double scale) {
+  // A layer's residual has the product's shape and dtype; PackedWeight::linear checks it.
   if (without_adapter(lora, scale))
-    if (const PackedWeight* p = decode_pack(x, weight)) {
-      std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
-      out.back() = weight.size(0);
-      if (residual.sizes() == at::IntArrayRef(out) && residual.scalar_type() == at::kFloat && residual.device().is_cpu())
-        return p->linear(x, {}, residual);
-    }
+    if (const PackedWeight* p = decode_pack(x, weight)) return p->linear(x, {}, residual);
   return residual + project(x, weight, {}, lora, scale);
 }
 

@@ -291,6 +291,20 @@ void panels_swiglu(const float* x, int64_t m, int64_t n, int64_t k, const float*
   });
 }
 
+// f(Tiles{}) with the tile kernel of a panel backend (kPanels512 or kPanels).
+template <typename F>
+void with_tiles(PackedBackend backend, const F& f) {
+  if (backend == PackedBackend::kPanels512) f(Avx512Tiles{});
+  else f(Avx2Tiles{});
+}
+
+// A product's result shape: x's, with the last dimension n.
+std::vector<int64_t> product_shape(const at::Tensor& x, int64_t n) {
+  std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
+  out.back() = n;
+  return out;
+}
+
 }  // namespace
 
 PackedBackend packed_backend() {
@@ -359,8 +373,7 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
   RECORD_FUNCTION("rpg::packed_linear", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x2 = x.reshape({-1, k_}).contiguous();
   const int64_t m = x2.size(0);
-  std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
-  out.back() = n_;
+  const std::vector<int64_t> out = product_shape(x, n_);
   TORCH_CHECK(!residual.defined() || (residual.sizes() == at::IntArrayRef(out) &&
                                       residual.scalar_type() == at::kFloat && residual.device().is_cpu()),
               "PackedWeight::linear: residual ", residual.defined() ? residual.sizes() : at::IntArrayRef{},
@@ -371,10 +384,10 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
     const at::Tensor res = residual.defined() ? residual.reshape({m, n_}).contiguous() : at::Tensor();
     const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
     const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
-    if (backend_ == PackedBackend::kPanels512)
-      panels_linear<Avx512Tiles>(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), bp, rp, y.data_ptr<float>());
-    else
-      panels_linear<Avx2Tiles>(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), bp, rp, y.data_ptr<float>());
+    with_tiles(backend_, [&](auto tiles) {
+      panels_linear<decltype(tiles)>(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), bp, rp,
+                                     y.data_ptr<float>());
+    });
     return y.view(out);
   }
   // MKL: the bias and the residual are added after. Its packed product of one row ignores a C
@@ -395,15 +408,13 @@ at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const
   RECORD_FUNCTION("rpg::packed_swiglu", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x2 = x.reshape({-1, gate.k_}).contiguous();
   const int64_t m = x2.size(0), n = gate.n_, k = gate.k_;
-  std::vector<int64_t> out(x.sizes().begin(), x.sizes().end());
-  out.back() = n;
   at::Tensor y = at::empty({m, n}, x.options());
-  if (m > 0) {
-    const float *xp = x2.data_ptr<float>(), *gp = gate.buffer_.data_ptr<float>(), *up_p = up.buffer_.data_ptr<float>();
-    if (gate.backend() == PackedBackend::kPanels512) panels_swiglu<Avx512Tiles>(xp, m, n, k, gp, up_p, y.data_ptr<float>());
-    else panels_swiglu<Avx2Tiles>(xp, m, n, k, gp, up_p, y.data_ptr<float>());
-  }
-  return y.view(out);
+  if (m > 0)
+    with_tiles(gate.backend(), [&](auto tiles) {
+      panels_swiglu<decltype(tiles)>(x2.data_ptr<float>(), m, n, k, gate.buffer_.data_ptr<float>(),
+                                     up.buffer_.data_ptr<float>(), y.data_ptr<float>());
+    });
+  return y.view(product_shape(x, n));
 }
 
 void PackedWeights::add(const at::Tensor& weight) {
