@@ -22,6 +22,12 @@
 //            of the model (q/k/v/o/gate/up/down per layer and the lm_head, cold from memory as
 //            in decode), once per packed backend this CPU has (rpg's panels, MKL's packed
 //            GEMM; model/packed_gemm.h); seconds per step and GFLOP/s.
+//   attention: one layer's decode attention alone (model/decode_attention.h) at the model's head
+//            shape, for --decode-seqs rows of --prompt-len + --new-tokens keys each; with --group
+//            G > 1 the first --prompt-len keys are one prompt shared by each G rows (as the engine
+//            decodes n samples), else every key is the row's own. Enough copies of the caches are
+//            cycled through that each call reads its keys and values from memory, as a decode
+//            step does; seconds per call, GB/s of keys and values read, GFLOP/s.
 // --ops K adds the K aten ops with the most self time in each measurement (Kineto), to
 // show where the time goes.
 #include <ATen/ATen.h>
@@ -41,6 +47,7 @@
 #include "rpg/core/args.h"
 #include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/decode_attention.h"
 #include "rpg/model/packed_gemm.h"
 #include "rpg/rollout/engine.h"
 #include "rpg/train/optim.h"
@@ -155,7 +162,7 @@ int main(int argc, char** argv) {
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
-      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer, gemm", "LIST")
+      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer, gemm, attention", "LIST")
       .option("--decode-seqs", &decode_seqs, "sequences decoding together, comma-separated", "LIST")
       .option("--new-tokens", &new_tokens, "tokens per response in decode")
       .option("--prompt-len", &prompt_len, "prompt tokens")
@@ -227,15 +234,17 @@ int main(int argc, char** argv) {
                              (name == "model.embed_tokens.weight" && model.config().tie_word_embeddings)))
           weights.push_back(t.detach());
       for (auto backend : {rpg::model::detail::PackedBackend::kPanels512, rpg::model::detail::PackedBackend::kPanels,
-                           rpg::model::detail::PackedBackend::kMkl}) {
+                           rpg::model::detail::PackedBackend::kMkl, rpg::model::detail::PackedBackend::kPanelsBf16}) {
         if (!rpg::model::detail::packed_backend_usable(backend)) continue;
+        // The bf16 backend multiplies bf16 weights and inputs (a bf16 rollout's decode).
+        const at::ScalarType wt = backend == rpg::model::detail::PackedBackend::kPanelsBf16 ? at::kBFloat16 : at::kFloat;
         std::vector<rpg::model::detail::PackedWeight> packed;
-        for (const auto& w : weights) packed.push_back(rpg::model::detail::PackedWeight::pack(w, backend));
+        for (const auto& w : weights) packed.push_back(rpg::model::detail::PackedWeight::pack(w.to(wt), backend));
         for (int64_t S : parse_list(decode_seqs)) {
           double flops = 0;
           for (const auto& w : weights) flops += 2.0 * static_cast<double>(S * w.numel());
           std::map<int64_t, at::Tensor> inputs;
-          for (const auto& w : weights) inputs.emplace(w.size(1), at::randn({S, w.size(1)}));
+          for (const auto& w : weights) inputs.emplace(w.size(1), at::randn({S, w.size(1)}).to(wt));
           auto f = [&] {
             for (size_t i = 0; i < packed.size(); ++i) packed[i].linear(inputs.at(weights[i].size(1)), {});
           };
@@ -244,6 +253,46 @@ int main(int argc, char** argv) {
                   {"weights", weights.size()}, {"gflops", flops / sec / 1e9}, {"prompt_len", 0}},
                  f, sec);
         }
+      }
+    }
+    if (want.count("attention")) {
+      const auto& c = model.config();
+      const int64_t H = c.num_attention_heads, Hkv = c.num_key_value_heads, D = c.head_dim;
+      const int64_t n = prompt_len + new_tokens, cap = rpg::model::key_blocks(n) * rpg::model::kKeyBlock;
+      const at::ScalarType dt = lo.dtype.value_or(at::kFloat);
+      for (int64_t S : parse_list(decode_seqs)) {
+        // Slots: each row's own; a group's prompt is read from its first row's slot.
+        const int64_t bytes_per_copy = S * Hkv * cap * D * 2 * static_cast<int64_t>(c10::elementSize(dt));
+        const int64_t copies = std::max<int64_t>(2, (int64_t{512} << 20) / std::max<int64_t>(1, bytes_per_copy));
+        struct Copy {
+          at::Tensor kt, v;
+        };
+        std::vector<Copy> caches;
+        for (int64_t i = 0; i < copies; ++i) {
+          at::Tensor k = at::randn({S, Hkv, cap, D}).to(dt);
+          caches.push_back({rpg::model::block_keys(k), at::randn({S, Hkv, cap, D}).to(dt)});
+        }
+        const at::Tensor q = at::randn({S, H, D}).to(dt);
+        const at::Tensor slots = at::arange(S, at::kLong), positions = at::full({S}, n - 1, at::kLong);
+        rpg::model::SharedPrefix prefix;
+        if (group > 1) {
+          prefix.slots = at::floor_divide(slots, group) * group;
+          prefix.lengths = at::full({S}, prompt_len, at::kLong);
+        }
+        int64_t next = 0;
+        auto f = [&] {
+          const Copy& cc = caches[static_cast<size_t>(next++ % copies)];
+          rpg::model::decode_attention(q, cc.kt, cc.v, slots, positions, prefix);
+        };
+        const double sec = b.median(f);
+        // Bytes read once per call: every row's own keys and values, a shared prompt once per group.
+        const int64_t read_positions = group > 1 ? (S + group - 1) / group * prompt_len + S * new_tokens : S * n;
+        const double bytes = static_cast<double>(read_positions * Hkv * D * 2 * c10::elementSize(dt));
+        const double flops = 4.0 * static_cast<double>(S * H * n * D);
+        b.emit({{"phase", "attention"}, {"seqs", S}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
+                {"group", group}, {"heads", H}, {"kv_heads", Hkv}, {"head_dim", D}, {"copies", copies},
+                {"gbs", bytes / sec / 1e9}, {"gflops", flops / sec / 1e9}},
+               f, sec);
       }
     }
     if (want.count("prefill")) {

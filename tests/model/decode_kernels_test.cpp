@@ -16,6 +16,7 @@
 #include <malloc.h>
 
 #include <array>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -24,6 +25,7 @@
 #include "test_util.h"
 #include "rpg/core/malloc_env.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/cpu_kernels.h"
 #include "rpg/model/decode_attention.h"
 #include "rpg/model/decode_elementwise.h"
 #include "rpg/model/packed_gemm.h"
@@ -403,8 +405,11 @@ TEST(PackedGemm, FusedSwigluAndResidualEqualTheUnfusedFormsBitForBit) {
 
 TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
   at::Tensor w = at::randn({16, 8});
-  EXPECT_FALSE(detail::PackedWeight::pack(w.to(at::kBFloat16)).defined());
+  // bf16 only where the bf16 panel kernel runs (PackedGemm.Bf16PanelsRound...); fp16 nowhere.
+  EXPECT_EQ(detail::PackedWeight::pack(w.to(at::kBFloat16)).defined(), detail::cpu_has_avx512_bf16());
+  EXPECT_FALSE(detail::PackedWeight::pack(w.to(at::kHalf)).defined());
   EXPECT_FALSE(detail::PackedWeight::pack(w.t()).defined());  // not contiguous
+  EXPECT_FALSE(detail::PackedWeight::pack(w.t().contiguous().t().to(at::kBFloat16)).defined());
   EXPECT_FALSE(detail::PackedWeight::pack(at::randn({16})).defined());
   detail::PackedWeights packs;
   packs.add(w);
@@ -478,8 +483,101 @@ TEST(PackedGemm, DecodeWithPackedWeightsEqualsDecodeWithout) {
     }
     const auto after = run();  // the handle is gone: at::linear again, bit for bit
     EXPECT_TRUE(at::equal(after.first, plain.first) && at::equal(after.second, plain.second)) << family;
-    EXPECT_EQ(test::random_model(family, at::kBFloat16).pack_weights_for_decode().size(), 0u) << family;
   }
+}
+
+// A bf16 model's decode packs its weights where the CPU has AVX512_BF16 (kPanelsBf16), and the
+// packed decode agrees with the unpacked one (oneDNN's bf16 at::linear) to bf16's resolution:
+// both sum in fp32 and round each product's result to bf16 once, in different orders.
+TEST(PackedGemm, Bf16DecodeWithPackedWeightsAgreesWithDecodeWithout) {
+  const bool bf16 = detail::cpu_has_avx512_bf16();
+  for (const char* family : {"qwen2", "qwen3", "llama"}) {
+    CausalLM m = test::random_model(family, at::kBFloat16, R"("tie_word_embeddings": true)", 11);
+    const int64_t V = m.config().vocab_size;
+    at::manual_seed(3);
+    const at::Tensor prompt = at::randint(1, V, {3, 6}, at::kLong), step = at::randint(1, V, {3, 1}, at::kLong);
+    auto run = [&] {
+      KVCache cache = m.new_cache(3, 8);
+      at::Tensor a = m.decode(cache, {0, 1, 2}, prompt);
+      return std::make_pair(a.to(at::kFloat), m.decode(cache, {2, 0}, step.narrow(0, 0, 2)).to(at::kFloat));
+    };
+    const auto plain = run();
+    const CausalLM::DecodePacks packs = m.pack_weights_for_decode();
+    EXPECT_EQ(packs.size(), bf16 ? 7 * m.config().num_hidden_layers + 1 : 0) << family;
+    const auto packed = run();
+    for (const auto& [a, b] : {std::make_pair(packed.first, plain.first), std::make_pair(packed.second, plain.second)}) {
+      // Logits of unit scale after a few bf16 layers: a few bf16 ulps (2^-8 relative) apart.
+      const double scale = b.abs().max().item<double>();
+      EXPECT_LE((a - b).abs().max().item<double>(), 0.05 * scale) << family;
+      EXPECT_GT(at::cosine_similarity(a.flatten(), b.flatten(), 0).item<double>(), 0.999) << family;
+    }
+  }
+}
+
+// The bf16 panel kernel (AVX512_BF16's VDPBF16PS) where the CPU has it; elsewhere its backend is
+// never chosen and packs nothing.
+// - On inputs whose partial sums are all exact (multiples of 1/8 in [-1, 1]; exact in bf16 and
+//   in every fp32 sum) each output is the exact x W^T + b rounded to bf16 once, bit for bit: odd
+//   and even K (the zero last pair), full and partial panels of 32 columns, rows around the
+//   8-row tile.
+// - On random bf16 inputs it is within the fp32 sums' error bound plus one bf16 rounding of the
+//   fp64 product, and a row gives the same bits alone as inside batches of 2-17 rows.
+// - The residual form equals residual + linear(x, b) as bf16 tensors add, bit for bit.
+// - It refuses what it does not take: fp32 inputs, fp32 weights, the fused SwiGLU.
+TEST(PackedGemm, Bf16PanelsRoundTheExactProductOnceAndRowsStandAlone) {
+  using detail::PackedBackend;
+  using detail::PackedWeight;
+  EXPECT_EQ(detail::packed_backend_for(at::kFloat), detail::packed_backend());
+  EXPECT_EQ(detail::packed_backend_for(at::kDouble), PackedBackend::kNone);
+  const at::Tensor w_bf16 = at::randn({40, 24}).to(at::kBFloat16);
+  if (!detail::cpu_has_avx512_bf16()) {
+    EXPECT_EQ(detail::packed_backend_for(at::kBFloat16), PackedBackend::kNone);
+    EXPECT_FALSE(detail::packed_backend_usable(PackedBackend::kPanelsBf16));
+    EXPECT_FALSE(PackedWeight::pack(w_bf16, PackedBackend::kPanelsBf16).defined());
+    return;
+  }
+  EXPECT_EQ(detail::packed_backend_for(at::kBFloat16), PackedBackend::kPanelsBf16);
+  auto grid = [](int64_t count, int64_t salt) {
+    return at::arange(count, at::kLong).mul_(7).add_(salt).remainder_(17).sub_(8).to(at::kFloat).div_(8);
+  };
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{53, 45}, {32, 64}, {7, 130}, {96, 576}, {200, 1536}}) {
+    SCOPED_TRACE(std::to_string(N) + " x " + std::to_string(K));
+    // Exact: |sums| <= K / 64 + 1 < 2^8 in steps of 2^-6: every partial sum is exact in fp32.
+    const at::Tensor wg = grid(N * K, 3).view({N, K}).to(at::kBFloat16), bg = grid(N, 5).to(at::kBFloat16);
+    const PackedWeight pg = PackedWeight::pack(wg);
+    ASSERT_TRUE(pg.defined() && pg.backend() == PackedBackend::kPanelsBf16);
+    for (int64_t M : {1, 7, 8, 9, 17, 64}) {
+      const at::Tensor x = grid(M * K, M).view({M, K}).to(at::kBFloat16);
+      const at::Tensor exact = at::linear(x.to(at::kDouble), wg.to(at::kDouble), bg.to(at::kDouble));
+      EXPECT_TRUE(at::equal(pg.linear(x, bg), exact.to(at::kBFloat16))) << M << " rows";
+      EXPECT_TRUE(at::equal(pg.linear(x, {}), at::linear(x.to(at::kDouble), wg.to(at::kDouble)).to(at::kBFloat16)))
+          << M << " rows, no bias";
+    }
+    // Random: the error bound, rows alone, the residual.
+    at::manual_seed(N + K);
+    const at::Tensor w = at::randn({N, K}).to(at::kBFloat16), b = at::randn({N}).to(at::kBFloat16);
+    const PackedWeight p = PackedWeight::pack(w);
+    ASSERT_TRUE(p.defined());
+    const at::Tensor x = at::randn({17, K}).to(at::kBFloat16);
+    const at::Tensor y = p.linear(x, b);
+    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+    const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
+    const at::Tensor magnitude = at::linear(x.to(at::kDouble).abs(), w.to(at::kDouble).abs(), b.to(at::kDouble).abs());
+    const at::Tensor bound = magnitude * (static_cast<double>(K + 1) * std::ldexp(1.0, -24)) + ref.abs() * std::ldexp(1.0, -8);
+    EXPECT_TRUE(((y.to(at::kDouble) - ref).abs() <= bound * 1.01).all().item<bool>());
+    for (int64_t M : {1, 2, 5, 8, 9, 16, 17})
+      for (int64_t i = 0; i < M; ++i)
+        ASSERT_TRUE(at::equal(p.linear(x.narrow(0, 0, M), b)[i], y[i])) << "row " << i << " of " << M;
+    const at::Tensor residual = at::randn({17, N}).to(at::kBFloat16);
+    EXPECT_TRUE(at::equal(p.linear(x, b, residual), residual + p.linear(x, b)));
+    EXPECT_TRUE(at::equal(p.linear(x, {}, residual), residual + p.linear(x, {})));
+    EXPECT_THROW(p.linear(x.to(at::kFloat), {}), c10::Error);
+    EXPECT_THROW(p.linear(x, b.to(at::kFloat)), c10::Error);
+    EXPECT_THROW(p.linear(x, {}, residual.to(at::kFloat)), c10::Error);
+    EXPECT_FALSE(detail::swiglu_linear(p, p, x).defined());
+  }
+  EXPECT_FALSE(PackedWeight::pack(at::randn({40, 24}), PackedBackend::kPanelsBf16).defined());
+  EXPECT_FALSE(PackedWeight::pack(w_bf16, PackedBackend::kPanels512).defined());
 }
 
 // Decode's fused RMSNorm and RoPE against the ATen forms the training forward uses

@@ -16,6 +16,13 @@ inline bool cpu_has_avx512f() {
   static const bool ok = __builtin_cpu_supports("avx512f");
   return ok;
 }
+// AVX512_BF16's VDPBF16PS: 32 bf16 products summed in pairs into 16 fp32 lanes per instruction,
+// twice the multiply-adds of an fp32 FMA (on the Zen 4 VM: 232 against 115 GFLOP/s per core).
+inline bool cpu_has_avx512_bf16() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  return ok;
+}
 
 // f(std::integral_constant<int, count>) for 1 <= count <= Max (a larger count runs as Max):
 // a tile's row or head count as a template argument.

@@ -210,7 +210,7 @@ size_t CausalLM::DecodePacks::size() const { return packs_ ? packs_->size() : 0;
 CausalLM::DecodePacks CausalLM::pack_weights_for_decode() const {
   DecodePacks handle;
   const Impl& m = *impl_;
-  if (m.dtype != at::kFloat || !m.device.is_cpu() || !packed_gemm_available()) return handle;
+  if (!m.device.is_cpu() || packed_backend_for(m.dtype) == PackedBackend::kNone) return handle;
   auto packs = std::make_shared<PackedWeights>();
   for (const LayerWeights& w : m.layers)
     for (const at::Tensor* t : {&w.q_w, &w.k_w, &w.v_w, &w.o_w, &w.gate_w, &w.up_w, &w.down_w}) packs->add(*t);

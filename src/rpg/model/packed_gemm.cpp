@@ -234,6 +234,108 @@ struct Avx512Tiles {
   }
 };
 
+// ---- the bf16 panel kernel (AVX512_BF16) ---------------------------------------------------
+//
+// W [N, K] bf16 as panels of 32 columns in pairs of K: for pair q = k / 2, the panel holds
+// W[c][2q], W[c][2q + 1] side by side for its 32 columns c (64 bf16, two ZMM registers), so
+// that one VDPBF16PS multiplies 16 columns' pair by a row's broadcast pair (x[r][2q],
+// x[r][2q + 1]) and adds both products to the column's fp32 sum. An odd K gets a zero last k.
+// The tile is the AVX-512 form's: 8 rows x 32 columns in 16 ZMM registers, 2 loads and 8
+// broadcasts per 16 dot products. Each output is one chain over the pairs in order, so a row's
+// result does not depend on the rows beside it (as for the fp32 panels).
+constexpr int64_t kPanelBf16 = 32;
+#define RPG_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+at::Tensor panel_pack_bf16(const uint16_t* w, int64_t n, int64_t k) {
+  const int64_t panels = (n + kPanelBf16 - 1) / kPanelBf16, pairs = (k + 1) / 2;
+  at::Tensor buf = page_aligned_buffer(static_cast<size_t>(panels * pairs * 2 * kPanelBf16) * sizeof(uint16_t));
+  if (!buf.defined()) return buf;
+  auto* out = reinterpret_cast<uint16_t*>(buf.data_ptr<float>());
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint16_t* panel = out + p * pairs * 2 * kPanelBf16;
+      const int64_t cols = std::min(kPanelBf16, n - p * kPanelBf16);
+      for (int64_t j = 0; j < kPanelBf16; ++j) {
+        const uint16_t* src = w + (p * kPanelBf16 + j) * k;
+        for (int64_t i = 0; i < 2 * pairs; ++i)
+          panel[(i / 2) * 2 * kPanelBf16 + 2 * j + i % 2] = j < cols && i < k ? src[i] : uint16_t{0};
+      }
+    }
+  });
+  return buf;
+}
+
+// t[R rows, 32] (fp32) = x[R rows, K] . panel, R <= 8, x bf16 rows `ldx` apart (t: 64-byte aligned).
+template <int R>
+RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx,
+                                                                   const uint16_t* __restrict panel, int64_t K,
+                                                                   float* __restrict t) {
+#define RPG_TILE_ROW_INIT(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
+  RPG_TILE_ROW_INIT(0) RPG_TILE_ROW_INIT(1) RPG_TILE_ROW_INIT(2) RPG_TILE_ROW_INIT(3)
+  RPG_TILE_ROW_INIT(4) RPG_TILE_ROW_INIT(5) RPG_TILE_ROW_INIT(6) RPG_TILE_ROW_INIT(7)
+#undef RPG_TILE_ROW_INIT
+  // The row's pair q of x as one 32-bit lane, broadcast (the last pair of an odd K with a zero).
+  auto pair = [&](int64_t r, int64_t q) -> int32_t {
+    const uint16_t lo = x[r * ldx + 2 * q], hi = 2 * q + 1 < K ? x[r * ldx + 2 * q + 1] : uint16_t{0};
+    return static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
+  };
+  const int64_t full = K / 2, pairs = (K + 1) / 2;
+  for (int64_t q = 0; q < pairs; ++q) {
+    const uint16_t* b = panel + q * 2 * kPanelBf16;
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 32);
+#define RPG_TILE_ROW_DOT(r)                                                                    \
+  if constexpr (R > r) {                                                                       \
+    int32_t xr;                                                                                \
+    if (q < full) std::memcpy(&xr, x + r * ldx + 2 * q, sizeof xr);                            \
+    else xr = pair(r, q);                                                                      \
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(xr);                                        \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, a, b0);                                                \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, a, b1);                                                \
+  }
+    RPG_TILE_ROW_DOT(0) RPG_TILE_ROW_DOT(1) RPG_TILE_ROW_DOT(2) RPG_TILE_ROW_DOT(3)
+    RPG_TILE_ROW_DOT(4) RPG_TILE_ROW_DOT(5) RPG_TILE_ROW_DOT(6) RPG_TILE_ROW_DOT(7)
+#undef RPG_TILE_ROW_DOT
+  }
+#define RPG_TILE_ROW_STORE(r) \
+  if constexpr (R > r) _mm512_store_ps(t + r * kPanelBf16, c##r##0), _mm512_store_ps(t + r * kPanelBf16 + 16, c##r##1);
+  RPG_TILE_ROW_STORE(0) RPG_TILE_ROW_STORE(1) RPG_TILE_ROW_STORE(2) RPG_TILE_ROW_STORE(3)
+  RPG_TILE_ROW_STORE(4) RPG_TILE_ROW_STORE(5) RPG_TILE_ROW_STORE(6) RPG_TILE_ROW_STORE(7)
+#undef RPG_TILE_ROW_STORE
+}
+
+// y[0, cols) = bf16(t + bias) (+ residual, added in fp32 and rounded again), cols <= 32: the
+// bf16 tile's store, 16 lanes at a time (VCVTNEPS2BF16 rounds to nearest even, as c10 does).
+RPG_BF16_TARGET inline __m512 widen_bf16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t* bias, const uint16_t* residual,
+                                    uint16_t* y) {
+  const auto widen = widen_bf16;
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 m = cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - c)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, t + c);
+    if (bias) v = _mm512_add_ps(v, widen(_mm256_maskz_loadu_epi16(m, bias + c)));
+    __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
+    if (residual) out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(widen(_mm256_maskz_loadu_epi16(m, residual + c)), widen(out)));
+    _mm256_mask_storeu_epi16(y + c, m, out);
+  }
+}
+
+struct Bf16Tiles {
+  static constexpr int64_t kWidth = kPanelBf16, kRows = 8;
+  template <int R>
+  static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t) {
+    panel_tile_bf16<R>(reinterpret_cast<const uint16_t*>(x), ldx, reinterpret_cast<const uint16_t*>(panel), K, t);
+  }
+};
+
+// Where tile p's panel starts: kWidth columns x K (fp32) or x K rounded up to pairs (bf16).
+template <class Tiles, class T>
+const T* panel_at(const T* panels, int64_t p, int64_t k) {
+  if constexpr (std::is_same_v<Tiles, Bf16Tiles>) return panels + p * ((k + 1) / 2) * 2 * Tiles::kWidth;
+  else return panels + p * k * Tiles::kWidth;
+}
+
 // Every tile of an [m, n] product over panels of Tiles::kWidth columns, the threads splitting
 // the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
 // integral_constant, at most Tiles::kRows).
@@ -247,28 +349,35 @@ void for_each_tile(int64_t m, int64_t n, const Block& block) {
 }
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) (+ residual [m, n]), the additions made as each tile is
-// stored: ((x W^T) + b) + residual, in the order at::linear's result + residual rounds them.
-template <class Tiles>
-void panels_linear(const float* x, int64_t m, int64_t n, int64_t k, const float* panels, const float* bias,
-                   const float* residual, float* y) {
+// stored: ((x W^T) + b) + residual, in the order at::linear's result + residual rounds them
+// (T: float, or bf16 with x W^T + b rounded to bf16 once and the residual added as bf16 tensors add).
+template <class Tiles, class T>
+void panels_linear(const T* x, int64_t m, int64_t n, int64_t k, const T* panels, const T* bias, const T* residual,
+                   T* y) {
   constexpr int64_t W = Tiles::kWidth;
   for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float t[R * W];
-    Tiles::template tile<R>(x + r * k, k, panels + p * k * W, k, t);
+    Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(panels, p, k), k, t);
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i) {
       const float* ti = t + i * W;
-      float* yi = y + (r + i) * n + c0;
-      if (!bias && !residual) {
-        std::memcpy(yi, ti, static_cast<size_t>(cols) * sizeof(float));
-        continue;
-      }
-      const float* res = residual ? residual + (r + i) * n + c0 : nullptr;
-      for (int64_t c = 0; c < cols; ++c) {
-        float v = ti[c];
-        if (bias) v += bias[c0 + c];
-        yi[c] = res ? res[c] + v : v;
+      T* yi = y + (r + i) * n + c0;
+      const T* res = residual ? residual + (r + i) * n + c0 : nullptr;
+      if constexpr (std::is_same_v<T, float>) {
+        if (!bias && !residual) {
+          std::memcpy(yi, ti, static_cast<size_t>(cols) * sizeof(float));
+          continue;
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          float v = ti[c];
+          if (bias) v += bias[c0 + c];
+          yi[c] = res ? res[c] + v : v;
+        }
+      } else {
+        auto bits = [](const T* a) { return reinterpret_cast<const uint16_t*>(a); };
+        store_row_bf16(ti, cols, bias ? bits(bias + c0) : nullptr, res ? bits(res) : nullptr,
+                       reinterpret_cast<uint16_t*>(yi));
       }
     }
   });
@@ -282,8 +391,8 @@ void panels_swiglu(const float* x, int64_t m, int64_t n, int64_t k, const float*
   for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float g[R * W], u[R * W], a[R * W];
-    Tiles::template tile<R>(x + r * k, k, gate + p * k * W, k, g);
-    Tiles::template tile<R>(x + r * k, k, up + p * k * W, k, u);
+    Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(gate, p, k), k, g);
+    Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(up, p, k), k, u);
     swiglu_span(g, u, a, R * W);
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i)
@@ -326,8 +435,19 @@ PackedBackend packed_backend() {
   return chosen;
 }
 
+PackedBackend packed_backend_for(at::ScalarType dtype) {
+  if (dtype == at::kFloat) return packed_backend();
+  if (dtype != at::kBFloat16 || !cpu_has_avx512_bf16()) return PackedBackend::kNone;
+  static const bool off = [] {
+    const char* env = std::getenv("RPG_PACKED_GEMM");
+    return env && std::string(env) == "none";
+  }();
+  return off ? PackedBackend::kNone : PackedBackend::kPanelsBf16;
+}
+
 const char* packed_backend_name(PackedBackend backend) {
   switch (backend) {
+    case PackedBackend::kPanelsBf16: return "rpg panels (AVX512_BF16)";
     case PackedBackend::kPanels512: return "rpg panels (AVX-512)";
     case PackedBackend::kPanels: return "rpg panels (AVX2/FMA)";
     case PackedBackend::kMkl: return "MKL packed GEMM";
@@ -338,6 +458,7 @@ const char* packed_backend_name(PackedBackend backend) {
 
 bool packed_backend_usable(PackedBackend backend) {
   switch (backend) {
+    case PackedBackend::kPanelsBf16: return cpu_has_avx512_bf16();
     case PackedBackend::kPanels512: return cpu_has_avx512f();
     case PackedBackend::kPanels: return cpu_has_avx2_fma();
     case PackedBackend::kMkl: return mkl_usable();
@@ -350,13 +471,16 @@ bool packed_gemm_available() { return packed_backend() != PackedBackend::kNone; 
 
 PackedWeight PackedWeight::pack(const at::Tensor& weight, PackedBackend backend) {
   PackedWeight p;
-  if (weight.dim() != 2 || weight.scalar_type() != at::kFloat || !weight.device().is_cpu() ||
+  const at::ScalarType dtype = backend == PackedBackend::kPanelsBf16 ? at::kBFloat16 : at::kFloat;
+  if (weight.dim() != 2 || weight.scalar_type() != dtype || !weight.device().is_cpu() ||
       !weight.is_contiguous() || weight.size(0) > INT_MAX || weight.size(1) > INT_MAX || weight.numel() == 0 ||
       !packed_backend_usable(backend))
     return p;
   p.n_ = weight.size(0);
   p.k_ = weight.size(1);
-  p.buffer_ = backend == PackedBackend::kPanels512 ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel512)
+  p.buffer_ = backend == PackedBackend::kPanelsBf16
+                  ? panel_pack_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>()), p.n_, p.k_)
+              : backend == PackedBackend::kPanels512 ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel512)
               : backend == PackedBackend::kPanels  ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel)
                   : mkl_pack(weight.data_ptr<float>(), static_cast<int>(p.n_), static_cast<int>(p.k_));
   if (!p.buffer_.defined()) return {};  // out of memory: this weight stays unpacked
@@ -367,27 +491,31 @@ PackedWeight PackedWeight::pack(const at::Tensor& weight, PackedBackend backend)
 }
 
 at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual) const {
-  TORCH_CHECK(current() && x.size(-1) == k_ && x.scalar_type() == at::kFloat && x.device().is_cpu() &&
-                  (!bias.defined() || (bias.numel() == n_ && bias.scalar_type() == at::kFloat)),
-              "PackedWeight::linear: float32 CPU x [..., ", k_, "] and bias [", n_, "] for a current packing");
+  const at::ScalarType dtype = source_.scalar_type();
+  TORCH_CHECK(current() && x.size(-1) == k_ && x.scalar_type() == dtype && x.device().is_cpu() &&
+                  (!bias.defined() || (bias.numel() == n_ && bias.scalar_type() == dtype)),
+              "PackedWeight::linear: CPU x [..., ", k_, "] and bias [", n_, "] in the weight's dtype ", dtype,
+              " for a current packing");
   RECORD_FUNCTION("rpg::packed_linear", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x2 = x.reshape({-1, k_}).contiguous();
   const int64_t m = x2.size(0);
   const std::vector<int64_t> out = product_shape(x, n_);
-  TORCH_CHECK(!residual.defined() || (residual.sizes() == at::IntArrayRef(out) &&
-                                      residual.scalar_type() == at::kFloat && residual.device().is_cpu()),
+  TORCH_CHECK(!residual.defined() || (residual.sizes() == at::IntArrayRef(out) && residual.scalar_type() == dtype &&
+                                      residual.device().is_cpu()),
               "PackedWeight::linear: residual ", residual.defined() ? residual.sizes() : at::IntArrayRef{},
-              " must be float32 ", at::IntArrayRef(out), " on the CPU");
+              " must be ", dtype, " ", at::IntArrayRef(out), " on the CPU");
   at::Tensor y = at::empty({m, n_}, x.options());
-  if (m > 0 && (backend_ == PackedBackend::kPanels512 || backend_ == PackedBackend::kPanels)) {
+  if (m > 0 && backend_ != PackedBackend::kMkl) {
     const at::Tensor b = bias.defined() ? bias.reshape({n_}).contiguous() : at::Tensor();
     const at::Tensor res = residual.defined() ? residual.reshape({m, n_}).contiguous() : at::Tensor();
-    const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-    const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
-    with_tiles(backend_, [&](auto tiles) {
-      panels_linear<decltype(tiles)>(x2.data_ptr<float>(), m, n_, k_, buffer_.data_ptr<float>(), bp, rp,
-                                     y.data_ptr<float>());
-    });
+    auto run = [&](auto tiles, auto* elem) {
+      using T = std::remove_pointer_t<decltype(elem)>;
+      panels_linear<decltype(tiles), T>(x2.data_ptr<T>(), m, n_, k_, reinterpret_cast<const T*>(buffer_.data_ptr()),
+                                        b.defined() ? b.data_ptr<T>() : nullptr,
+                                        res.defined() ? res.data_ptr<T>() : nullptr, y.data_ptr<T>());
+    };
+    if (backend_ == PackedBackend::kPanelsBf16) run(Bf16Tiles{}, static_cast<c10::BFloat16*>(nullptr));
+    else with_tiles(backend_, [&](auto tiles) { run(tiles, static_cast<float*>(nullptr)); });
     return y.view(out);
   }
   // MKL: the bias and the residual are added after. Its packed product of one row ignores a C

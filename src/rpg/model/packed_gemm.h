@@ -21,32 +21,39 @@ namespace rpg::model::detail {
 // row's result does not depend on how many rows are multiplied with it or on the threads.
 // kPanels512: the same kernel with AVX-512 (32-column panels, 8-row tiles). kMkl: MKL's
 // cblas_sgemm_pack / cblas_sgemm_compute (exported by the torch wheel's libtorch_cpu), for
-// CPUs without AVX2 and FMA. kNone: none; callers keep at::linear.
-enum class PackedBackend { kNone, kMkl, kPanels, kPanels512 };
-// This CPU's backend: kPanels512 where it has AVX-512F, else kPanels where it has AVX2 and
-// FMA, else kMkl where MKL is there and a packed product passed a check against an exact
+// CPUs without AVX2 and FMA. kPanelsBf16: bfloat16 weights and inputs, the AVX-512 panel
+// kernel with AVX512_BF16's pairwise dot products (VDPBF16PS: each output an fp32 chain over K
+// in pairs, rounded to bf16 once). kNone: none; callers keep at::linear.
+enum class PackedBackend { kNone, kMkl, kPanels, kPanels512, kPanelsBf16 };
+// This CPU's float32 backend: kPanels512 where it has AVX-512F, else kPanels where it has AVX2
+// and FMA, else kMkl where MKL is there and a packed product passed a check against an exact
 // result for several row counts (the packing is done once for all of them), else kNone.
 // RPG_PACKED_GEMM=panels512|panels|mkl|none overrides the choice.
 PackedBackend packed_backend();
+// The backend for weights of `dtype`: packed_backend() for float32; for bfloat16 kPanelsBf16
+// where the CPU has AVX512_BF16 (RPG_PACKED_GEMM=none turns it off too), else kNone.
+PackedBackend packed_backend_for(at::ScalarType dtype);
 const char* packed_backend_name(PackedBackend backend);
 // A backend other than kNone.
 bool packed_gemm_available();
 // Whether `backend` can run here (tests run every one the CPU has).
 bool packed_backend_usable(PackedBackend backend);
 
-// One weight [N, K] (fp32, CPU) packed for x W^T (+ b).
+// One weight [N, K] (fp32, or bf16 for kPanelsBf16; CPU) packed for x W^T (+ b).
 class PackedWeight {
  public:
   // Packs `weight` for `backend`, or returns an empty PackedWeight (defined() false) when it
-  // is not float32 / CPU / contiguous 2-D or the backend cannot run here.
-  static PackedWeight pack(const at::Tensor& weight, PackedBackend backend = packed_backend());
+  // is not a CPU contiguous 2-D tensor of the backend's dtype or the backend cannot run here.
+  static PackedWeight pack(const at::Tensor& weight, PackedBackend backend);
+  static PackedWeight pack(const at::Tensor& weight) { return pack(weight, packed_backend_for(weight.scalar_type())); }
   bool defined() const { return buffer_.defined(); }
   PackedBackend backend() const { return backend_; }
   // True while the source weight has not been modified in place since it was packed.
   bool current() const { return defined() && source_._version() == version_; }
-  // x [..., K] float32 on the CPU -> [..., N]; bias [N] or undefined; residual [..., N] float32
-  // or undefined: the result is residual + (x W^T + b), rounded as that sum of tensors would be
-  // (the panel kernels add it as they store each tile: one pass over the output fewer).
+  // x [..., K] on the CPU in the weight's dtype -> [..., N]; bias [N] or undefined; residual
+  // [..., N] or undefined: the result is residual + (x W^T + b), rounded as that sum of tensors
+  // would be (the panel kernels add it as they store each tile: one pass over the output fewer).
+  // bf16: x W^T + b is rounded to bf16 once, from fp32.
   at::Tensor linear(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual = {}) const;
 
  private:
