@@ -56,7 +56,7 @@ at::Tensor reference(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   return out;
 }
 
-// Every fp32 kernel this CPU has (detail::AttentionKernel).
+// Every kernel this CPU has (detail::AttentionKernel; each reads fp32 and bf16 caches).
 std::vector<detail::AttentionKernel> kernels() {
   std::vector<detail::AttentionKernel> out = {detail::AttentionKernel::kGeneric};
   if (detail::attention_kernel_available(detail::AttentionKernel::kAvx512)) out.push_back(detail::AttentionKernel::kAvx512);
@@ -102,10 +102,16 @@ TEST(DecodeAttention, KernelsAgreeAndRowsDoNotDependOnTheirNeighbours) {
   // Each row's output is computed from its own slot alone: the same bits whether it is decoded
   // alone or beside others; the kernels differ only in how they block the same sums.
   const int64_t S = 4, H = 14, Hkv = 2, D = 64, cap = 200;
-  at::manual_seed(11);
-  at::Tensor kt = block_keys(at::randn({S, Hkv, cap, D})), v = at::randn({S, Hkv, cap, D}), q = at::randn({S, H, D});
   at::Tensor pos = at::tensor({199, 31, 64, 100}, at::kLong), slots = at::tensor({2, 0, 3, 1}, at::kLong);
-  for (auto kernel : kernels()) {
+  for (auto [kernel, dtype] : {std::pair{detail::AttentionKernel::kGeneric, at::kFloat},
+                               std::pair{detail::AttentionKernel::kAvx512, at::kFloat},
+                               std::pair{detail::AttentionKernel::kGeneric, at::kBFloat16},
+                               std::pair{detail::AttentionKernel::kAvx512, at::kBFloat16}}) {
+    if (!detail::attention_kernel_available(kernel)) continue;
+    at::manual_seed(11);
+    const auto opt = at::TensorOptions().dtype(dtype);
+    at::Tensor kt = block_keys(at::randn({S, Hkv, cap, D}, opt)), v = at::randn({S, Hkv, cap, D}, opt);
+    at::Tensor q = at::randn({S, H, D}, opt);
     at::Tensor all = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
     for (int64_t r = 0; r < S; ++r) {
       at::Tensor one = detail::decode_attention(q.narrow(0, r, 1), kt, v, slots.narrow(0, r, 1), pos.narrow(0, r, 1),
@@ -137,7 +143,7 @@ TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
       const at::Tensor slots = at::tensor({4, 1, 0, 3, 2, 5}, at::kLong), pos = at::tensor({50, 36, 20, 99, 127, 36}, at::kLong);
       const SharedPrefix prefix{at::tensor({1, 1, 0, 1, 2, 1}, at::kLong),
                                 at::tensor(std::vector<int64_t>{P, P, 0, 30, 128, P}, at::kLong)};
-      for (auto kernel : dtype == at::kFloat ? kernels() : std::vector<detail::AttentionKernel>{detail::AttentionKernel::kAuto}) {
+      for (auto kernel : kernels()) {
         const std::string what = c10::str(c10::toString(dtype), " kernel ", static_cast<int>(kernel), " H ", H, " Hkv ", Hkv, " D ", D);
         const at::Tensor own = detail::decode_attention(q, kt, v, slots, pos, {}, kernel);
         EXPECT_TRUE(at::equal(detail::decode_attention(q, kt, v, slots, pos, prefix, kernel), own)) << what;
@@ -190,8 +196,13 @@ TEST(DecodeAttention, WritingATokenEqualsIndexPut) {
 }
 
 TEST(DecodeAttention, EqualsAttentionWrittenOutBf16WithinItsRounding) {
-  // Sums are fp32; the output is rounded once to bf16 (relative 2^-8 of values ~1).
-  for (const Shape& sh : {Shape{6, 4, 9, 3, 64, 40}, Shape{5, 5, 4, 4, 24, 17}}) check(sh, at::kBFloat16, 1.6e-2);
+  // Sums are fp32; the output is rounded once to bf16 (relative 2^-8 of values ~1). Every
+  // kernel, on the fp32 test's shapes (D not a multiple of 16, partial blocks and tiles).
+  for (auto kernel : kernels())
+    for (const Shape& sh : {Shape{6, 4, 9, 3, 64, 40}, Shape{5, 5, 4, 4, 24, 17}, Shape{8, 3, 8, 2, 80, 33},
+                            Shape{3, 2, 2, 1, 7, 70}, Shape{4, 4, 14, 2, 64, 300}, Shape{3, 3, 8, 1, 128, 97},
+                            Shape{2, 2, 10, 2, 40, 129}})
+      check(sh, at::kBFloat16, 1.6e-2, kernel);
 }
 
 TEST(DecodeAttention, EqualsScaledDotProductAttention) {

@@ -16,6 +16,13 @@ inline bool cpu_has_avx512f() {
   static const bool ok = __builtin_cpu_supports("avx512f");
   return ok;
 }
+// AVX-512 with the byte/word (16-bit masked loads) and 256-bit-register instructions: the
+// decode attention's AVX-512 form (it reads bf16 caches too).
+inline bool cpu_has_avx512_bw_vl() {
+  static const bool ok =
+      cpu_has_avx512f() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+  return ok;
+}
 // AVX512_BF16's VDPBF16PS: 32 bf16 products summed in pairs into 16 fp32 lanes per instruction,
 // twice the multiply-adds of an fp32 FMA (on the Zen 4 VM: 232 against 115 GFLOP/s per core).
 inline bool cpu_has_avx512_bf16() {

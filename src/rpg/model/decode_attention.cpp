@@ -193,6 +193,19 @@ RPG_CPU_CLONES void softmax_row(float* __restrict s, int64_t n) {
 // traffic, not the cache, set their speed (13 GB/s of K/V on the Zen 4 VM). Here a block of
 // 32 keys x up to 4 heads stays in 8 registers over all of D, and each key row is read once
 // per block of heads, from L1 after the first.
+// The AVX-512 forms read fp32 or bf16 caches (bf16 widened to fp32 on load: a shift, exact),
+// so they need AVX-512BW and VL besides F for the 16-bit masked loads.
+#define RPG_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl")))
+template <class T>
+RPG_AVX512_TARGET inline __m512 load16(__mmask16 m, const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
 #define RPG_FMA2(h)                                         \
   {                                                         \
     const __m512 qb = _mm512_set1_ps(qs[(h) * D + d]);      \
@@ -206,19 +219,18 @@ RPG_CPU_CLONES void softmax_row(float* __restrict s, int64_t n) {
   }
 // One block of keys (D rows of kKeyBlock, contiguous), the lanes m0, m1 of it; s: the score rows
 // at the block's first key.
-template <int NH, bool Ahead>
-__attribute__((target("avx512f"))) void scores_block512(const float* __restrict qs, int64_t D,
-                                                        const float* __restrict block, __mmask16 m0, __mmask16 m1,
-                                                        float* __restrict s, int64_t L) {
+template <int NH, bool Ahead, class T>
+RPG_AVX512_TARGET void scores_block512(const float* __restrict qs, int64_t D, const T* __restrict block, __mmask16 m0,
+                                       __mmask16 m1, float* __restrict s, int64_t L) {
   static_assert(kKeyBlock == 32, "two vectors per block row");
   __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
   for (int64_t d = 0; d < D; ++d) {
-    const float* row = block + d * kKeyBlock;
-    if constexpr (Ahead) {  // the same row of the block two ahead
+    const T* row = block + d * kKeyBlock;
+    if constexpr (Ahead) {  // the same row of the block two ahead (one line of bf16, two of fp32)
       __builtin_prefetch(row + 2 * D * kKeyBlock);
-      __builtin_prefetch(row + 2 * D * kKeyBlock + 16);
+      if constexpr (sizeof(T) == 4) __builtin_prefetch(row + 2 * D * kKeyBlock + 16);
     }
-    const __m512 k0 = _mm512_maskz_loadu_ps(m0, row), k1 = _mm512_maskz_loadu_ps(m1, row + 16);
+    const __m512 k0 = load16(m0, row), k1 = load16(m1, row + 16);
     RPG_FMA2(0)
     if constexpr (NH > 1) RPG_FMA2(1)
     if constexpr (NH > 2) RPG_FMA2(2)
@@ -252,11 +264,10 @@ __attribute__((target("avx512f"))) void scores_block512(const float* __restrict 
   _mm512_mask_storeu_ps(acc + (h) * D + c0 + 16, mk[1], a##h##1);     \
   _mm512_mask_storeu_ps(acc + (h) * D + c0 + 32, mk[2], a##h##2);     \
   _mm512_mask_storeu_ps(acc + (h) * D + c0 + 48, mk[3], a##h##3);
-template <int NH>
-__attribute__((target("avx512f"))) void values_block512(const float* __restrict p, int64_t L,
-                                                        const float* __restrict v, int64_t D, int64_t c0,
-                                                        const __mmask16* mk, int64_t j_begin, int64_t j_end,
-                                                        float* __restrict acc) {
+template <int NH, class T>
+RPG_AVX512_TARGET void values_block512(const float* __restrict p, int64_t L, const T* __restrict v, int64_t D,
+                                       int64_t c0, const __mmask16* mk, int64_t j_begin, int64_t j_end,
+                                       float* __restrict acc) {
   __m512 a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33;
   a10 = a11 = a12 = a13 = a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = _mm512_setzero_ps();
   RPG_ACC_LOAD(0)
@@ -264,9 +275,9 @@ __attribute__((target("avx512f"))) void values_block512(const float* __restrict 
   if constexpr (NH > 2) { RPG_ACC_LOAD(2) }
   if constexpr (NH > 3) { RPG_ACC_LOAD(3) }
   for (int64_t j = j_begin; j < j_end; ++j) {
-    const float* vj = v + j * D + c0;
-    const __m512 v0 = _mm512_maskz_loadu_ps(mk[0], vj), v1 = _mm512_maskz_loadu_ps(mk[1], vj + 16);
-    const __m512 v2 = _mm512_maskz_loadu_ps(mk[2], vj + 32), v3 = _mm512_maskz_loadu_ps(mk[3], vj + 48);
+    const T* vj = v + j * D + c0;
+    const __m512 v0 = load16(mk[0], vj), v1 = load16(mk[1], vj + 16);
+    const __m512 v2 = load16(mk[2], vj + 32), v3 = load16(mk[3], vj + 48);
     RPG_ACC_FMA(0)
     if constexpr (NH > 1) RPG_ACC_FMA(1)
     if constexpr (NH > 2) RPG_ACC_FMA(2)
@@ -293,27 +304,29 @@ std::pair<__mmask16, __mmask16> block_masks(int64_t lo, int64_t hi) {
 // One (row, KV head) item's run [j0, j1) of keys: scores s [rep, L] from the scaled queries
 // qs [rep, D] and the slot's key blocks kb. `next_bytes` of `next` (the next item's first
 // keys) are requested a share per block.
-void scores_item512(const float* qs, const float* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
-                    float* s, const void* next, int64_t next_bytes) {
+template <class T>
+void scores_item512(const float* qs, const T* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D, float* s,
+                    const void* next, int64_t next_bytes) {
   const int64_t b0 = j0 / kKeyBlock, b1 = key_blocks(j1);
   for (int64_t b = b0; b < b1; ++b) {
     prefetch_share(next, next_bytes, b - b0, b1 - b0);
     const auto [m0, m1] = block_masks(j0 - b * kKeyBlock, j1 - b * kKeyBlock);
     const bool ahead = b + 2 < b1;
-    const float* block = kb + b * D * kKeyBlock;
+    const T* block = kb + b * D * kKeyBlock;
     float* sb = s + b * kKeyBlock;
     for (int64_t h0 = 0; h0 < rep; h0 += 4)
       detail::with_count<4>(rep - h0, [&](auto nh) {
-        if (ahead) scores_block512<decltype(nh)::value, true>(qs + h0 * D, D, block, m0, m1, sb + h0 * L, L);
-        else scores_block512<decltype(nh)::value, false>(qs + h0 * D, D, block, m0, m1, sb + h0 * L, L);
+        if (ahead) scores_block512<decltype(nh)::value, true, T>(qs + h0 * D, D, block, m0, m1, sb + h0 * L, L);
+        else scores_block512<decltype(nh)::value, false, T>(qs + h0 * D, D, block, m0, m1, sb + h0 * L, L);
       });
   }
 }
 
 // acc [rep, D] += p [rep, L] . v over the run [j0, j1) (v: the slot's values from position 0),
 // keys in tiles of 64 (a tile of values stays in L1 while every block of heads reads it).
-void values_item512(const float* p, const float* v, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
-                    float* acc, const void* next, int64_t next_bytes) {
+template <class T>
+void values_item512(const float* p, const T* v, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D, float* acc,
+                    const void* next, int64_t next_bytes) {
   const int64_t tiles = (j1 - j0 + 63) / 64;
   for (int64_t t0 = j0; t0 < j1; t0 += 64) {
     const int64_t t1 = std::min(j1, t0 + 64);
@@ -323,7 +336,7 @@ void values_item512(const float* p, const float* v, int64_t j0, int64_t j1, int6
                                lanes_mask(D - c0 - 48)};
       for (int64_t h0 = 0; h0 < rep; h0 += 4)
         detail::with_count<4>(rep - h0, [&](auto nh) {
-          values_block512<decltype(nh)::value>(p + h0 * L, L, v, D, c0, mk, t0, t1, acc + h0 * D);
+          values_block512<decltype(nh)::value, T>(p + h0 * L, L, v, D, c0, mk, t0, t1, acc + h0 * D);
         });
     }
   }
@@ -356,15 +369,14 @@ void values_item512(const float* p, const float* v, int64_t j0, int64_t j1, int6
     _mm512_mask_storeu_ps(dst[i] + off, m0, a##i##_0);        \
     _mm512_mask_storeu_ps(dst[i] + off + 16, m1, a##i##_1);   \
   }
-template <int NQ, bool Accumulate>
-__attribute__((target("avx512f"))) void rank1_multi512(const float* const* src, const float* __restrict x,
-                                                       int64_t x_step, int64_t count, __mmask16 m0, __mmask16 m1,
-                                                       float* const* dst, int64_t off) {
+template <int NQ, bool Accumulate, class T>
+RPG_AVX512_TARGET void rank1_multi512(const float* const* src, const T* __restrict x, int64_t x_step, int64_t count,
+                                      __mmask16 m0, __mmask16 m1, float* const* dst, int64_t off) {
   RPG_Q12(RPG_DECL)
   if constexpr (Accumulate) { RPG_Q12(RPG_LOAD_PAIR) }
   for (int64_t idx = 0; idx < count; ++idx) {
-    const float* xi = x + idx * x_step;
-    const __m512 x0 = _mm512_maskz_loadu_ps(m0, xi), x1 = _mm512_maskz_loadu_ps(m1, xi + 16);
+    const T* xi = x + idx * x_step;
+    const __m512 x0 = load16(m0, xi), x1 = load16(m1, xi + 16);
     RPG_Q12(RPG_FMA_PAIR)
   }
   RPG_Q12(RPG_STORE_PAIR)
@@ -380,20 +392,22 @@ constexpr int64_t kMultiQueries = 12;
 // The scores of `nq` queries (q[i] [D], scaled) over the keys [0, n) of the key blocks kb into
 // s[i][0, n); then, once softmaxed, the same queries' weighted sums of v [n, D] added to
 // acc[i] [D].
-void prompt_scores512(const float* const* q, int64_t nq, int64_t D, const float* kb, int64_t n, float* const* s) {
+template <class T>
+void prompt_scores512(const float* const* q, int64_t nq, int64_t D, const T* kb, int64_t n, float* const* s) {
   for (int64_t j0 = 0; j0 < n; j0 += kKeyBlock) {
     const auto [m0, m1] = block_masks(0, n - j0);
     for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
       detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
-        rank1_multi512<decltype(c)::value, false>(q + i0, kb + j0 * D, kKeyBlock, D, m0, m1, s + i0, j0);
+        rank1_multi512<decltype(c)::value, false, T>(q + i0, kb + j0 * D, kKeyBlock, D, m0, m1, s + i0, j0);
       });
   }
 }
-void prompt_values512(const float* const* p, int64_t nq, int64_t D, const float* v, int64_t n, float* const* acc) {
+template <class T>
+void prompt_values512(const float* const* p, int64_t nq, int64_t D, const T* v, int64_t n, float* const* acc) {
   for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
     for (int64_t c0 = 0; c0 < D; c0 += 32)
       detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
-        rank1_multi512<decltype(c)::value, true>(p + i0, v + c0, D, n, lanes_mask(D - c0), lanes_mask(D - c0 - 16),
+        rank1_multi512<decltype(c)::value, true, T>(p + i0, v + c0, D, n, lanes_mask(D - c0), lanes_mask(D - c0 - 16),
                                                  acc + i0, c0);
       });
 }
@@ -406,7 +420,7 @@ bool auto_uses_avx512() {
     const std::string want = env ? env : "";
     if (!want.empty() && want != "generic" && want != "avx512")
       log_warn("RPG_DECODE_ATTENTION=" + want + ": expected generic or avx512; ignored");
-    return want != "generic" && detail::cpu_has_avx512f();
+    return want != "generic" && detail::cpu_has_avx512_bw_vl();
   }();
   return use;
 }
@@ -487,34 +501,28 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     if (avx512) scaled_copy(qi, scale, qs, rep * D);
     for (const KeyRun<T>& run : item_runs) {
       if (run.j1 == run.j0) continue;
-      if constexpr (std::is_same_v<T, float>) {
-        if (avx512) scores_item512(qs, run.k, run.j0, run.j1, L, rep, D, s, next_k, next_k_bytes);
-        else scores_f32(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
-      } else {
-        scores_bf16(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
-      }
+      if (avx512) scores_item512(qs, run.k, run.j0, run.j1, L, rep, D, s, next_k, next_k_bytes);
+      else if constexpr (std::is_same_v<T, float>) scores_f32(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
+      else scores_bf16(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
     }
     for (int64_t i = 0; i < rep; ++i) softmax_row(s + i * L, n);
     std::fill(acc, acc + rep * D, 0.0f);
     for (const KeyRun<T>& run : item_runs) {
       if (run.j1 == run.j0) continue;
-      if constexpr (std::is_same_v<T, float>) {
-        if (avx512) values_item512(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
-        else values_f32(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
-      } else {
-        values_bf16(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
-      }
+      if (avx512) values_item512(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
+      else if constexpr (std::is_same_v<T, float>) values_f32(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
+      else values_bf16(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
     }
     store_out(acc, op + (r * H + g * rep) * D, rep * D);
   };
-  // Tasks: a KV head of a chunk of consecutive rows (in `order`). The AVX-512 fp32 form takes up
+  // Tasks: a KV head of a chunk of consecutive rows (in `order`). The AVX-512 form takes up
   // to kChunk rows sharing a prompt together (their queries against each block of the prompt's
   // keys and values at once, prompt_scores512 / prompt_values512); otherwise a chunk is one row.
   constexpr int64_t kChunk = 4;
   std::vector<std::pair<int64_t, int64_t>> chunks;  // [begin, end) in order
   for (int64_t k = 0; k < R;) {
     int64_t e = k + 1;
-    if constexpr (std::is_same_v<T, float>) {
+    {
       const int64_t r0 = order[static_cast<size_t>(k)];
       if (avx512 && shared && plen[r0] > 0)
         while (e < R && e - k < kChunk && plen[order[static_cast<size_t>(e)]] > 0 &&
@@ -544,7 +552,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
         one_item(it, next, scores.data(), qs.data(), acc.data());
         continue;
       }
-      if constexpr (std::is_same_v<T, float>) {
+      {
         // The prompt's keys [0, P) from the first row's prefix slot, P the shortest of the chunk's
         // prefixes (a row's own slot holds the same values up to its own).
         int64_t P = std::numeric_limits<int64_t>::max();
@@ -683,7 +691,7 @@ bool decode_attention_supports(at::ScalarType dtype, c10::Device device) {
 namespace detail {
 
 bool attention_kernel_available(AttentionKernel kernel) {
-  return kernel != AttentionKernel::kAvx512 || detail::cpu_has_avx512f();
+  return kernel != AttentionKernel::kAvx512 || detail::cpu_has_avx512_bw_vl();
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
@@ -702,7 +710,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
                   decode_attention_supports(q.scalar_type(), q.device()),
               "decode_attention: CPU float32 or bfloat16, the same for q and the caches");
   RECORD_FUNCTION("rpg::decode_attention", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
-  TORCH_CHECK(attention_kernel_available(kernel), "decode_attention: this CPU has no AVX-512F");
+  TORCH_CHECK(attention_kernel_available(kernel), "decode_attention: this CPU has no AVX-512 F, BW and VL");
   // kAuto: the register-blocked form where a KV head serves 3 or more query heads (the two forms
   // give the same bits). decode_attention's time per 15 steps on the Zen 4 VM, without shared
   // prompts, generic / AVX-512: SmolLM2 (3 per KV head) 16 sequences at 2048 keys 859 / 553 ms,
@@ -713,7 +721,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
   const bool avx512 =
       kernel == AttentionKernel::kAvx512 || (kernel == AttentionKernel::kAuto && rep >= 3 && auto_uses_avx512());
   if (q.scalar_type() == at::kFloat) return run<float>(q, kt_cache, v_cache, slots, positions, prefix, avx512);
-  return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, prefix, false);
+  return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, prefix, avx512);
 }
 
 }  // namespace detail

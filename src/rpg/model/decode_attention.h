@@ -61,9 +61,10 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device);
 
 namespace detail {
-// The fp32 kernels: kAuto picks the AVX-512 form (registers blocked over keys and query heads)
-// where the CPU has AVX-512F and a KV head serves 3 or more query heads, else the generic one (compiled per CPU: core/cpu_clones.h); bf16 caches always take the
-// generic one. On such a CPU the two give the same bits (the same FMA chains): the choice is
+// The kernels: kAuto picks the AVX-512 form (registers blocked over keys and query heads) where
+// the CPU has AVX-512 F, BW and VL and a KV head serves 3 or more query heads, else the generic
+// one (compiled per CPU: core/cpu_clones.h). Both read fp32 and bf16 caches (bf16 widened to
+// fp32 exactly). On such a CPU the two give the same bits (the same FMA chains): the choice is
 // speed only.
 // RPG_DECODE_ATTENTION=generic keeps kAuto generic. Tests run every kernel the CPU has.
 enum class AttentionKernel { kAuto, kGeneric, kAvx512 };
