@@ -635,10 +635,52 @@ TEST(DecodeElementwise, RmsNormRopeAndSwigluEqualTheAtenForms) {
       << ((got - want).abs() / (want.abs() + 1e-24)).max().item<double>();
   const at::Tensor x = at::randn({2, 8});
   EXPECT_TRUE(detail::decode_elementwise_applies(x));
-  EXPECT_FALSE(detail::decode_elementwise_applies(x.to(at::kBFloat16)));
+  EXPECT_TRUE(detail::decode_elementwise_applies(x.to(at::kBFloat16)));
+  EXPECT_FALSE(detail::decode_elementwise_applies(x.to(at::kHalf)));
   EXPECT_FALSE(detail::decode_elementwise_applies(x.t()));
+  EXPECT_THROW(detail::rms_norm_rows(x.to(at::kBFloat16), at::randn({8}), 1e-6), c10::Error);  // mixed dtypes
+  EXPECT_THROW(detail::swiglu_rows(x, x.to(at::kBFloat16)), c10::Error);
   c10::AutoGradMode grad(true);
   EXPECT_FALSE(detail::decode_elementwise_applies(x));
+}
+
+// bf16 rows against the ATen forms the bf16 training forward runs (layer.cpp: transformers'
+// RMSNorm, RoPE with rotate_half, at::silu(gate) * up), from the same bf16 inputs. RoPE rounds
+// where those ops round and gives their bits; RMSNorm sums its squares in another fp32 order and
+// SwiGLU takes its own exp, so a value may land on the other side of a bf16 rounding: at most
+// one bf16 ulp apart, and rarely.
+TEST(DecodeElementwise, Bf16RowsRoundWhereTheAtenFormsRound) {
+  c10::NoGradGuard no_grad;
+  at::manual_seed(9);
+  const auto bf = at::kBFloat16;
+  // Elements apart by at most one bf16 ulp of the larger, and the share of those that differ.
+  auto ulps_apart = [](const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor ad = a.to(at::kDouble), bd = b.to(at::kDouble);
+    const at::Tensor ulp = at::maximum(ad.abs(), bd.abs()) * std::ldexp(1.0, -7) + 1e-38;
+    return std::make_pair(((ad - bd).abs() <= ulp).all().item<bool>(), (ad != bd).to(at::kDouble).mean().item<double>());
+  };
+  for (auto shape : {std::vector<int64_t>{3, 1, 576}, {2, 5, 37}, {4, 1, 9, 64}, {64, 1, 576}}) {
+    const at::Tensor x = (at::randn(shape) * 3).to(bf), w = at::randn({shape.back()}).to(bf);
+    const at::Tensor xf = x.to(at::kFloat);
+    const at::Tensor aten = w * (xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-6)).to(bf);
+    const at::Tensor y = detail::rms_norm_rows(x, w, 1e-6);
+    ASSERT_EQ(y.scalar_type(), bf);
+    const auto [close, differ] = ulps_apart(y, aten);
+    EXPECT_TRUE(close) << "RMSNorm " << x.sizes();
+    EXPECT_LT(differ, 0.01) << "RMSNorm " << x.sizes();
+  }
+  for (auto [B, T, H, D] : {std::array<int64_t, 4>{3, 1, 9, 64}, {2, 4, 2, 16}, {64, 1, 3, 64}, {1, 3, 5, 40}}) {
+    const at::Tensor x = at::randn({B, T, H, D}).to(bf);
+    const at::Tensor ang = at::rand({B, T, 1, D / 2}) * 100;
+    const at::Tensor s = ang.sin();
+    const at::Tensor cos = at::cat({ang, ang}, -1).cos().to(bf), sin = at::cat({-s, s}, -1).to(bf);
+    const at::Tensor swapped = at::cat({x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
+    EXPECT_TRUE(at::equal(detail::rope_rows(x, cos, sin), x * cos + swapped * sin)) << B << "x" << T << "x" << H << "x" << D;
+  }
+  const at::Tensor g = (at::randn({63, 1, 1012}) * 4).to(bf), u = (at::randn({63, 1, 1012}) * 2).to(bf);
+  const auto [close, differ] = ulps_apart(detail::swiglu_rows(g, u), at::silu(g) * u);
+  EXPECT_TRUE(close) << "SwiGLU";
+  EXPECT_LT(differ, 0.01) << "SwiGLU";
 }
 
 }  // namespace

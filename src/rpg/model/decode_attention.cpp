@@ -202,7 +202,8 @@ RPG_AVX512_TARGET inline __m512 load16(__mmask16 m, const T* p) {
     return _mm512_maskz_loadu_ps(m, p);
   } else {
     const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    // (the all-lanes masked forms: the plain intrinsics trip GCC 12's -Wmaybe-uninitialized)
+    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
   }
 }
 

@@ -6,7 +6,10 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include "rpg/core/cpu_clones.h"
 #include "rpg/core/fast_exp.h"
@@ -23,49 +26,95 @@ namespace {
 // takes these, not a loop of unknown trip count.
 constexpr int64_t kLanes = 16;
 
-RPG_CPU_CLONES void rms_norm_f32(const float* __restrict x, const float* __restrict w, float* __restrict y,
-                                 int64_t rows, int64_t C, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * C;
-    float* yr = y + r * C;
-    float acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= C; i += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) acc[j] += xr[i + j] * xr[i + j];
-    float sum = 0.0f;
-    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
-    for (; i < C; ++i) sum += xr[i] * xr[i];
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(C) + eps);
-    int64_t k = 0;
-    for (; k + kLanes <= C; k += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) yr[k + j] = w[k + j] * (xr[k + j] * inv);
-    for (; k < C; ++k) yr[k] = w[k] * (xr[k] * inv);
+// Elements as the loops see them: fp32 as is, bf16 (its bits, uint16_t) widened exactly; stored
+// back rounded to nearest even as c10::BFloat16 rounds (NaN stays NaN). round_to<T>(v): v as T
+// would hold it, where an ATen op on T tensors rounds its result.
+inline float load(float x) { return x; }
+inline float load(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+inline void store(float* y, float v) { *y = v; }
+inline void store(uint16_t* y, float v) {
+  const uint32_t u = std::bit_cast<uint32_t>(v);
+  *y = v != v ? uint16_t{0x7FC0} : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+template <class T>
+inline float round_to(float v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    T t;
+    store(&t, v);
+    return load(t);
   }
 }
 
-// y[i] = x[i] * c[i] + partner[i] * s[i] for i < n.
-inline __attribute__((always_inline)) void rotate(const float* __restrict x, const float* __restrict partner,
-                                                  const float* __restrict c, const float* __restrict s,
-                                                  float* __restrict y, int64_t n) {
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) y[i + j] = x[i + j] * c[i + j] + partner[i + j] * s[i + j];
-  for (; i < n; ++i) y[i] = x[i] * c[i] + partner[i] * s[i];
+// bf16: transformers' rounding points, each where its ATen form rounds a bf16 tensor
+// (x * inv rounded, then times the weight).
+template <class T>
+inline __attribute__((always_inline)) void rms_norm_rows_t(const T* __restrict x, const T* __restrict w,
+                                                           T* __restrict y, int64_t rows, int64_t C, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * C;
+    T* yr = y + r * C;
+    float acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= C; i += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += load(xr[i + j]) * load(xr[i + j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
+    for (; i < C; ++i) sum += load(xr[i]) * load(xr[i]);
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(C) + eps);
+    int64_t k = 0;
+    for (; k + kLanes <= C; k += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) store(yr + k + j, load(w[k + j]) * round_to<T>(load(xr[k + j]) * inv));
+    for (; k < C; ++k) store(yr + k, load(w[k]) * round_to<T>(load(xr[k]) * inv));
+  }
+}
+RPG_CPU_CLONES void rms_norm_f32(const float* x, const float* w, float* y, int64_t rows, int64_t C, float eps) {
+  rms_norm_rows_t(x, w, y, rows, C, eps);
+}
+RPG_CPU_CLONES void rms_norm_bf16(const uint16_t* x, const uint16_t* w, uint16_t* y, int64_t rows, int64_t C,
+                                  float eps) {
+  rms_norm_rows_t(x, w, y, rows, C, eps);
 }
 
-RPG_CPU_CLONES void rope_f32(const float* __restrict x, const float* __restrict cos, const float* __restrict sin,
-                             float* __restrict y, int64_t positions, int64_t H, int64_t D) {
+// y[i] = x[i] * c[i] + partner[i] * s[i] for i < n (bf16: each product rounded, then the sum,
+// as t * cos + swap_halves(t) * sin rounds them: the same bits as those ATen ops).
+template <class T>
+inline __attribute__((always_inline)) void rotate(const T* __restrict x, const T* __restrict partner,
+                                                  const T* __restrict c, const T* __restrict s, T* __restrict y,
+                                                  int64_t n) {
+  auto one = [](T xi, T pi, T ci, T si) {
+    return round_to<T>(load(xi) * load(ci)) + round_to<T>(load(pi) * load(si));
+  };
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) store(y + i + j, one(x[i + j], partner[i + j], c[i + j], s[i + j]));
+  for (; i < n; ++i) store(y + i, one(x[i], partner[i], c[i], s[i]));
+}
+
+template <class T>
+inline __attribute__((always_inline)) void rope_rows_t(const T* __restrict x, const T* __restrict cos,
+                                                       const T* __restrict sin, T* __restrict y, int64_t positions,
+                                                       int64_t H, int64_t D) {
   const int64_t half = D / 2;
   for (int64_t p = 0; p < positions; ++p) {
-    const float* c = cos + p * D;
-    const float* s = sin + p * D;
+    const T* c = cos + p * D;
+    const T* s = sin + p * D;
     for (int64_t h = 0; h < H; ++h) {
-      const float* xh = x + (p * H + h) * D;
-      float* yh = y + (p * H + h) * D;
+      const T* xh = x + (p * H + h) * D;
+      T* yh = y + (p * H + h) * D;
       rotate(xh, xh + half, c, s, yh, half);
       rotate(xh + half, xh, c + half, s + half, yh + half, half);
     }
   }
+}
+RPG_CPU_CLONES void rope_f32(const float* x, const float* cos, const float* sin, float* y, int64_t positions,
+                             int64_t H, int64_t D) {
+  rope_rows_t(x, cos, sin, y, positions, H, D);
+}
+RPG_CPU_CLONES void rope_bf16(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
+                              int64_t positions, int64_t H, int64_t D) {
+  rope_rows_t(x, cos, sin, y, positions, H, D);
 }
 
 // Rows (of `width` elements) per task: below ~16k elements a step's kernel runs on the calling
@@ -79,65 +128,97 @@ int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int6
 
 // y = silu(g) * u = g * u / (1 + exp(-g)), with exp taken at -|g| only (no overflow):
 // exp(-g) = e for g >= 0, and 1 / e below.
-RPG_CPU_CLONES void swiglu_span(const float* __restrict g, const float* __restrict u, float* __restrict y, int64_t n) {
+// bf16: silu(g) rounded, then times u (at::silu(gate) * up's rounding points).
+template <class T>
+inline __attribute__((always_inline)) void swiglu_t(const T* __restrict g, const T* __restrict u, T* __restrict y,
+                                                    int64_t n) {
   auto one = [](float gi, float ui) {
     const float e = exp_nonpositive(gi >= 0.0f ? -gi : gi);
     const float sig = gi >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
-    return gi * sig * ui;
+    return round_to<T>(gi * sig) * ui;
   };
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) y[i + j] = one(g[i + j], u[i + j]);
-  for (; i < n; ++i) y[i] = one(g[i], u[i]);
+    for (int64_t j = 0; j < kLanes; ++j) store(y + i + j, one(load(g[i + j]), load(u[i + j])));
+  for (; i < n; ++i) store(y + i, one(load(g[i]), load(u[i])));
+}
+RPG_CPU_CLONES void swiglu_span(const float* g, const float* u, float* y, int64_t n) { swiglu_t(g, u, y, n); }
+namespace {
+RPG_CPU_CLONES void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
+  swiglu_t(g, u, y, n);
 }
 
+// f(pointer) with x's data as float or as bf16 bits (uint16_t).
+template <typename F>
+void with_elements(const at::Tensor& x, const F& f) {
+  if (x.scalar_type() == at::kFloat) f(x.data_ptr<float>());
+  else f(reinterpret_cast<uint16_t*>(x.data_ptr<c10::BFloat16>()));
+}
+template <class T>
+const T* elements(const at::Tensor& x) {
+  if constexpr (std::is_same_v<T, float>) return x.data_ptr<float>();
+  else return reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
+}
+}  // namespace
+
 bool decode_elementwise_applies(const at::Tensor& x) {
-  return x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && !c10::GradMode::is_enabled();
+  return x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+         x.is_contiguous() && !c10::GradMode::is_enabled();
 }
 
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(decode_elementwise_applies(x) && weight.scalar_type() == at::kFloat && weight.is_contiguous() &&
+  TORCH_CHECK(decode_elementwise_applies(x) && weight.scalar_type() == x.scalar_type() && weight.is_contiguous() &&
                   weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0),
-              "rms_norm_rows: contiguous float32 CPU x [..., C] and weight [C]");
+              "rms_norm_rows: contiguous float32 or bfloat16 CPU x [..., C] and weight [C] of its dtype");
   RECORD_FUNCTION("rpg::rms_norm_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(x);
   const int64_t C = x.size(-1);
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, x.numel() / C, grain(C), [&](int64_t b, int64_t e) {
-    rms_norm_f32(xp + b * C, weight.data_ptr<float>(), yp + b * C, e - b, C, static_cast<float>(eps));
+  with_elements(y, [&](auto* yp) {
+    using T = std::remove_pointer_t<decltype(yp)>;
+    const T *xp = elements<T>(x), *wp = elements<T>(weight);
+    at::parallel_for(0, x.numel() / C, grain(C), [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<T, float>) rms_norm_f32(xp + b * C, wp, yp + b * C, e - b, C, static_cast<float>(eps));
+      else rms_norm_bf16(xp + b * C, wp, yp + b * C, e - b, C, static_cast<float>(eps));
+    });
   });
   return y;
 }
 
 at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(decode_elementwise_applies(x) && x.dim() == 4 && x.size(-1) % 2 == 0 && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                  sin.is_contiguous() && cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
                   cos.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == 1 &&
                   cos.size(3) == x.size(3) && sin.sizes() == cos.sizes(),
-              "rope_rows: contiguous float32 CPU x [B, T, H, D] and cos, sin [B, T, 1, D]");
+              "rope_rows: contiguous float32 or bfloat16 CPU x [B, T, H, D] and cos, sin [B, T, 1, D] of its dtype");
   RECORD_FUNCTION("rpg::rope_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(x);
   const int64_t H = x.size(2), D = x.size(3);
-  const float *xp = x.data_ptr<float>(), *cp = cos.data_ptr<float>(), *sp = sin.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, x.size(0) * x.size(1), grain(H * D), [&](int64_t b, int64_t e) {
-    rope_f32(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+  with_elements(y, [&](auto* yp) {
+    using T = std::remove_pointer_t<decltype(yp)>;
+    const T *xp = elements<T>(x), *cp = elements<T>(cos), *sp = elements<T>(sin);
+    at::parallel_for(0, x.size(0) * x.size(1), grain(H * D), [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<T, float>) rope_f32(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+      else rope_bf16(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+    });
   });
   return y;
 }
 
 at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
-  TORCH_CHECK(decode_elementwise_applies(gate) && decode_elementwise_applies(up) && gate.sizes() == up.sizes(),
-              "swiglu_rows: contiguous float32 CPU gate and up of one shape");
+  TORCH_CHECK(decode_elementwise_applies(gate) && decode_elementwise_applies(up) && gate.sizes() == up.sizes() &&
+                  gate.scalar_type() == up.scalar_type(),
+              "swiglu_rows: contiguous float32 or bfloat16 CPU gate and up of one shape and dtype");
   RECORD_FUNCTION("rpg::swiglu_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(gate);
-  const float *g = gate.data_ptr<float>(), *u = up.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, gate.numel() / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
-    // Blocks of 16 elements; the last task also takes the tail.
-    const int64_t end = e == gate.numel() / kLanes ? gate.numel() : e * kLanes;
-    swiglu_span(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+  with_elements(y, [&](auto* yp) {
+    using T = std::remove_pointer_t<decltype(yp)>;
+    const T *g = elements<T>(gate), *u = elements<T>(up);
+    at::parallel_for(0, gate.numel() / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
+      // Blocks of 16 elements; the last task also takes the tail.
+      const int64_t end = e == gate.numel() / kLanes ? gate.numel() : e * kLanes;
+      if constexpr (std::is_same_v<T, float>) swiglu_span(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+      else swiglu_span_bf16(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+    });
   });
   return y;
 }

@@ -1,15 +1,17 @@
-// Internal: a decode step's RMSNorm, RoPE and SwiGLU as one pass each over fp32 CPU rows, instead of
-// the 7-9 ATen ops (each with its own dispatch, allocation and pass) of layer.cpp's forms.
-// Only decode uses them (DecodingScope): the training forward keeps transformers' op-by-op
-// arithmetic, bit for bit. Equal to those forms up to fp32 rounding (the sum of squares is
-// accumulated in another order).
+// Internal: a decode step's RMSNorm, RoPE and SwiGLU as one pass each over fp32 or bf16 CPU
+// rows, instead of the 7-9 ATen ops (each with its own dispatch, allocation and pass) of
+// layer.cpp's forms. Only decode uses them (DecodingScope): the training forward keeps
+// transformers' op-by-op arithmetic, bit for bit. Equal to those forms up to fp32 rounding (the
+// sum of squares is accumulated in another order; SwiGLU's exp is core/fast_exp.h's). bf16 rows
+// are computed in fp32 and rounded to bf16 where the ATen forms round their bf16 tensors (RoPE:
+// the same bits as those forms).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace rpg::model::detail {
 
-// True when the fused forms take these inputs: fp32, CPU, contiguous, no autograd recording.
+// True when the fused forms take these inputs: fp32 or bf16, CPU, contiguous, no autograd recording.
 bool decode_elementwise_applies(const at::Tensor& x);
 // weight * (x * rsqrt(mean(x^2, -1) + eps)) for x [..., C], weight [C].
 at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -110,9 +110,9 @@ at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at
 }
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
-// Decode's fp32 rows take the fused pass (decode_elementwise.h).
+// Decode's fp32 and bf16 rows take the fused pass (decode_elementwise.h).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (t_decoding && decode_elementwise_applies(x) && weight.scalar_type() == at::kFloat && weight.is_contiguous())
+  if (t_decoding && decode_elementwise_applies(x) && weight.scalar_type() == x.scalar_type() && weight.is_contiguous())
     return rms_norm_rows(x, weight, eps);
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
@@ -154,10 +154,10 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
     if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
   }
-  // Decode's fp32 rows: the fused pass (decode_elementwise.h), the same formula.
+  // Decode's fp32 and bf16 rows: the fused pass (decode_elementwise.h), the same formula.
   auto rope = [&](const at::Tensor& t) {
-    if (t_decoding && decode_elementwise_applies(t) && cos.scalar_type() == at::kFloat && cos.is_contiguous() &&
-        sin.is_contiguous())
+    if (t_decoding && decode_elementwise_applies(t) && cos.scalar_type() == t.scalar_type() &&
+        sin.scalar_type() == t.scalar_type() && cos.is_contiguous() && sin.is_contiguous())
       return rope_rows(t, cos, sin);
     return t * cos + swap_halves(t) * sin;
   };
@@ -304,8 +304,9 @@ at::Tensor mlp_block(const LayerWeights& w, const ModelConfig& c, const at::Tens
       if (const PackedWeight* up = decode_pack(n, w.up_w)) act = swiglu_linear(*gate, *up, n);
   if (!act.defined()) {
     const at::Tensor gate = project(n, w.gate_w, {}, w.gate_lora, r), up = project(n, w.up_w, {}, w.up_lora, r);
-    act = t_decoding && decode_elementwise_applies(gate) && decode_elementwise_applies(up) ? swiglu_rows(gate, up)
-                                                                                            : at::silu(gate) * up;
+    const bool fused = t_decoding && decode_elementwise_applies(gate) && decode_elementwise_applies(up) &&
+                       gate.scalar_type() == up.scalar_type();
+    act = fused ? swiglu_rows(gate, up) : at::silu(gate) * up;
   }
   return project_add(h, act, w.down_w, w.down_lora, r);
 }
