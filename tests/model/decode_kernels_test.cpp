@@ -534,7 +534,8 @@ TEST(PackedGemm, Bf16DecodeWithPackedWeightsAgreesWithDecodeWithout) {
 // - On random bf16 inputs it is within the fp32 sums' error bound plus one bf16 rounding of the
 //   fp64 product, and a row gives the same bits alone as inside batches of 2-17 rows.
 // - The residual form equals residual + linear(x, b) as bf16 tensors add, bit for bit.
-// - It refuses what it does not take: fp32 inputs, fp32 weights, the fused SwiGLU.
+// - The fused gate + up + SwiGLU equals its three unfused steps bit for bit.
+// - It refuses what it does not take: fp32 inputs, fp32 weights, mixed backends.
 TEST(PackedGemm, Bf16PanelsRoundTheExactProductOnceAndRowsStandAlone) {
   using detail::PackedBackend;
   using detail::PackedWeight;
@@ -585,7 +586,16 @@ TEST(PackedGemm, Bf16PanelsRoundTheExactProductOnceAndRowsStandAlone) {
     EXPECT_THROW(p.linear(x.to(at::kFloat), {}), c10::Error);
     EXPECT_THROW(p.linear(x, b.to(at::kFloat)), c10::Error);
     EXPECT_THROW(p.linear(x, {}, residual.to(at::kFloat)), c10::Error);
-    EXPECT_FALSE(detail::swiglu_linear(p, p, x).defined());
+    // gate, up and SwiGLU in one pass: the bits of the two products, then the bf16 swiglu_rows.
+    c10::NoGradGuard no_grad;  // as decode runs (swiglu_rows serves no autograd)
+    for (int64_t M : {1, 8, 9, 17}) {
+      const at::Tensor xm = x.narrow(0, 0, M);
+      const at::Tensor fused = detail::swiglu_linear(p, pg, xm);
+      ASSERT_TRUE(fused.defined() && fused.scalar_type() == at::kBFloat16);
+      EXPECT_TRUE(at::equal(fused, detail::swiglu_rows(p.linear(xm, {}), pg.linear(xm, {})))) << M << " rows";
+    }
+    EXPECT_FALSE(detail::swiglu_linear(p, PackedWeight::pack(w.to(at::kFloat)), x).defined());  // mixed backends
+    EXPECT_FALSE(detail::swiglu_linear(p, pg, x.to(at::kFloat)).defined());
   }
   EXPECT_FALSE(PackedWeight::pack(at::randn({40, 24}), PackedBackend::kPanelsBf16).defined());
   EXPECT_FALSE(PackedWeight::pack(w_bf16, PackedBackend::kPanels512).defined());
@@ -642,6 +652,22 @@ TEST(DecodeElementwise, RmsNormRopeAndSwigluEqualTheAtenForms) {
   EXPECT_THROW(detail::swiglu_rows(x, x.to(at::kBFloat16)), c10::Error);
   c10::AutoGradMode grad(true);
   EXPECT_FALSE(detail::decode_elementwise_applies(x));
+}
+
+// swiglu_rows in pieces of 1-17 elements (a piece of fewer than 16 was once left unwritten) equals
+// the same elements inside one call, fp32 and bf16: its blocks of 16 and its tails compute the
+// same bits.
+TEST(DecodeElementwise, SwigluGivesEveryPieceTheBitsOfTheWhole) {
+  c10::NoGradGuard no_grad;
+  at::manual_seed(12);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    const at::Tensor g = (at::randn({400}) * 4).to(dtype), u = at::randn({400}).to(dtype);
+    const at::Tensor whole = detail::swiglu_rows(g, u);
+    for (int64_t at_ = 0, len = 1; at_ + len <= 400; at_ += len, len = len % 17 + 1)
+      ASSERT_TRUE(at::equal(detail::swiglu_rows(g.narrow(0, at_, len).contiguous(), u.narrow(0, at_, len).contiguous()),
+                            whole.narrow(0, at_, len)))
+          << c10::toString(dtype) << " elements " << at_ << ".." << at_ + len;
+  }
 }
 
 // bf16 rows against the ATen forms the bf16 training forward runs (layer.cpp: transformers'

@@ -152,10 +152,10 @@ RPG_INLINE void swiglu_t(const T* __restrict g, const T* __restrict u, T* __rest
   for (; i < n; ++i) store(y + i, round_to<T>(silu(load(g[i]))) * load(u[i]));
 }
 RPG_CPU_CLONES void swiglu_span(const float* g, const float* u, float* y, int64_t n) { swiglu_t(g, u, y, n); }
-namespace {
 RPG_CPU_CLONES void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
   swiglu_t(g, u, y, n);
 }
+namespace {
 
 // f(pointer) with x's data as float or as bf16 bits (uint16_t).
 template <typename F>
@@ -222,9 +222,10 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
   with_elements(y, [&](auto* yp) {
     using T = std::remove_pointer_t<decltype(yp)>;
     const T *g = elements<T>(gate), *u = elements<T>(up);
-    at::parallel_for(0, gate.numel() / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
-      // Blocks of 16 elements; the last task also takes the tail.
-      const int64_t end = e == gate.numel() / kLanes ? gate.numel() : e * kLanes;
+    // Blocks of 16 elements, the last one partial (fewer than 16 elements are one block: they
+    // were once no block at all, and left unwritten).
+    at::parallel_for(0, (gate.numel() + kLanes - 1) / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
+      const int64_t end = std::min(gate.numel(), e * kLanes);
       if constexpr (std::is_same_v<T, float>) swiglu_span(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
       else swiglu_span_bf16(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
     });

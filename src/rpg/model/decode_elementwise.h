@@ -9,6 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace rpg::model::detail {
 
 // True when the fused forms take these inputs: fp32 or bf16, CPU, contiguous, no autograd recording.
@@ -20,7 +22,9 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
 at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 // silu(gate) * up, elementwise (the MLP's SwiGLU), one pass instead of silu's and mul's.
 at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up);
-// y[0, n) = silu(g) * u: swiglu_rows's arithmetic on one run (the fused products use it).
+// y[0, n) = silu(g) * u: swiglu_rows's arithmetic on one run (the fused products use it); the
+// bf16 form on bf16 bits.
 void swiglu_span(const float* g, const float* u, float* y, int64_t n);
+void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n);
 
 }  // namespace rpg::model::detail

@@ -190,14 +190,24 @@ __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, i
   if constexpr (R > 3) _mm256_store_ps(t + 72, c30), _mm256_store_ps(t + 80, c31), _mm256_store_ps(t + 88, c32);
 }
 
+// The tile both AVX-512 panel kernels (fp32 and bf16) keep in 16 ZMM registers: rows r < R of
+// 32 fp32 columns as c<r>0, c<r>1; stored to t (64-byte aligned, rows 32 apart).
+#define RPG_TILE8_ROW_DECLARE(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
+#define RPG_TILE8_DECLARE()                                                                         \
+  RPG_TILE8_ROW_DECLARE(0) RPG_TILE8_ROW_DECLARE(1) RPG_TILE8_ROW_DECLARE(2) RPG_TILE8_ROW_DECLARE(3) \
+  RPG_TILE8_ROW_DECLARE(4) RPG_TILE8_ROW_DECLARE(5) RPG_TILE8_ROW_DECLARE(6) RPG_TILE8_ROW_DECLARE(7)
+#define RPG_TILE8_ROW_STORE(t, r) \
+  if constexpr (R > r) _mm512_store_ps((t) + r * 32, c##r##0), _mm512_store_ps((t) + r * 32 + 16, c##r##1);
+#define RPG_TILE8_STORE(t)                                                                          \
+  RPG_TILE8_ROW_STORE(t, 0) RPG_TILE8_ROW_STORE(t, 1) RPG_TILE8_ROW_STORE(t, 2) RPG_TILE8_ROW_STORE(t, 3) \
+  RPG_TILE8_ROW_STORE(t, 4) RPG_TILE8_ROW_STORE(t, 5) RPG_TILE8_ROW_STORE(t, 6) RPG_TILE8_ROW_STORE(t, 7)
+
 // The AVX-512 tile: t[R rows, 32] = x[R rows, K] . panel (32 columns), R <= 8 (t: 64-byte aligned).
 template <int R>
 __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x, int64_t ldx,
                                                        const float* __restrict panel, int64_t K, float* __restrict t) {
-#define RPG_TILE_ROW_INIT(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
-  RPG_TILE_ROW_INIT(0) RPG_TILE_ROW_INIT(1) RPG_TILE_ROW_INIT(2) RPG_TILE_ROW_INIT(3)
-  RPG_TILE_ROW_INIT(4) RPG_TILE_ROW_INIT(5) RPG_TILE_ROW_INIT(6) RPG_TILE_ROW_INIT(7)
-#undef RPG_TILE_ROW_INIT
+  static_assert(kPanel512 == 32, "RPG_TILE8: rows of 32 columns");
+  RPG_TILE8_DECLARE()
   for (int64_t k = 0; k < K; ++k) {
     const float* b = panel + k * kPanel512;
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
@@ -211,11 +221,7 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
     RPG_TILE_ROW_FMA(4) RPG_TILE_ROW_FMA(5) RPG_TILE_ROW_FMA(6) RPG_TILE_ROW_FMA(7)
 #undef RPG_TILE_ROW_FMA
   }
-#define RPG_TILE_ROW_STORE(r) \
-  if constexpr (R > r) _mm512_store_ps(t + r * kPanel512, c##r##0), _mm512_store_ps(t + r * kPanel512 + 16, c##r##1);
-  RPG_TILE_ROW_STORE(0) RPG_TILE_ROW_STORE(1) RPG_TILE_ROW_STORE(2) RPG_TILE_ROW_STORE(3)
-  RPG_TILE_ROW_STORE(4) RPG_TILE_ROW_STORE(5) RPG_TILE_ROW_STORE(6) RPG_TILE_ROW_STORE(7)
-#undef RPG_TILE_ROW_STORE
+  RPG_TILE8_STORE(t)
 }
 
 // A panel backend's tile kernel: kWidth columns per panel, up to kRows rows per tile.
@@ -270,10 +276,8 @@ template <int R>
 RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx,
                                                                    const uint16_t* __restrict panel, int64_t K,
                                                                    float* __restrict t) {
-#define RPG_TILE_ROW_INIT(r) __m512 c##r##0 = _mm512_setzero_ps(), c##r##1 = _mm512_setzero_ps();
-  RPG_TILE_ROW_INIT(0) RPG_TILE_ROW_INIT(1) RPG_TILE_ROW_INIT(2) RPG_TILE_ROW_INIT(3)
-  RPG_TILE_ROW_INIT(4) RPG_TILE_ROW_INIT(5) RPG_TILE_ROW_INIT(6) RPG_TILE_ROW_INIT(7)
-#undef RPG_TILE_ROW_INIT
+  static_assert(kPanelBf16 == 32, "RPG_TILE8: rows of 32 columns");
+  RPG_TILE8_DECLARE()
   // The row's pair q of x as one 32-bit lane, broadcast (the last pair of an odd K with a zero).
   auto pair = [&](int64_t r, int64_t q) -> int32_t {
     const uint16_t lo = x[r * ldx + 2 * q], hi = 2 * q + 1 < K ? x[r * ldx + 2 * q + 1] : uint16_t{0};
@@ -296,15 +300,16 @@ RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx,
     RPG_TILE_ROW_DOT(4) RPG_TILE_ROW_DOT(5) RPG_TILE_ROW_DOT(6) RPG_TILE_ROW_DOT(7)
 #undef RPG_TILE_ROW_DOT
   }
-#define RPG_TILE_ROW_STORE(r) \
-  if constexpr (R > r) _mm512_store_ps(t + r * kPanelBf16, c##r##0), _mm512_store_ps(t + r * kPanelBf16 + 16, c##r##1);
-  RPG_TILE_ROW_STORE(0) RPG_TILE_ROW_STORE(1) RPG_TILE_ROW_STORE(2) RPG_TILE_ROW_STORE(3)
-  RPG_TILE_ROW_STORE(4) RPG_TILE_ROW_STORE(5) RPG_TILE_ROW_STORE(6) RPG_TILE_ROW_STORE(7)
-#undef RPG_TILE_ROW_STORE
+  RPG_TILE8_STORE(t)
 }
 
-// y[0, cols) = bf16(t + bias) (+ residual, added in fp32 and rounded again), cols <= 32: the
-// bf16 tile's store, 16 lanes at a time (VCVTNEPS2BF16 rounds to nearest even, as c10 does).
+#undef RPG_TILE8_ROW_DECLARE
+#undef RPG_TILE8_DECLARE
+#undef RPG_TILE8_ROW_STORE
+#undef RPG_TILE8_STORE
+
+// y[0, cols) = bf16(t + bias) (+ residual, added in fp32 and rounded again): the bf16 tile's
+// store, 16 lanes at a time (VCVTNEPS2BF16 rounds to nearest even, as c10 does).
 RPG_BF16_TARGET inline __m512 widen_bf16(__m256i h) {
   // (the all-lanes masked forms: the plain intrinsics trip GCC 12's -Wmaybe-uninitialized)
   return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
@@ -385,19 +390,29 @@ void panels_linear(const T* x, int64_t m, int64_t n, int64_t k, const T* panels,
 }
 
 // y [m, n] = silu(x G^T) * (x U^T): each panel's gate and up tiles multiplied one after the
-// other (both panels stay in L2) and combined by swiglu_span while in L1.
-template <class Tiles>
-void panels_swiglu(const float* x, int64_t m, int64_t n, int64_t k, const float* gate, const float* up, float* y) {
+// other (both panels stay in L2) and combined by swiglu_span while in L1. bf16: the tiles are
+// first rounded to bf16 as gate.linear(x) and up.linear(x) store them, then combined by the
+// bf16 swiglu_rows' arithmetic (the same bits as those three steps).
+template <class Tiles, class T>
+void panels_swiglu(const T* x, int64_t m, int64_t n, int64_t k, const T* gate, const T* up, T* y) {
   constexpr int64_t W = Tiles::kWidth;
   for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
-    alignas(64) float g[R * W], u[R * W], a[R * W];
+    alignas(64) float g[R * W], u[R * W];
+    alignas(64) T a[R * W];
     Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(gate, p, k), k, g);
     Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(up, p, k), k, u);
-    swiglu_span(g, u, a, R * W);
+    if constexpr (std::is_same_v<T, float>) {
+      swiglu_span(g, u, a, R * W);
+    } else {
+      alignas(64) uint16_t gb[R * W], ub[R * W];
+      store_row_bf16(g, R * W, nullptr, nullptr, gb);
+      store_row_bf16(u, R * W, nullptr, nullptr, ub);
+      swiglu_span_bf16(gb, ub, reinterpret_cast<uint16_t*>(a), R * W);
+    }
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i)
-      std::memcpy(y + (r + i) * n + c0, a + i * W, static_cast<size_t>(cols) * sizeof(float));
+      std::memcpy(y + (r + i) * n + c0, a + i * W, static_cast<size_t>(cols) * sizeof(T));
   });
 }
 
@@ -531,18 +546,22 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
 
 at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x) {
   if (!gate.current() || !up.current() || gate.backend() != up.backend() || gate.n_ != up.n_ || gate.k_ != up.k_ ||
-      (gate.backend() != PackedBackend::kPanels512 && gate.backend() != PackedBackend::kPanels) ||
-      x.size(-1) != gate.k_ || x.scalar_type() != at::kFloat || !x.device().is_cpu())
+      gate.backend() == PackedBackend::kMkl || x.size(-1) != gate.k_ ||
+      x.scalar_type() != gate.source_.scalar_type() || !x.device().is_cpu())
     return {};
   RECORD_FUNCTION("rpg::packed_swiglu", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x2 = x.reshape({-1, gate.k_}).contiguous();
   const int64_t m = x2.size(0), n = gate.n_, k = gate.k_;
   at::Tensor y = at::empty({m, n}, x.options());
-  if (m > 0)
-    with_tiles(gate.backend(), [&](auto tiles) {
-      panels_swiglu<decltype(tiles)>(x2.data_ptr<float>(), m, n, k, gate.buffer_.data_ptr<float>(),
-                                     up.buffer_.data_ptr<float>(), y.data_ptr<float>());
-    });
+  auto run = [&](auto tiles, auto* elem) {
+    using T = std::remove_pointer_t<decltype(elem)>;
+    panels_swiglu<decltype(tiles), T>(x2.data_ptr<T>(), m, n, k, reinterpret_cast<const T*>(gate.buffer_.data_ptr()),
+                                      reinterpret_cast<const T*>(up.buffer_.data_ptr()), y.data_ptr<T>());
+  };
+  if (m > 0) {
+    if (gate.backend() == PackedBackend::kPanelsBf16) run(Bf16Tiles{}, static_cast<c10::BFloat16*>(nullptr));
+    else with_tiles(gate.backend(), [&](auto tiles) { run(tiles, static_cast<float*>(nullptr)); });
+  }
   return y.view(product_shape(x, n));
 }
 

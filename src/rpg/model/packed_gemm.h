@@ -67,8 +67,9 @@ class PackedWeight {
 // silu(x G^T) * (x U^T) (the MLP's SwiGLU on its gate and up projections) for x [..., K]: for
 // each panel of columns, the gate's and the up's tiles are multiplied and combined at once, one
 // pass where the unfused form makes three (two products, then swiglu_rows). The same bits as
-// swiglu_rows(gate.linear(x), up.linear(x)). Undefined where it does not apply: the two are
-// not current panel packings (kPanels, kPanels512) of one shape, or x is not float32 on the CPU.
+// swiglu_rows(gate.linear(x), up.linear(x)) (in bf16 too). Undefined where it does not apply: the
+// two are not current panel packings (kPanels, kPanels512, kPanelsBf16) of one backend and
+// shape, or x is not on the CPU in their dtype.
 at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
 
 // The packed weights of one model, by the weight tensor they were made from.
