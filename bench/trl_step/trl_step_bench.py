@@ -48,6 +48,8 @@ ap.add_argument("--prompts", type=int, default=16)
 ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=64)
 ap.add_argument("--packed", action="store_true", help="also run rpg with actor_rollout_ref.model.use_remove_padding")
+ap.add_argument("--bf16-rollout", action="store_true",
+                help="also run rpg with actor_rollout_ref.rollout.dtype=bfloat16 (training stays fp32)")
 ap.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
                 help="OMP_WAIT_POLICY for both sides (passive: no spinning at OpenMP barriers, which on a loaded "
                      "machine burns CPU while a descheduled thread is waited for)")
@@ -192,6 +194,8 @@ with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as t
     variants = {"rpg": []}
     if args.packed:
         variants["rpg use_remove_padding"] = ["actor_rollout_ref.model.use_remove_padding=true"]
+    if args.bf16_rollout:
+        variants["rpg rollout bf16"] = ["actor_rollout_ref.rollout.dtype=bfloat16"]
     rpg_rows = {k: [] for k in variants}
     trl_steps, trl_cpu = [], []
     for r in range(args.rounds):
