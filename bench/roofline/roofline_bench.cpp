@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
   rpg::ArgParser parser("roofline_bench", "rpg's phases on a model directory, in seconds (bench/roofline/roofline.py)");
   parser.option("--model", &model_dir, "model directory", "DIR")
       .option("--threads", &threads, "intra-op threads")
-      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer, gemm, attention", "LIST")
+      .option("--phases", &phases, "comma-separated: decode, prefill, logprob, update, optimizer, gemm, attention",
+              "LIST")
       .option("--decode-seqs", &decode_seqs, "sequences decoding together, comma-separated", "LIST")
       .option("--new-tokens", &new_tokens, "tokens per response in decode")
       .option("--prompt-len", &prompt_len, "prompt tokens")
@@ -237,7 +238,8 @@ int main(int argc, char** argv) {
                            rpg::model::detail::PackedBackend::kMkl, rpg::model::detail::PackedBackend::kPanelsBf16}) {
         if (!rpg::model::detail::packed_backend_usable(backend)) continue;
         // The bf16 backend multiplies bf16 weights and inputs (a bf16 rollout's decode).
-        const at::ScalarType wt = backend == rpg::model::detail::PackedBackend::kPanelsBf16 ? at::kBFloat16 : at::kFloat;
+        const at::ScalarType wt =
+            backend == rpg::model::detail::PackedBackend::kPanelsBf16 ? at::kBFloat16 : at::kFloat;
         std::vector<rpg::model::detail::PackedWeight> packed;
         for (const auto& w : weights) packed.push_back(rpg::model::detail::PackedWeight::pack(w.to(wt), backend));
         for (int64_t S : parse_list(decode_seqs)) {

@@ -575,7 +575,8 @@ TEST(PackedGemm, Bf16PanelsRoundTheExactProductOnceAndRowsStandAlone) {
     ASSERT_EQ(y.scalar_type(), at::kBFloat16);
     const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
     const at::Tensor magnitude = at::linear(x.to(at::kDouble).abs(), w.to(at::kDouble).abs(), b.to(at::kDouble).abs());
-    const at::Tensor bound = magnitude * (static_cast<double>(K + 1) * std::ldexp(1.0, -24)) + ref.abs() * std::ldexp(1.0, -8);
+    const at::Tensor bound =
+        magnitude * (static_cast<double>(K + 1) * std::ldexp(1.0, -24)) + ref.abs() * std::ldexp(1.0, -8);
     EXPECT_TRUE(((y.to(at::kDouble) - ref).abs() <= bound * 1.01).all().item<bool>());
     for (int64_t M : {1, 2, 5, 8, 9, 16, 17})
       for (int64_t i = 0; i < M; ++i)
@@ -701,7 +702,8 @@ TEST(DecodeElementwise, Bf16RowsRoundWhereTheAtenFormsRound) {
     const at::Tensor s = ang.sin();
     const at::Tensor cos = at::cat({ang, ang}, -1).cos().to(bf), sin = at::cat({-s, s}, -1).to(bf);
     const at::Tensor swapped = at::cat({x.narrow(-1, D / 2, D / 2), x.narrow(-1, 0, D / 2)}, -1);
-    EXPECT_TRUE(at::equal(detail::rope_rows(x, cos, sin), x * cos + swapped * sin)) << B << "x" << T << "x" << H << "x" << D;
+    EXPECT_TRUE(at::equal(detail::rope_rows(x, cos, sin), x * cos + swapped * sin))
+        << B << "x" << T << "x" << H << "x" << D;
   }
   const at::Tensor g = (at::randn({63, 1, 1012}) * 4).to(bf), u = (at::randn({63, 1, 1012}) * 2).to(bf);
   const auto [close, differ] = ulps_apart(detail::swiglu_rows(g, u), at::silu(g) * u);

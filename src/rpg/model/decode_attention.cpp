@@ -221,8 +221,8 @@ RPG_AVX512_TARGET inline __m512 load16(__mmask16 m, const T* p) {
 // One block of keys (D rows of kKeyBlock, contiguous), the lanes m0, m1 of it; s: the score rows
 // at the block's first key.
 template <int NH, bool Ahead, class T>
-RPG_AVX512_TARGET void scores_block512(const float* __restrict qs, int64_t D, const T* __restrict block, __mmask16 m0,
-                                       __mmask16 m1, float* __restrict s, int64_t L) {
+RPG_AVX512_TARGET void scores_block512(const float* __restrict qs, int64_t D, const T* __restrict block,
+                                       __mmask16 m0, __mmask16 m1, float* __restrict s, int64_t L) {
   static_assert(kKeyBlock == 32, "two vectors per block row");
   __m512 a00 = _mm512_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
   for (int64_t d = 0; d < D; ++d) {
@@ -306,8 +306,8 @@ std::pair<__mmask16, __mmask16> block_masks(int64_t lo, int64_t hi) {
 // qs [rep, D] and the slot's key blocks kb. `next_bytes` of `next` (the next item's first
 // keys) are requested a share per block.
 template <class T>
-void scores_item512(const float* qs, const T* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D, float* s,
-                    const void* next, int64_t next_bytes) {
+void scores_item512(const float* qs, const T* kb, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
+                    float* s, const void* next, int64_t next_bytes) {
   const int64_t b0 = j0 / kKeyBlock, b1 = key_blocks(j1);
   for (int64_t b = b0; b < b1; ++b) {
     prefetch_share(next, next_bytes, b - b0, b1 - b0);
@@ -326,8 +326,8 @@ void scores_item512(const float* qs, const T* kb, int64_t j0, int64_t j1, int64_
 // acc [rep, D] += p [rep, L] . v over the run [j0, j1) (v: the slot's values from position 0),
 // keys in tiles of 64 (a tile of values stays in L1 while every block of heads reads it).
 template <class T>
-void values_item512(const float* p, const T* v, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D, float* acc,
-                    const void* next, int64_t next_bytes) {
+void values_item512(const float* p, const T* v, int64_t j0, int64_t j1, int64_t L, int64_t rep, int64_t D,
+                    float* acc, const void* next, int64_t next_bytes) {
   const int64_t tiles = (j1 - j0 + 63) / 64;
   for (int64_t t0 = j0; t0 < j1; t0 += 64) {
     const int64_t t1 = std::min(j1, t0 + 64);
@@ -408,8 +408,8 @@ void prompt_values512(const float* const* p, int64_t nq, int64_t D, const T* v, 
   for (int64_t i0 = 0; i0 < nq; i0 += kMultiQueries)
     for (int64_t c0 = 0; c0 < D; c0 += 32)
       detail::with_count<kMultiQueries>(std::min(kMultiQueries, nq - i0), [&](auto c) {
-        rank1_multi512<decltype(c)::value, true, T>(p + i0, v + c0, D, n, lanes_mask(D - c0), lanes_mask(D - c0 - 16),
-                                                 acc + i0, c0);
+        rank1_multi512<decltype(c)::value, true, T>(p + i0, v + c0, D, n, lanes_mask(D - c0),
+                                                    lanes_mask(D - c0 - 16), acc + i0, c0);
       });
 }
 
@@ -502,17 +502,23 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     if (avx512) scaled_copy(qi, scale, qs, rep * D);
     for (const KeyRun<T>& run : item_runs) {
       if (run.j1 == run.j0) continue;
-      if (avx512) scores_item512(qs, run.k, run.j0, run.j1, L, rep, D, s, next_k, next_k_bytes);
-      else if constexpr (std::is_same_v<T, float>) scores_f32(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
-      else scores_bf16(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
+      if (avx512)
+        scores_item512(qs, run.k, run.j0, run.j1, L, rep, D, s, next_k, next_k_bytes);
+      else if constexpr (std::is_same_v<T, float>)
+        scores_f32(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
+      else
+        scores_bf16(qi, run.k, run.j0, run.j1, L, rep, D, scale, s, next_k, next_k_bytes);
     }
     for (int64_t i = 0; i < rep; ++i) softmax_row(s + i * L, n);
     std::fill(acc, acc + rep * D, 0.0f);
     for (const KeyRun<T>& run : item_runs) {
       if (run.j1 == run.j0) continue;
-      if (avx512) values_item512(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
-      else if constexpr (std::is_same_v<T, float>) values_f32(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
-      else values_bf16(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
+      if (avx512)
+        values_item512(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
+      else if constexpr (std::is_same_v<T, float>)
+        values_f32(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
+      else
+        values_bf16(s, run.v, run.j0, run.j1, L, rep, D, acc, next_v, next_v_bytes);
     }
     store_out(acc, op + (r * H + g * rep) * D, rep * D);
   };

@@ -186,8 +186,10 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
     using T = std::remove_pointer_t<decltype(yp)>;
     const T *xp = elements<T>(x), *wp = elements<T>(weight);
     at::parallel_for(0, x.numel() / C, grain(C), [&](int64_t b, int64_t e) {
-      if constexpr (std::is_same_v<T, float>) rms_norm_f32(xp + b * C, wp, yp + b * C, e - b, C, static_cast<float>(eps));
-      else rms_norm_bf16(xp + b * C, wp, yp + b * C, e - b, C, static_cast<float>(eps));
+      if constexpr (std::is_same_v<T, float>)
+        rms_norm_f32(xp + b * C, wp, yp + b * C, e - b, C, static_cast<float>(eps));
+      else
+        rms_norm_bf16(xp + b * C, wp, yp + b * C, e - b, C, static_cast<float>(eps));
     });
   });
   return y;
@@ -195,10 +197,12 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
 
 at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(decode_elementwise_applies(x) && x.dim() == 4 && x.size(-1) % 2 == 0 && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() &&
+                  sin.is_contiguous() && cos.scalar_type() == x.scalar_type() &&
+                  sin.scalar_type() == x.scalar_type() &&
                   cos.dim() == 4 && cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == 1 &&
                   cos.size(3) == x.size(3) && sin.sizes() == cos.sizes(),
-              "rope_rows: contiguous float32 or bfloat16 CPU x [B, T, H, D] and cos, sin [B, T, 1, D] of its dtype");
+              "rope_rows: contiguous float32 or bfloat16 CPU x [B, T, H, D] and cos, sin [B, T, 1, D] "
+              "of its dtype");
   RECORD_FUNCTION("rpg::rope_rows", std::vector<c10::IValue>());
   at::Tensor y = at::empty_like(x);
   const int64_t H = x.size(2), D = x.size(3);
@@ -206,8 +210,10 @@ at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
     using T = std::remove_pointer_t<decltype(yp)>;
     const T *xp = elements<T>(x), *cp = elements<T>(cos), *sp = elements<T>(sin);
     at::parallel_for(0, x.size(0) * x.size(1), grain(H * D), [&](int64_t b, int64_t e) {
-      if constexpr (std::is_same_v<T, float>) rope_f32(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
-      else rope_bf16(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+      if constexpr (std::is_same_v<T, float>)
+        rope_f32(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+      else
+        rope_bf16(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
     });
   });
   return y;
@@ -226,8 +232,10 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
     // were once no block at all, and left unwritten).
     at::parallel_for(0, (gate.numel() + kLanes - 1) / kLanes, grain(kLanes), [&](int64_t b, int64_t e) {
       const int64_t end = std::min(gate.numel(), e * kLanes);
-      if constexpr (std::is_same_v<T, float>) swiglu_span(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
-      else swiglu_span_bf16(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+      if constexpr (std::is_same_v<T, float>)
+        swiglu_span(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
+      else
+        swiglu_span_bf16(g + b * kLanes, u + b * kLanes, yp + b * kLanes, end - b * kLanes);
     });
   });
   return y;

@@ -273,9 +273,8 @@ at::Tensor panel_pack_bf16(const uint16_t* w, int64_t n, int64_t k) {
 
 // t[R rows, 32] (fp32) = x[R rows, K] . panel, R <= 8, x bf16 rows `ldx` apart (t: 64-byte aligned).
 template <int R>
-RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx,
-                                                                   const uint16_t* __restrict panel, int64_t K,
-                                                                   float* __restrict t) {
+RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx, const uint16_t* __restrict panel,
+                                     int64_t K, float* __restrict t) {
   static_assert(kPanelBf16 == 32, "RPG_TILE8: rows of 32 columns");
   RPG_TILE8_DECLARE()
   // The row's pair q of x as one 32-bit lane, broadcast (the last pair of an odd K with a zero).
@@ -316,13 +315,16 @@ RPG_BF16_TARGET inline __m512 widen_bf16(__m256i h) {
 }
 RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t* bias, const uint16_t* residual,
                                     uint16_t* y) {
-  const auto widen = widen_bf16;
   for (int64_t c = 0; c < cols; c += 16) {
-    const __mmask16 m = cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - c)) - 1);
+    const __mmask16 m =
+        cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - c)) - 1);
     __m512 v = _mm512_maskz_loadu_ps(m, t + c);
-    if (bias) v = _mm512_add_ps(v, widen(_mm256_maskz_loadu_epi16(m, bias + c)));
+    if (bias) v = _mm512_add_ps(v, widen_bf16(_mm256_maskz_loadu_epi16(m, bias + c)));
     __m256i out = (__m256i)_mm512_cvtneps_pbh(v);
-    if (residual) out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(widen(_mm256_maskz_loadu_epi16(m, residual + c)), widen(out)));
+    if (residual) {
+      const __m512 res = widen_bf16(_mm256_maskz_loadu_epi16(m, residual + c));
+      out = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(res, widen_bf16(out)));
+    }
     _mm256_mask_storeu_epi16(y + c, m, out);
   }
 }
@@ -555,7 +557,8 @@ at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const
   at::Tensor y = at::empty({m, n}, x.options());
   auto run = [&](auto tiles, auto* elem) {
     using T = std::remove_pointer_t<decltype(elem)>;
-    panels_swiglu<decltype(tiles), T>(x2.data_ptr<T>(), m, n, k, reinterpret_cast<const T*>(gate.buffer_.data_ptr()),
+    panels_swiglu<decltype(tiles), T>(x2.data_ptr<T>(), m, n, k,
+                                      reinterpret_cast<const T*>(gate.buffer_.data_ptr()),
                                       reinterpret_cast<const T*>(up.buffer_.data_ptr()), y.data_ptr<T>());
   };
   if (m > 0) {
