@@ -68,6 +68,9 @@ TEST(TokenizerBadInput, MalformedTokenizerJson) {
       {[](json& j) { j["model"]["byte_fallback"] = "yes"; }, "model.byte_fallback: expected a boolean"},
       {[](json& j) { j["model"]["unk_token"] = 3; }, "model.unk_token: expected a string"},
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+"; }, "unsupported split regex"},
+      // (found by fuzz.tokenizer_json: a non-string here escaped as nlohmann's type_error)
+      {[](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = 7; },
+       "pre_tokenizer.pretokenizers[0].behavior: expected a string"},
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", " "}}; }, "only {\"Regex\": ...} patterns"},
       {[](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "unsupported pre-tokenizer type \"Whitespace\""},
       {[](json& j) { j["pre_tokenizer"]["pretokenizers"].push_back({{"type", "Metaspace"}, {"replacement", "_"}}); },
@@ -124,6 +127,7 @@ TEST(TokenizerBadInput, MalformedConfigAndTemplate) {
   expect_format_error(tok, R"({"bos_token": 5})", "[config] bos_token: expected a string");
   expect_format_error(tok, R"({"chat_template": 7})", "[config] chat_template: expected a string");
   expect_format_error(tok, R"({"chat_template": [{"name": "tool_use", "template": "x"}]})", "[config] no template named \"default\"");
+  expect_format_error(tok, R"({"chat_template": [{"name": 3, "template": "x"}]})", "[config] no template named \"default\"");
   expect_format_error(tok, R"({"chat_template": "{% for m in messages %}{{ m }"})", "[config] chat_template:1:");
   expect_format_error(tok, R"({"chat_template": "\n\n{% macro %}"})", "[config] chat_template:3:10: expected a name");
 }

@@ -135,7 +135,10 @@ void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wh
     std::string re = get_string(pat["Regex"], t.origin, where + ".pattern.Regex");
     auto kind = tok::split_pattern_from_regex(re);
     if (!kind) bad(t.origin, str(where, ".pattern.Regex: unsupported split regex ", json(re).dump()));
-    std::string behavior = p.value("behavior", std::string("Isolated"));
+    // (json::value with a string default throws its own type_error on a non-string: the
+    // fuzzer's find, a "behavior" given as a number.)
+    const std::string behavior =
+        p.contains("behavior") ? get_string(p["behavior"], t.origin, where + ".behavior") : "Isolated";
     if (behavior != "Isolated") bad(t.origin, str(where, ".behavior: unsupported \"", behavior, "\""));
     if (opt_bool(p, "invert", false, t.origin, where)) bad(t.origin, where + ".invert: unsupported true");
     t.split = *kind;
@@ -522,7 +525,8 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
       } else if (ct->is_array()) {
         // Named templates: [{"name": "default", "template": ...}, ...]; prompts use "default".
         for (auto& e : *ct)
-          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+          if (e.is_object() && e.contains("name") && e["name"] == "default" && e.contains("template") &&
+              e["template"].is_string())
             src = e["template"].get<std::string>();
         if (src.empty()) bad(config_origin, "chat_template: no template named \"default\"");
       } else {
