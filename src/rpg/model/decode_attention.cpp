@@ -32,7 +32,7 @@ namespace rpg::model {
 namespace {
 
 inline float to_float(float x) { return x; }
-inline float to_float(c10::BFloat16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.x) << 16); }
+inline float to_float(c10::BFloat16 x) { return detail::bf16_to_float(x.x); }
 
 // The generic forms vectorise without reductions: the keys are stored dimension-major within
 // blocks of kKeyBlock positions (decode_attention.h), so a block's scores are 32 lanes summed
@@ -201,9 +201,7 @@ RPG_AVX512_TARGET inline __m512 load16(__mmask16 m, const T* p) {
   if constexpr (std::is_same_v<T, float>) {
     return _mm512_maskz_loadu_ps(m, p);
   } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-    // (the all-lanes masked forms: the plain intrinsics trip GCC 12's -Wmaybe-uninitialized)
-    return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
+    return detail::widen_bf16(_mm256_maskz_loadu_epi16(m, p));
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "rpg/core/cpu_clones.h"
 #include "rpg/core/fast_exp.h"
+#include "rpg/model/cpu_kernels.h"
 
 // at::parallel_for's OpenMP region is compiled into this file (src/rpg/model/CMakeLists.txt).
 #if !defined(_OPENMP)
@@ -26,20 +27,16 @@ namespace {
 // takes these, not a loop of unknown trip count.
 constexpr int64_t kLanes = 16;
 
-// Elements as the loops see them: fp32 as is, bf16 (its bits, uint16_t) widened exactly; stored
-// back rounded to nearest even as c10::BFloat16 rounds (NaN stays NaN). round_to<T>(v): v as T
-// would hold it, where an ATen op on T tensors rounds its result.
+// Elements as the loops see them: fp32 as is, bf16 (its bits, uint16_t) widened exactly and
+// stored back rounded (cpu_kernels.h). round_to<T>(v): v as T would hold it, where an ATen op on
+// T tensors rounds its result.
 // (Every helper here is always_inline: called, not inlined, from the CPU clones, it kept GCC
 // from vectorising their loops.)
 #define RPG_INLINE inline __attribute__((always_inline))
 RPG_INLINE float load(float x) { return x; }
-RPG_INLINE float load(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+RPG_INLINE float load(uint16_t h) { return bf16_to_float(h); }
 RPG_INLINE void store(float* y, float v) { *y = v; }
-RPG_INLINE void store(uint16_t* y, float v) {
-  const uint32_t u = std::bit_cast<uint32_t>(v);
-  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  *y = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : rounded);  // NaN: c10's quiet NaN
-}
+RPG_INLINE void store(uint16_t* y, float v) { *y = float_to_bf16(v); }
 template <class T>
 RPG_INLINE float round_to(float v) {
   if constexpr (std::is_same_v<T, float>) {

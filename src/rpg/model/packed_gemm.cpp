@@ -309,10 +309,6 @@ RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx, 
 
 // y[0, cols) = bf16(t + bias) (+ residual, added in fp32 and rounded again): the bf16 tile's
 // store, 16 lanes at a time (VCVTNEPS2BF16 rounds to nearest even, as c10 does).
-RPG_BF16_TARGET inline __m512 widen_bf16(__m256i h) {
-  // (the all-lanes masked forms: the plain intrinsics trip GCC 12's -Wmaybe-uninitialized)
-  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, h), 16));
-}
 RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t* bias, const uint16_t* residual,
                                     uint16_t* y) {
   for (int64_t c = 0; c < cols; c += 16) {

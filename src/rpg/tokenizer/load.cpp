@@ -54,6 +54,13 @@ std::string get_string(const json& v, const std::string& origin, const std::stri
   return v.get<std::string>();
 }
 
+std::string opt_string(const json& obj, const char* key, const std::string& dflt, const std::string& origin,
+                       const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return dflt;
+  return get_string(*it, origin, str(where, ".", key));
+}
+
 // {"String": s} patterns only (Regex patterns are refused by name).
 std::string string_pattern(const Tokenizer::Impl& t, const json& obj, const std::string& where) {
   const json& pat = field(obj, "pattern", t.origin, where);
@@ -135,10 +142,7 @@ void load_pre_tokenizer(Tokenizer::Impl& t, const json& p, const std::string& wh
     std::string re = get_string(pat["Regex"], t.origin, where + ".pattern.Regex");
     auto kind = tok::split_pattern_from_regex(re);
     if (!kind) bad(t.origin, str(where, ".pattern.Regex: unsupported split regex ", json(re).dump()));
-    // (json::value with a string default throws its own type_error on a non-string: the
-    // fuzzer's find, a "behavior" given as a number.)
-    const std::string behavior =
-        p.contains("behavior") ? get_string(p["behavior"], t.origin, where + ".behavior") : "Isolated";
+    const std::string behavior = opt_string(p, "behavior", "Isolated", t.origin, where);
     if (behavior != "Isolated") bad(t.origin, str(where, ".behavior: unsupported \"", behavior, "\""));
     if (opt_bool(p, "invert", false, t.origin, where)) bad(t.origin, where + ".invert: unsupported true");
     t.split = *kind;
