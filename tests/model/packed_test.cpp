@@ -8,12 +8,14 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 
 #include "model_test_util.h"
 #include "rpg/core/error.h"
 #include "rpg/model/causal_lm.h"
+#include "rpg/model/layer.h"
 
 namespace rpg::model {
 namespace {
@@ -139,6 +141,119 @@ TEST(PackedLogProbs, NoMaskMeansFullRows) {
   TokenLogProbs packed = m.log_probs(ids, {}, {}, ids.narrow(1, 4, 5), o);
   EXPECT_LT(max_abs(padded.log_probs, packed.log_probs), 1e-5);
   EXPECT_LT(max_abs(padded.entropy, packed.entropy), 1e-5);
+}
+
+// attend()'s mask-free form for padded rows (AttnInputs::key_start) against softmax attention
+// written out in fp64: query t of T sits at key position S - T + t and sees its row's keys
+// from the row's first real one up to itself; a query before that gets 0. Values and the
+// gradients of q, k and v; rows sharing one start (a narrow) and rows with their own (a
+// gather); T = S and T < S; grouped and plain heads; a row with no real key at all.
+TEST(KeyStartAttention, EqualsSoftmaxOverEachQuerysRealKeys) {
+  struct Case {
+    int64_t T, S, H, Hkv;
+    std::vector<int64_t> starts;
+  };
+  const std::vector<Case> cases = {
+      {7, 7, 6, 2, {0, 3, 5, 1}},       // a padded batch, full forward: queries before the start get 0
+      {7, 7, 6, 2, {2, 2, 2}},          // one start for every row
+      {5, 12, 6, 2, {0, 4, 7, 12}},     // a suffix over prefix keys; the last row has no real key
+      {5, 12, 4, 4, {3, 3}},            // zero queries in front, plain multi-head
+      {9, 11, 6, 3, {0, 0, 5}},         // starts past S - T: the first queries have no key
+      {1, 40, 6, 2, {0, 39, 17}},       // one query per row
+  };
+  for (const Case& k : cases) {
+    const int64_t B = static_cast<int64_t>(k.starts.size()), D = 8;
+    SCOPED_TRACE(testing::Message() << "T " << k.T << " S " << k.S << " H " << k.H << "/" << k.Hkv << " B " << B);
+    ModelConfig c = ModelConfig::from_json(test::tiny_config_json("qwen2", ""), "test config");
+    c.num_attention_heads = k.H, c.num_key_value_heads = k.Hkv, c.head_dim = D;
+    at::manual_seed(static_cast<uint64_t>(k.T * 100 + k.S));
+    at::Tensor q = at::randn({B, k.T, k.H, D}, at::kDouble), kk = at::randn({B, k.S, k.Hkv, D}, at::kDouble),
+               v = at::randn({B, k.S, k.Hkv, D}, at::kDouble), w = at::randn({B, k.T, k.H * D}, at::kDouble);
+    // The reference: scores of head h against K/V head h / (H / Hkv), masked to [start, own position].
+    at::Tensor q64 = q.clone().requires_grad_(), k64 = kk.clone().requires_grad_(), v64 = v.clone().requires_grad_();
+    const int64_t rep = k.H / k.Hkv;
+    at::Tensor ke = k64.repeat_interleave(rep, 2).permute({0, 2, 1, 3}), ve = v64.repeat_interleave(rep, 2).permute({0, 2, 1, 3});
+    at::Tensor scores = at::matmul(q64.permute({0, 2, 1, 3}), ke.transpose(2, 3)) / std::sqrt(static_cast<double>(D));
+    at::Tensor key_pos = at::arange(k.S, at::kLong).view({1, 1, 1, k.S});
+    at::Tensor own = (at::arange(k.T, at::kLong) + (k.S - k.T)).view({1, 1, k.T, 1});
+    at::Tensor first = at::tensor(k.starts, at::kLong).view({B, 1, 1, 1});
+    at::Tensor seen = key_pos.ge(first).logical_and(key_pos.le(own));  // [B, 1, T, S]
+    at::Tensor p = at::softmax(scores.masked_fill(seen.logical_not(), -INFINITY), -1);
+    p = at::where(seen.any(-1, true), p, at::zeros_like(p));  // no key: 0, not softmax's NaN
+    at::Tensor ref = at::matmul(p, ve).permute({0, 2, 1, 3}).reshape({B, k.T, k.H * D});
+    auto g_ref = torch::autograd::grad({(ref * w).sum()}, {q64, k64, v64});
+    // attend() in fp32.
+    at::Tensor q32 = q.to(at::kFloat).requires_grad_(), k32 = kk.to(at::kFloat).requires_grad_(),
+               v32 = v.to(at::kFloat).requires_grad_();
+    detail::AttnInputs a;
+    a.key_start = k.starts;
+    at::Tensor out = detail::attend(c, q32, k32, v32, a);
+    ASSERT_EQ(out.sizes(), ref.sizes());
+    EXPECT_LT(max_abs(out.to(at::kDouble), ref), 1e-5);
+    EXPECT_EQ(out.masked_select(seen.squeeze(1).any(-1, true).logical_not().expand({B, k.T, k.H * D})).ne(0).sum().item<int64_t>(), 0);
+    auto g = torch::autograd::grad({(out * w.to(at::kFloat)).sum()}, {q32, k32, v32}, {}, false, false, true);
+    for (size_t i = 0; i < 3; ++i) {
+      ASSERT_TRUE(g[i].defined()) << i;
+      EXPECT_LT(max_abs(g[i].to(at::kDouble), g_ref[i]), 1e-5) << "gradient " << i;
+    }
+  }
+  for (int64_t S : {16, 2048})
+    EXPECT_TRUE(detail::key_start_form_pays(S, S, 0)) << "T = S: the mask-free form is always the smaller";
+  EXPECT_FALSE(detail::key_start_form_pays(256, 320, 0));   // short responses: the mask
+  EXPECT_TRUE(detail::key_start_form_pays(1024, 1280, 0));  // long ones: mask-free
+  EXPECT_FALSE(detail::key_start_form_pays(1024, 1024 + 300, 0));
+  EXPECT_TRUE(detail::key_start_form_pays(1024, 1024 + 300, 44));
+}
+
+// The starts of the trainer's rows (left and right padding); anything else has none.
+TEST(KeyStartAttention, StartsOnlyForRowsOfContiguousTokens) {
+  auto starts = [](std::vector<int64_t> rows, int64_t T) {
+    return detail::contiguous_key_starts(at::tensor(rows, at::kLong).view({-1, T}));
+  };
+  EXPECT_EQ(starts({0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0}, 4), (std::vector<int64_t>{2, 1, 0}));
+  EXPECT_FALSE(starts({1, 0, 1, 1}, 4).has_value());  // a hole
+  EXPECT_FALSE(starts({1, 1, 1, 1, 0, 0, 0, 0}, 4).has_value());  // a row without a token
+}
+
+// The padded path with responses long enough for the mask-free suffix
+// (detail::key_start_form_pays: R >= 1024) against the packed path (one causal SDPA per
+// sequence, nothing shared with the key_start code): left-padded prompts of three lengths,
+// responses of several lengths, two rows sharing a prompt; log-probs, entropies and gradients;
+// with and without gradient checkpointing.
+TEST(PackedLogProbs, LongResponsesTakeTheMaskFreeSuffixAndEqualThePackedPath) {
+  CausalLM m = test::random_model("qwen2", at::kFloat, R"("max_position_embeddings": 4096)");
+  const int64_t P = 9, R = 1030, T = P + R;
+  const std::vector<std::pair<int64_t, int64_t>> rows = {{9, 1030}, {9, 700}, {4, 1029}, {1, 1}};  // (prompt, response)
+  const int64_t B = static_cast<int64_t>(rows.size());
+  ASSERT_TRUE(detail::key_start_form_pays(R, P - 1 + R, 0));
+  Batch b;
+  at::manual_seed(13);
+  b.input_ids = at::randint(1, m.config().vocab_size, {B, T}, at::kLong);
+  b.input_ids[1].narrow(0, 0, P).copy_(b.input_ids[0].narrow(0, 0, P));
+  b.attention_mask = at::zeros({B, T}, at::kLong);
+  b.response_mask = at::zeros({B, R}, at::kLong);
+  for (int64_t i = 0; i < B; ++i) {
+    auto [p, r] = rows[static_cast<size_t>(i)];
+    b.attention_mask[i].narrow(0, P - p, p + r).fill_(1);
+    b.response_mask[i].narrow(0, 0, r).fill_(1);
+  }
+  b.input_ids.mul_(b.attention_mask);
+  b.targets = b.input_ids.narrow(1, P, R);
+  const at::Tensor mask = b.response_mask.to(at::kBool);
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "gradient checkpointing" : "no checkpointing");
+    m.set_gradient_checkpointing(checkpointing);
+    Result padded = run(m, b, false), packed = run(m, b, true);
+    EXPECT_TRUE(sdpa_backends().count("cpu/Float/causal_from_key_start_offset")) << "the suffix took the mask";
+    EXPECT_LT(test::max_abs_diff_masked(padded.log_probs, packed.log_probs, mask), 1e-5);
+    EXPECT_LT(test::max_abs_diff_masked(padded.entropy, packed.entropy, mask), 1e-5);
+    EXPECT_LT(std::abs(padded.loss.item<double>() - packed.loss.item<double>()), 1e-6);
+    auto names = m.named_parameters();
+    for (size_t i = 0; i < padded.grads.size(); ++i) {
+      EXPECT_GT(padded.grads[i].abs().max().item<double>(), 0.0) << names[i].first;
+      EXPECT_LT(max_abs(padded.grads[i], packed.grads[i]), 1e-5) << names[i].first;
+    }
+  }
 }
 
 TEST(PackedForward, BadLengthsThrow) {

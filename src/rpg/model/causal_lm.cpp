@@ -205,6 +205,12 @@ at::Tensor CausalLM::hidden_states(const at::Tensor& input_ids, const at::Tensor
   // A mask without padding is plain causal attention: the flag lets SDPA pick its fused
   // causal kernels (and native GQA) instead of reading a [B, 1, T, T] mask.
   if (attention_mask.defined() && !attention_mask.to(at::kBool).all().item<bool>()) {
+    // Left and right padding only (the trainer's batches): causal attention from each row's
+    // first token, without a mask (AttnInputs::key_start).
+    if (auto starts = contiguous_key_starts(attention_mask)) {
+      a.key_start = std::move(*starts);
+      return decoder_stack(m, at::embedding(m.embed, ids), a);
+    }
     // Causal AND key-is-a-token, OR the diagonal: a padding query would otherwise see no
     // key at all, and SDPA's NaN for an empty row would leak into valid rows through V.
     at::Tensor keys = attention_mask.to(m.device).to(at::kBool).view({B, 1, 1, T});

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 #include <tuple>
@@ -60,15 +61,17 @@ variable_list recompute_layer_gradients(
 struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
   static at::Tensor forward(AutogradContext* ctx, at::Tensor x, at::TensorList params, at::Tensor cos,
                             at::Tensor sin, std::optional<at::Tensor> mask, bool is_causal,
-                            std::vector<int64_t> seq_lens, int64_t layer, const CausalLM::Impl* impl) {
+                            std::vector<int64_t> seq_lens, std::vector<int64_t> key_start, int64_t layer,
+                            const CausalLM::Impl* impl) {
     std::vector<at::Tensor> saved = {x, cos, sin, mask.value_or(at::Tensor())};
     saved.insert(saved.end(), params.begin(), params.end());
     ctx->save_for_backward(saved);
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["seq_lens"] = seq_lens;
+    ctx->saved_data["key_start"] = key_start;
     ctx->saved_data["impl"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(impl));
-    AttnInputs a{cos, sin, mask.value_or(at::Tensor()), is_causal, std::move(seq_lens)};
+    AttnInputs a{cos, sin, mask.value_or(at::Tensor()), is_causal, std::move(seq_lens), std::move(key_start)};
     return layer_forward(impl->layers[layer], impl->config, x, a, nullptr);
   }
 
@@ -76,10 +79,10 @@ struct CheckpointedLayer : public torch::autograd::Function<CheckpointedLayer> {
     auto saved = ctx->get_saved_variables();
     const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
     const AttnInputs a{saved[1], saved[2], saved[3], ctx->saved_data["is_causal"].toBool(),
-                       ctx->saved_data["seq_lens"].toIntVector()};
-    // x, each param, then cos, sin, mask, is_causal, seq_lens, layer, impl
+                       ctx->saved_data["seq_lens"].toIntVector(), ctx->saved_data["key_start"].toIntVector()};
+    // x, each param, then cos, sin, mask, is_causal, seq_lens, key_start, layer, impl
     return recompute_layer_gradients(*impl, ctx->saved_data["layer"].toInt(), {saved[0]},
-                                     {saved.begin() + 4, saved.end()}, grad_out, 7,
+                                     {saved.begin() + 4, saved.end()}, grad_out, 8,
                                      [&](const LayerWeights& w, const std::vector<at::Tensor>& in) {
                                        return std::vector<at::Tensor>{layer_forward(w, impl->config, in[0], a, nullptr)};
                                      });
@@ -121,6 +124,8 @@ struct CheckpointedSplitLayer : public torch::autograd::Function<CheckpointedSpl
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["last"] = last;
     ctx->saved_data["prefix_causal"] = pa.is_causal;
+    ctx->saved_data["prefix_key_start"] = pa.key_start;
+    ctx->saved_data["suffix_key_start"] = sa.key_start;
     ctx->saved_data["impl"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(impl));
     auto [xp_out, x_out] = split_layer(impl->layers[layer], impl->config, xp, x, *in, last);
     if (last) return {x_out};
@@ -132,8 +137,9 @@ struct CheckpointedSplitLayer : public torch::autograd::Function<CheckpointedSpl
     const auto* impl = reinterpret_cast<const CausalLM::Impl*>(static_cast<intptr_t>(ctx->saved_data["impl"].toInt()));
     const bool last = ctx->saved_data["last"].toBool();
     SplitInputs in;
-    in.prefix = AttnInputs{saved[2], saved[3], saved[4], ctx->saved_data["prefix_causal"].toBool(), {}};
-    in.suffix = AttnInputs{saved[5], saved[6], saved[7], false, {}};
+    in.prefix = AttnInputs{saved[2], saved[3], saved[4], ctx->saved_data["prefix_causal"].toBool(), {},
+                           ctx->saved_data["prefix_key_start"].toIntVector()};
+    in.suffix = AttnInputs{saved[5], saved[6], saved[7], false, {}, ctx->saved_data["suffix_key_start"].toIntVector()};
     in.row_of = saved[8];
     // xp, x, each param, then layer, last, impl, in; outputs as forward's: x', then xp' unless last
     return recompute_layer_gradients(*impl, ctx->saved_data["layer"].toInt(), {saved[0], saved[1]},
@@ -158,7 +164,7 @@ at::Tensor decoder_stack(const CausalLM::Impl& m, at::Tensor x, const AttnInputs
       for (at::Tensor* p : compute_slots(w, m.config)) params.push_back(*p);
       x = CheckpointedLayer::apply(x, at::TensorList(params), a.cos, a.sin,
                                    a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt, a.is_causal,
-                                   a.seq_lens, static_cast<int64_t>(l), &m);
+                                   a.seq_lens, a.key_start, static_cast<int64_t>(l), &m);
     } else {
       x = layer_forward(m.layers[l], m.config, x, a, nullptr);
     }
@@ -190,8 +196,17 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
   std::tie(sa.cos, sa.sin) = rope_tables(m.inv_freq, pos.narrow(1, P1, R), m.dtype);
   at::Tensor x = at::embedding(m.embed, ids.narrow(1, P1, R));  // [B, R, C]
   const bool checkpoint = m.checkpointing && at::GradMode::is_enabled();
+  // Left and right padding only: the suffix (and prefix) attend causally from each row's first
+  // token without a mask where that is the faster form (AttnInputs::key_start).
+  const std::optional<std::vector<int64_t>> starts = contiguous_key_starts(mask);
+  const int64_t min_start = starts ? *std::min_element(starts->begin(), starts->end()) : 0;
+  const bool suffix_from_start = starts && key_start_form_pays(R, P1 + R, min_start);
   if (P1 == 0) {
-    sa.mask = make_mask(sfx_mask, c);
+    if (suffix_from_start) {
+      sa.key_start = *starts;
+    } else {
+      sa.mask = make_mask(sfx_mask, c);
+    }
     return decoder_stack(m, x, sa);
   }
   // Distinct prefixes (ids, mask and positions of columns 0 .. P1-1) and each row's index.
@@ -205,11 +220,19 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
   std::tie(pa.cos, pa.sin) = rope_tables(m.inv_freq, pos.narrow(1, 0, P1).index_select(0, first), m.dtype);
   if (p_keys.all().item<bool>()) {
     pa.is_causal = true;
+  } else if (starts) {
+    const at::Tensor first_cpu = first.cpu();
+    const int64_t* row = first_cpu.data_ptr<int64_t>();
+    for (int64_t u = 0; u < U; ++u) pa.key_start.push_back((*starts)[static_cast<size_t>(row[u])]);
   } else {
     at::Tensor causal = at::ones({P1, P1}, bool_opt).tril();
     pa.mask = make_mask(causal.logical_and(p_keys.view({U, 1, 1, P1})).logical_or(at::eye(P1, bool_opt)), c);
   }
-  sa.mask = make_mask(at::cat({mask.narrow(1, 0, P1).view({B, 1, 1, P1}).expand({B, 1, R, P1}), sfx_mask}, 3), c);
+  if (suffix_from_start) {
+    sa.key_start = *starts;
+  } else {
+    sa.mask = make_mask(at::cat({mask.narrow(1, 0, P1).view({B, 1, 1, P1}).expand({B, 1, R, P1}), sfx_mask}, 3), c);
+  }
   at::Tensor xp = at::embedding(m.embed, p_ids);  // [U, P1, C]
   const size_t L = m.layers.size();
   const SplitInputs in{pa, sa, row_of};

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <string>
@@ -239,13 +240,95 @@ void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const
              mask ? ", with a mask" : "", ")");
 }
 
+// attend() for AttnInputs::key_start. Row b's columns are its key positions from z_b on, so
+// every row's first real key is column 0 and its query t (key position S - T + t) column
+// S - T - z_b + t: causal attention over the columns is then exactly each real query's
+// attention over its real keys. Columns hold no query in front of a row's queries (a zero
+// query, whose output is dropped) and behind a row's last key (a copy of the last key, seen
+// only by columns behind it). With one start for all rows the columns are a narrow (plus
+// zero queries); otherwise one gather per tensor.
+at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k,
+                                 const at::Tensor& v, const std::vector<int64_t>& key_start) {
+  const int64_t B = q.size(0), T = q.size(1), S = k.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
+                D = c.head_dim;
+  TORCH_CHECK(static_cast<int64_t>(key_start.size()) == B, "key_start has ", key_start.size(), " rows, q ", B);
+  const auto [lo, hi] = std::minmax_element(key_start.begin(), key_start.end());
+  TORCH_CHECK(*lo >= 0 && *hi <= S, "key_start outside [0, ", S, "]");
+  const int64_t W = S - *lo;  // columns
+  if (W == 0) return q.new_zeros({B, T, H * D});  // no row has a real key
+  at::Tensor qc, kc, vc;
+  if (*lo == *hi) {
+    const int64_t lead = W - T;  // zero queries in front (> 0) or queries with no real key (< 0)
+    kc = k.narrow(1, *lo, W), vc = v.narrow(1, *lo, W);
+    qc = lead > 0 ? at::cat({q.new_zeros({B, lead, H, D}), q}, 1) : q.narrow(1, -lead, W);
+  } else {
+    // Flat row-major indices: keys of row b at columns w are k[b, min(z_b + w, S - 1)]; its
+    // queries come from [zero; q] at 1 + (w - (S - T - z_b)) where that is a query, else 0.
+    std::vector<int64_t> key_at(static_cast<size_t>(B * W)), query_at(static_cast<size_t>(B * W));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t w = 0; w < W; ++w) {
+        const int64_t z = key_start[static_cast<size_t>(b)], t = w - (S - T - z);
+        key_at[static_cast<size_t>(b * W + w)] = b * S + std::min(z + w, S - 1);
+        query_at[static_cast<size_t>(b * W + w)] = t >= 0 && t < T ? 1 + b * T + t : 0;
+      }
+    const auto idx = [&](std::vector<int64_t>& at) { return at::tensor(at, at::kLong).to(q.device()); };
+    const at::Tensor ki = idx(key_at);
+    kc = k.reshape({B * S, Hkv, D}).index_select(0, ki).view({B, W, Hkv, D});
+    vc = v.reshape({B * S, Hkv, D}).index_select(0, ki).view({B, W, Hkv, D});
+    qc = at::cat({q.new_zeros({1, H, D}), q.reshape({B * T, H, D})}, 0).index_select(0, idx(query_at)).view({B, W, H, D});
+  }
+  at::Tensor qt = qc.transpose(1, 2), kt = kc.transpose(1, 2), vt = vc.transpose(1, 2);
+  note_sdpa(T < S ? "causal_from_key_start_offset" : "causal_from_key_start", qt, kt, vt, std::nullopt, true, H != Hkv);
+  at::Tensor o = at::scaled_dot_product_attention(qt, kt, vt, std::nullopt, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                                  /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv)
+                     .transpose(1, 2);  // [B, W, H, D]
+  if (*lo == *hi) {
+    const int64_t lead = W - T;
+    o = lead >= 0 ? o.narrow(1, lead, T) : at::cat({o.new_zeros({B, -lead, H, D}), o}, 1);
+  } else {
+    // Query t of row b is column S - T - z_b + t of [zero column; o], shifted by one.
+    std::vector<int64_t> out_at(static_cast<size_t>(B * T));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t w = S - T - key_start[static_cast<size_t>(b)] + t;
+        out_at[static_cast<size_t>(b * T + t)] = w >= 0 ? 1 + b * W + w : 0;
+      }
+    o = at::cat({o.new_zeros({1, H, D}), o.reshape({B * W, H, D})}, 0)
+            .index_select(0, at::tensor(out_at, at::kLong).to(q.device()));
+  }
+  return o.reshape({B, T, H * D});
+}
+
 }  // namespace
+
+std::optional<std::vector<int64_t>> contiguous_key_starts(const at::Tensor& mask) {
+  const at::Tensor m = mask.to(at::kCPU, at::kBool).contiguous();
+  const int64_t B = m.size(0), T = m.size(1);
+  const bool* p = m.data_ptr<bool>();
+  std::vector<int64_t> starts(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b, p += T) {
+    int64_t i = 0;
+    while (i < T && !p[i]) ++i;
+    if (i == T) return std::nullopt;
+    starts[static_cast<size_t>(b)] = i;
+    while (i < T && p[i]) ++i;
+    while (i < T && !p[i]) ++i;
+    if (i < T) return std::nullopt;
+  }
+  return starts;
+}
+
+bool key_start_form_pays(int64_t queries, int64_t keys, int64_t min_key_start) {
+  const int64_t zero_queries = keys - min_key_start - queries;
+  return zero_queries <= 0 || (queries >= 1024 && queries >= 4 * zero_queries);
+}
 
 // softmax(q k^T / sqrt(D) + mask) v for q [B, T, H, D], k and v [B, S, Hkv, D] -> [B, T, H*D].
 at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttnInputs& a) {
   const int64_t B = q.size(0), T = q.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim;
+  if (!a.key_start.empty()) return attend_from_key_start(c, q, k, v, a.key_start);
   const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
   if (!a.seq_lens.empty()) {
     // Block-diagonal causal attention over a packed stream: one causal SDPA per sequence
