@@ -48,6 +48,17 @@ function(rpg_add_test name)
     PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT 900 ${fixtures} ENVIRONMENT "OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
 endfunction()
 
+# rpg_add_haswell_test(<name> <test binary target> <gtest filter> <label>)
+# The binary's vectorised CPU paths as a CPU with AVX2 and FMA and no AVX-512 runs them: the
+# x86-64-v3 builds of the loops (core/cpu_clones.h), which a machine with AVX-512 never picks,
+# under qemu-user's Haswell (scripts/setup.sh installs it; without it the test fails).
+# RPG_TEST_EXPECT_CPU lets a test check that the emulated CPU is that one (CpuClones.*).
+find_program(RPG_QEMU_X86_64 qemu-x86_64)
+function(rpg_add_haswell_test name target filter label)
+  add_test(NAME ${name} COMMAND ${RPG_QEMU_X86_64} -cpu Haswell $<TARGET_FILE:${target}> "--gtest_filter=${filter}")
+  set_tests_properties(${name} PROPERTIES LABELS ${label} ENVIRONMENT "RPG_TEST_EXPECT_CPU=x86-64-v3")
+endfunction()
+
 # rpg_add_fuzz_target(<name> SOURCES <target.cpp> <library .cpp files it exercises>...
 #                     [LIBS <extra link flags>] [CORPUS <seed dir>] [SECONDS <n>])
 # The target file defines LLVMFuzzerTestOneInput. With clang (Debian clang-14 +
