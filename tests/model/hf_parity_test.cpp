@@ -37,6 +37,8 @@ const std::vector<Spec> kSpecs = {
     {"qwen2_fp16file", false, at::kFloat},       {"qwen3_fp32", false, std::nullopt},
     {"qwen3_bf16_sharded", true, std::nullopt},  {"llama3_fp32", false, std::nullopt},
     {"llama3_bf16", true, std::nullopt},
+    // Responses of up to 1030 tokens: the padded log-probs' suffix attends without a mask.
+    {"qwen2_long_fp32", false, std::nullopt},
 };
 
 // Runs the oracle once per test process for all specs.
@@ -108,6 +110,10 @@ TEST(HfParity, LogitsLogProbsAndGreedyMatchTransformersOnPaddedBatches) {
       EXPECT_LE(max_abs_diff_masked(lp.log_probs, ref["log_probs"], resp_mask), lp_tol);
       EXPECT_LE(max_abs_diff_masked(lp.entropy, ref["entropy"], resp_mask), lp_tol);
     }
+    if (R >= 1024)
+      EXPECT_TRUE(sdpa_backends().count(std::string(spec.bf16 ? "cpu/BFloat16" : "cpu/Float") +
+                                        "/causal_from_key_start_offset"))
+          << "the long responses' log-probs took the mask";
   }
 }
 

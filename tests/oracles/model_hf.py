@@ -51,15 +51,25 @@ SPECS = {
     "llama3_bf16": (LlamaConfig, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
                                       intermediate_size=128, num_hidden_layers=2, tie_word_embeddings=True,
                                       rope_parameters=LLAMA3_ROPE), torch.bfloat16, torch.bfloat16, {}),
+    # qwen2_fp32's shape on a batch with responses of up to 1030 tokens (padded_batch(long=True))
+    "qwen2_long_fp32": (Qwen2Config, dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                          intermediate_size=112, num_hidden_layers=3), torch.float32, torch.float32, {}),
 }
+# Specs whose batch has long responses: long enough (R >= 1024, at most R / 4 prompt tokens)
+# that rpg's padded log-probs attend without a mask (detail::key_start_form_pays).
+LONG = {"qwen2_long_fp32"}
 
 
-def padded_batch(seed):
-    """verl layout: prompts left-padded to P, responses right-padded to R."""
+def padded_batch(seed, long=False):
+    """verl layout: prompts left-padded to P, responses right-padded to R. Row 0 is full."""
     g = torch.Generator().manual_seed(seed)
-    # Long enough (T = 70) that attention kernels work in several blocks.
-    P, R = 40, 30
-    prompt_lens, response_lens = [40, 17, 3, 26], [30, 12, 1, 21]
+    if long:
+        P, R = 12, 1030
+        prompt_lens, response_lens = [12, 5, 1, 9], [1030, 700, 1029, 3]
+    else:
+        # Long enough (T = 70) that attention kernels work in several blocks.
+        P, R = 40, 30
+        prompt_lens, response_lens = [40, 17, 3, 26], [30, 12, 1, 21]
     B = len(prompt_lens)
     ids = torch.randint(1, VOCAB, (B, P + R), generator=g)
     mask = torch.zeros(B, P + R, dtype=torch.long)
@@ -103,8 +113,8 @@ def make(out_dir, names):
     for i, name in enumerate(names):
         cls, kwargs, save_dtype, compute_dtype, save_kwargs = SPECS[name]
         torch.manual_seed(1000 + i)
-        config = cls(vocab_size=VOCAB, rms_norm_eps=1e-5, initializer_range=0.05, max_position_embeddings=256,
-                     **kwargs)
+        config = cls(vocab_size=VOCAB, rms_norm_eps=1e-5, initializer_range=0.05,
+                     max_position_embeddings=2048 if name in LONG else 256, **kwargs)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
         with torch.no_grad():  # norms at 1 and biases at 0 would hide loading mistakes
             for pname, p in model.named_parameters():
@@ -118,7 +128,7 @@ def make(out_dir, names):
         # model would also round its fp32 RoPE buffers, which from_pretrained keeps.
         model = AutoModelForCausalLM.from_pretrained(f"{out_dir}/{name}", dtype=compute_dtype,
                                                      attn_implementation="sdpa").eval()
-        ids, mask, pos, R = padded_batch(2000 + i)
+        ids, mask, pos, R = padded_batch(2000 + i, long=name in LONG)
         save_file(reference(model, ids, mask, pos, R, compute_dtype), f"{out_dir}/{name}.ref.safetensors")
 
 
