@@ -344,19 +344,24 @@ class OnDevice : public ::testing::TestWithParam<at::Device> {};
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::ValuesIn(rpg::test::rpg_test_devices()), rpg::test::DeviceParamName());
 
 // Which SDPA kernel ran is reported (never the math fallback silently): unmasked causal
-// attention gets the CPU's flash kernel on the CPU and a fused kernel on CUDA.
+// attention and a padded batch's mask-free form get the CPU's flash kernel on the CPU and a
+// fused kernel on CUDA.
 TEST_P(OnDevice, SdpaBackendIsReported) {
   CausalLM m = random_model("qwen2", GetParam().is_cuda() ? at::kBFloat16 : at::kFloat, "", 3, GetParam());
   at::NoGradGuard no_grad;
   m.forward(at::randint(1, 300, {2, 7}, at::kLong));
-  const std::string key = std::string(GetParam().is_cuda() ? "cuda/BFloat16" : "cpu/Float") + "/causal";
+  // A padded batch (left and right padding) takes the mask-free form (AttnInputs::key_start).
+  m.forward(at::randint(1, 300, {2, 7}, at::kLong), at::tensor({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}).view({2, 7}));
+  const std::string prefix = GetParam().is_cuda() ? "cuda/BFloat16" : "cpu/Float";
   auto seen = sdpa_backends();
-  ASSERT_TRUE(seen.count(key)) << key;
-  if (GetParam().is_cuda()) {
-    EXPECT_NE(seen[key], "math") << key;
-    EXPECT_NE(seen[key], "error") << key;
-  } else {
-    EXPECT_EQ(seen[key], "flash_attention") << key;
+  for (const std::string& key : {prefix + "/causal", prefix + "/causal_from_key_start"}) {
+    ASSERT_TRUE(seen.count(key)) << key;
+    if (GetParam().is_cuda()) {
+      EXPECT_NE(seen[key], "math") << key;
+      EXPECT_NE(seen[key], "error") << key;
+    } else {
+      EXPECT_EQ(seen[key], "flash_attention") << key;
+    }
   }
 }
 
