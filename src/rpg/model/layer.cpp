@@ -271,7 +271,7 @@ at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, cons
         key_at[static_cast<size_t>(b * W + w)] = b * S + std::min(z + w, S - 1);
         query_at[static_cast<size_t>(b * W + w)] = t >= 0 && t < T ? 1 + b * T + t : 0;
       }
-    const auto idx = [&](std::vector<int64_t>& at) { return at::tensor(at, at::kLong).to(q.device()); };
+    const auto idx = [&](const std::vector<int64_t>& rows) { return at::tensor(rows, at::kLong).to(q.device()); };
     const at::Tensor ki = idx(key_at);
     kc = k.reshape({B * S, Hkv, D}).index_select(0, ki).view({B, W, Hkv, D});
     vc = v.reshape({B * S, Hkv, D}).index_select(0, ki).view({B, W, Hkv, D});
