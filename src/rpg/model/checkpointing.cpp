@@ -214,14 +214,14 @@ at::Tensor scoring_hidden_states(const CausalLM::Impl& m, const at::Tensor& ids,
   auto [uniq, inverse, counts] = at::unique_dim(key.cpu(), 0, /*sorted=*/true, /*return_inverse=*/true);
   const int64_t U = uniq.size(0);
   at::Tensor row_of = inverse.to(ids.device());                                       // [B] -> 0..U-1
-  at::Tensor first = at::empty({U}, at::kLong).index_put_({inverse}, at::arange(B, at::kLong)).to(ids.device());
+  const at::Tensor first_cpu = at::empty({U}, at::kLong).index_put_({inverse}, at::arange(B, at::kLong));
+  at::Tensor first = first_cpu.to(ids.device());
   at::Tensor p_ids = ids.narrow(1, 0, P1).index_select(0, first), p_keys = mask.narrow(1, 0, P1).index_select(0, first);
   AttnInputs pa;
   std::tie(pa.cos, pa.sin) = rope_tables(m.inv_freq, pos.narrow(1, 0, P1).index_select(0, first), m.dtype);
   if (p_keys.all().item<bool>()) {
     pa.is_causal = true;
   } else if (starts) {
-    const at::Tensor first_cpu = first.cpu();
     const int64_t* row = first_cpu.data_ptr<int64_t>();
     for (int64_t u = 0; u < U; ++u) pa.key_start.push_back((*starts)[static_cast<size_t>(row[u])]);
   } else {

@@ -256,9 +256,10 @@ at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, cons
   TORCH_CHECK(*lo >= 0 && *hi <= S, "key_start outside [0, ", S, "]");
   const int64_t W = S - *lo;  // columns
   if (W == 0) return q.new_zeros({B, T, H * D});  // no row has a real key
+  const bool one_start = *lo == *hi;
+  const int64_t lead = W - T;  // one_start: zero queries in front (> 0) or queries with no real key (< 0)
   at::Tensor qc, kc, vc;
-  if (*lo == *hi) {
-    const int64_t lead = W - T;  // zero queries in front (> 0) or queries with no real key (< 0)
+  if (one_start) {
     kc = k.narrow(1, *lo, W), vc = v.narrow(1, *lo, W);
     qc = lead > 0 ? at::cat({q.new_zeros({B, lead, H, D}), q}, 1) : q.narrow(1, -lead, W);
   } else {
@@ -282,8 +283,7 @@ at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, cons
   at::Tensor o = at::scaled_dot_product_attention(qt, kt, vt, std::nullopt, /*dropout_p=*/0.0, /*is_causal=*/true,
                                                   /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv)
                      .transpose(1, 2);  // [B, W, H, D]
-  if (*lo == *hi) {
-    const int64_t lead = W - T;
+  if (one_start) {
     o = lead >= 0 ? o.narrow(1, lead, T) : at::cat({o.new_zeros({B, -lead, H, D}), o}, 1);
   } else {
     // Query t of row b is column S - T - z_b + t of [zero column; o], shifted by one.
