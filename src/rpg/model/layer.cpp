@@ -240,6 +240,15 @@ void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const
              mask ? ", with a mask" : "", ")");
 }
 
+// A host index list on the device. A copy from pageable memory synchronises the stream (the
+// host waits for every kernel queued before it), which here would be three times per layer
+// call; from pinned memory it is queued like a kernel.
+at::Tensor index_on(const std::vector<int64_t>& rows, const at::Device& device) {
+  at::Tensor host = at::tensor(rows, at::kLong);
+  if (!device.is_cuda()) return host.to(device);
+  return host.pin_memory().to(device, at::kLong, /*non_blocking=*/true);
+}
+
 // attend() for AttnInputs::key_start. Row b's columns are its key positions from z_b on, so
 // every row's first real key is column 0 and its query t (key position S - T + t) column
 // S - T - z_b + t: causal attention over the columns is then exactly each real query's
@@ -272,7 +281,7 @@ at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, cons
         key_at[static_cast<size_t>(b * W + w)] = b * S + std::min(z + w, S - 1);
         query_at[static_cast<size_t>(b * W + w)] = t >= 0 && t < T ? 1 + b * T + t : 0;
       }
-    const auto idx = [&](const std::vector<int64_t>& rows) { return at::tensor(rows, at::kLong).to(q.device()); };
+    const auto idx = [&](const std::vector<int64_t>& rows) { return index_on(rows, q.device()); };
     const at::Tensor ki = idx(key_at);
     kc = k.reshape({B * S, Hkv, D}).index_select(0, ki).view({B, W, Hkv, D});
     vc = v.reshape({B * S, Hkv, D}).index_select(0, ki).view({B, W, Hkv, D});
@@ -294,7 +303,7 @@ at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, cons
         out_at[static_cast<size_t>(b * T + t)] = w >= 0 ? 1 + b * W + w : 0;
       }
     o = at::cat({o.new_zeros({1, H, D}), o.reshape({B * W, H, D})}, 0)
-            .index_select(0, at::tensor(out_at, at::kLong).to(q.device()));
+            .index_select(0, index_on(out_at, q.device()));
   }
   return o.reshape({B, T, H * D});
 }
