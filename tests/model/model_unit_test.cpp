@@ -363,6 +363,24 @@ TEST_P(OnDevice, SdpaBackendIsReported) {
       EXPECT_EQ(seen[key], "flash_attention") << key;
     }
   }
+  if (!GetParam().is_cuda()) return;
+  // fp32 on CUDA: no fused kernel shares K/V heads there, so the grouped calls repeat them
+  // (grouped_sdpa) rather than fall back to the math kernel.
+  CausalLM m32 = random_model("qwen2", at::kFloat, "", 3, GetParam());
+  ASSERT_NE(m32.config().num_attention_heads, m32.config().num_key_value_heads);
+  m32.forward(at::randint(1, 300, {2, 7}, at::kLong));
+  m32.forward(at::randint(1, 300, {2, 7}, at::kLong), at::tensor({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}).view({2, 7}));
+  seen = sdpa_backends();
+  for (const std::string kind : {"causal", "causal_from_key_start"}) {
+    int calls = 0;
+    for (const std::string& key : {"cuda/Float/" + kind, "cuda/Float/" + kind + "_repeated_kv"}) {
+      if (!seen.count(key)) continue;
+      ++calls;
+      EXPECT_NE(seen[key], "math") << key;
+      EXPECT_NE(seen[key], "error") << key;
+    }
+    EXPECT_GE(calls, 1) << kind;
+  }
 }
 
 // decode_all_slots (fixed shapes, no host read) equals decode() over two steps after a

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -182,19 +183,24 @@ TEST(KeyStartAttention, EqualsSoftmaxOverEachQuerysRealKeys) {
     p = at::where(seen.any(-1, true), p, at::zeros_like(p));  // no key: 0, not softmax's NaN
     at::Tensor ref = at::matmul(p, ve).permute({0, 2, 1, 3}).reshape({B, k.T, k.H * D});
     auto g_ref = torch::autograd::grad({(ref * w).sum()}, {q64, k64, v64});
-    // attend() in fp32.
-    at::Tensor q32 = q.to(at::kFloat).requires_grad_(), k32 = kk.to(at::kFloat).requires_grad_(),
-               v32 = v.to(at::kFloat).requires_grad_();
-    detail::AttnInputs a;
-    a.key_start = k.starts;
-    at::Tensor out = detail::attend(c, q32, k32, v32, a);
-    ASSERT_EQ(out.sizes(), ref.sizes());
-    EXPECT_LT(max_abs(out.to(at::kDouble), ref), 1e-5);
-    EXPECT_EQ(out.masked_select(seen.squeeze(1).any(-1, true).logical_not().expand({B, k.T, k.H * D})).ne(0).sum().item<int64_t>(), 0);
-    auto g = torch::autograd::grad({(out * w.to(at::kFloat)).sum()}, {q32, k32, v32}, {}, false, false, true);
-    for (size_t i = 0; i < 3; ++i) {
-      ASSERT_TRUE(g[i].defined()) << i;
-      EXPECT_LT(max_abs(g[i].to(at::kDouble), g_ref[i]), 1e-5) << "gradient " << i;
+    // attend() in fp32; also with K/V heads repeated (the form fp32 takes on CUDA).
+    for (bool repeated : {false, true}) {
+      SCOPED_TRACE(repeated ? "K/V heads repeated" : "enable_gqa");
+      std::optional<detail::RepeatKvHeadsScope> scope;
+      if (repeated) scope.emplace();
+      at::Tensor q32 = q.to(at::kFloat).requires_grad_(), k32 = kk.to(at::kFloat).requires_grad_(),
+                 v32 = v.to(at::kFloat).requires_grad_();
+      detail::AttnInputs a;
+      a.key_start = k.starts;
+      at::Tensor out = detail::attend(c, q32, k32, v32, a);
+      ASSERT_EQ(out.sizes(), ref.sizes());
+      EXPECT_LT(max_abs(out.to(at::kDouble), ref), 1e-5);
+      EXPECT_EQ(out.masked_select(seen.squeeze(1).any(-1, true).logical_not().expand({B, k.T, k.H * D})).ne(0).sum().item<int64_t>(), 0);
+      auto g = torch::autograd::grad({(out * w.to(at::kFloat)).sum()}, {q32, k32, v32}, {}, false, false, true);
+      for (size_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(g[i].defined()) << i;
+        EXPECT_LT(max_abs(g[i].to(at::kDouble), g_ref[i]), 1e-5) << "gradient " << i;
+      }
     }
   }
   for (int64_t S : {16, 2048})
@@ -203,6 +209,56 @@ TEST(KeyStartAttention, EqualsSoftmaxOverEachQuerysRealKeys) {
   EXPECT_TRUE(detail::key_start_form_pays(1024, 1280, 0));  // long ones: mask-free
   EXPECT_FALSE(detail::key_start_form_pays(1024, 1024 + 300, 0));
   EXPECT_TRUE(detail::key_start_form_pays(1024, 1024 + 300, 44));
+}
+
+// Every unmasked grouped-query form of attend() (causal, full, packed, key_start with one
+// start, a start per row, and fewer queries than keys) gives the same values and gradients
+// with K/V heads repeated to the query heads as with SDPA's enable_gqa; the repeated calls are
+// reported under their own keys (on the CPU: the flash kernel).
+TEST(RepeatedKvHeads, EqualTheGroupedCallInEveryUnmaskedForm) {
+  ModelConfig c = ModelConfig::from_json(test::tiny_config_json("qwen2", ""), "test config");
+  const int64_t H = 6, Hkv = 2, D = 8;
+  c.num_attention_heads = H, c.num_key_value_heads = Hkv, c.head_dim = D;
+  struct Form {
+    const char* kind;
+    int64_t B, T, S;
+    detail::AttnInputs a;
+  };
+  std::vector<Form> forms(6);
+  forms[0] = {"causal", 2, 9, 9, {}};
+  forms[0].a.is_causal = true;
+  forms[1] = {"full", 2, 9, 9, {}};
+  forms[2] = {"packed", 1, 9, 9, {}};
+  forms[2].a.seq_lens = {3, 5, 1};
+  forms[3] = {"causal_from_key_start", 3, 9, 9, {}};
+  forms[3].a.key_start = {2, 2, 2};
+  forms[4] = {"causal_from_key_start", 3, 9, 9, {}};
+  forms[4].a.key_start = {0, 4, 7};
+  forms[5] = {"causal_from_key_start_offset", 3, 5, 12, {}};
+  forms[5].a.key_start = {0, 3, 6};
+  for (const Form& f : forms) {
+    SCOPED_TRACE(f.kind);
+    at::manual_seed(f.B * 100 + f.T + f.S);
+    const at::Tensor q = at::randn({f.B, f.T, H, D}), k = at::randn({f.B, f.S, Hkv, D}), v = at::randn({f.B, f.S, Hkv, D}),
+                     w = at::randn({f.B, f.T, H * D});
+    std::vector<at::Tensor> results[2];
+    for (int repeated = 0; repeated < 2; ++repeated) {
+      std::optional<detail::RepeatKvHeadsScope> scope;
+      if (repeated) scope.emplace();
+      at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(), vg = v.clone().requires_grad_();
+      at::Tensor out = detail::attend(c, qg, kg, vg, f.a);
+      results[repeated] = torch::autograd::grad({(out * w).sum()}, {qg, kg, vg});
+      results[repeated].insert(results[repeated].begin(), out.detach());
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_GT(results[0][i].abs().max().item<double>(), 0.0) << i;
+      EXPECT_LT(max_abs(results[1][i], results[0][i]), 1e-6) << (i == 0 ? "output" : "gradient ") << i;
+    }
+    const auto seen = sdpa_backends();
+    const std::string key = std::string("cpu/Float/") + f.kind + "_repeated_kv";
+    ASSERT_TRUE(seen.count(key)) << key;
+    EXPECT_EQ(seen.at(key), "flash_attention") << key;
+  }
 }
 
 // The starts of the trainer's rows (left and right padding); anything else has none.

@@ -9,6 +9,7 @@
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -28,6 +29,9 @@ namespace {
 // for bit with the fork's).
 thread_local bool t_decoding = false;
 thread_local const PackedWeights* t_packs = nullptr;
+// Set by RepeatKvHeadsScope: grouped_sdpa() repeats K/V heads on every device. Process-wide,
+// not per thread: autograd's backward (a checkpointed layer's recompute) may run on another.
+std::atomic<bool> g_repeat_kv_heads{false};
 
 }  // namespace
 
@@ -39,6 +43,8 @@ DecodingScope::~DecodingScope() {
   t_decoding = false;
   t_packs = nullptr;
 }
+RepeatKvHeadsScope::RepeatKvHeadsScope() { g_repeat_kv_heads = true; }
+RepeatKvHeadsScope::~RepeatKvHeadsScope() { g_repeat_kv_heads = false; }
 
 namespace {
 
@@ -240,6 +246,29 @@ void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const
              mask ? ", with a mask" : "", ")");
 }
 
+// Unmasked SDPA (causal or full) over grouped-query heads, q [B, H, T, D], k and v [B, Hkv,
+// S, D]. On CUDA the flash and cuDNN kernels take fp16 / bf16 only, and of the fused kernels
+// only flash shares K/V heads in place (enable_gqa); the memory-efficient kernel (the one for
+// fp32) refuses grouped heads. So an fp32 call would get the math kernel, which materialises
+// every score. Where the dispatcher would pick math, K/V heads are repeated to H (head h reads
+// K/V head h / rep, as enable_gqa and transformers' repeat_kv do) and the call goes without
+// enable_gqa. RepeatKvHeadsScope forces that form on every device (tests).
+at::Tensor grouped_sdpa(const std::string& kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                        bool is_causal) {
+  const int64_t rep = q.size(1) / k.size(1);
+  const bool repeat =
+      rep > 1 && (g_repeat_kv_heads.load(std::memory_order_relaxed) ||
+                  (q.is_cuda() && at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, is_causal, std::nullopt, true) == 0));
+  if (repeat) {
+    const at::Tensor kr = k.repeat_interleave(rep, 1), vr = v.repeat_interleave(rep, 1);
+    note_sdpa((kind + "_repeated_kv").c_str(), q, kr, vr, std::nullopt, is_causal, false);
+    return at::scaled_dot_product_attention(q, kr, vr, std::nullopt, /*dropout_p=*/0.0, is_causal);
+  }
+  note_sdpa(kind.c_str(), q, k, v, std::nullopt, is_causal, rep > 1);
+  return at::scaled_dot_product_attention(q, k, v, std::nullopt, /*dropout_p=*/0.0, is_causal, /*scale=*/std::nullopt,
+                                          /*enable_gqa=*/rep > 1);
+}
+
 // A host index list on the device. A copy from pageable memory synchronises the stream (the
 // host waits for every kernel queued before it), which here would be three times per layer
 // call; from pinned memory it is queued like a kernel.
@@ -288,9 +317,7 @@ at::Tensor attend_from_key_start(const ModelConfig& c, const at::Tensor& q, cons
     qc = at::cat({q.new_zeros({1, H, D}), q.reshape({B * T, H, D})}, 0).index_select(0, idx(query_at)).view({B, W, H, D});
   }
   at::Tensor qt = qc.transpose(1, 2), kt = kc.transpose(1, 2), vt = vc.transpose(1, 2);
-  note_sdpa(T < S ? "causal_from_key_start_offset" : "causal_from_key_start", qt, kt, vt, std::nullopt, true, H != Hkv);
-  at::Tensor o = at::scaled_dot_product_attention(qt, kt, vt, std::nullopt, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                                  /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv)
+  at::Tensor o = grouped_sdpa(T < S ? "causal_from_key_start_offset" : "causal_from_key_start", qt, kt, vt, true)
                      .transpose(1, 2);  // [B, W, H, D]
   if (one_start) {
     o = lead >= 0 ? o.narrow(1, lead, T) : at::cat({o.new_zeros({B, -lead, H, D}), o}, 1);
@@ -348,11 +375,7 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
     std::vector<at::Tensor> outs;
     outs.reserve(a.seq_lens.size());
-    note_sdpa("packed", qs[0], ks[0], vs[0], std::nullopt, true, H != Hkv);
-    for (size_t i = 0; i < a.seq_lens.size(); ++i)
-      outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
-                                                      /*is_causal=*/true, /*scale=*/std::nullopt,
-                                                      /*enable_gqa=*/H != Hkv));
+    for (size_t i = 0; i < a.seq_lens.size(); ++i) outs.push_back(grouped_sdpa("packed", qs[i], ks[i], vs[i], true));
     at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);  // [1, H, N, D]
     return o.transpose(1, 2).reshape({B, T, H * D});
   }
@@ -368,11 +391,13 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     at::Tensor o = at::scaled_dot_product_attention(qf, kt, vt, a.mask);  // [B, Hkv, rep*T, D]
     return o.view({B, Hkv, rep, T, D}).permute({0, 3, 1, 2, 4}).reshape({B, T, H * D});
   }
-  // Without a mask SDPA's enable_gqa shares K/V heads in place (flash supports it).
-  const std::optional<at::Tensor> mask = a.mask.defined() ? std::optional<at::Tensor>(a.mask) : std::nullopt;
-  note_sdpa(mask ? "masked" : a.is_causal ? "causal" : "full", q.transpose(1, 2), kt, vt, mask, a.is_causal, H != Hkv);
-  at::Tensor o = at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, mask, /*dropout_p=*/0.0, a.is_causal,
-                                                  /*scale=*/std::nullopt, /*enable_gqa=*/H != Hkv);
+  at::Tensor o;
+  if (a.mask.defined()) {  // one K/V head per query head here: nothing grouped
+    note_sdpa("masked", q.transpose(1, 2), kt, vt, a.mask, false, false);
+    o = at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, a.mask);
+  } else {
+    o = grouped_sdpa(a.is_causal ? "causal" : "full", q.transpose(1, 2), kt, vt, a.is_causal);
+  }
   return o.transpose(1, 2).reshape({B, T, H * D});
 }
 

@@ -45,6 +45,17 @@ class DecodingScope {
   DecodingScope& operator=(const DecodingScope&) = delete;
 };
 
+// For its lifetime, in the whole process: grouped-query attention without a mask repeats K/V
+// heads to the query heads on every device, the form CUDA takes where no fused kernel shares
+// K/V heads (fp32). Lets the CPU tests check that form against enable_gqa's.
+class RepeatKvHeadsScope {
+ public:
+  RepeatKvHeadsScope();
+  ~RepeatKvHeadsScope();
+  RepeatKvHeadsScope(const RepeatKvHeadsScope&) = delete;
+  RepeatKvHeadsScope& operator=(const RepeatKvHeadsScope&) = delete;
+};
+
 // Where a layer's keys/values come from: the current tokens only (training forward) or a
 // KV cache the new tokens are appended to first (decode).
 struct CacheStep {
