@@ -17,6 +17,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -438,7 +439,7 @@ TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
 // MKL asks for up to 4x the weight and writes about 1x -- gives its pages back when it goes,
 // so that they do not stay resident under the tensors that come after. Residency is read
 // from the page tables (test::resident_anonymous_kib).
-TEST(PackedGemm, BuffersReuseTheHeapAndGiveBackOnlyWhatTheyAddedToIt) {
+void packings_reuse_the_heap() {
   malloc_env::keep_freed_memory();
   ASSERT_TRUE(detail::packed_gemm_available());
   const at::Tensor w = at::randn({2048, 2048});  // 16 MiB
@@ -470,6 +471,28 @@ TEST(PackedGemm, BuffersReuseTheHeapAndGiveBackOnlyWhatTheyAddedToIt) {
     }
     EXPECT_GT(rpg::test::resident_anonymous_kib(), rss_with - 1024) << "memory the heap had kept was handed back";
   }
+}
+
+// Ends a death-test child: its failures onto the stderr its parent shows, exit status 1 if any.
+[[noreturn]] void exit_with_the_tests_failures() {
+  const testing::TestResult* r = testing::UnitTest::GetInstance()->current_test_info()->result();
+  for (int i = 0; i < r->total_part_count(); ++i)
+    if (const testing::TestPartResult& p = r->GetTestPartResult(i); p.failed())
+      std::fprintf(stderr, "%s:%d: %s\n", p.file_name() ? p.file_name() : "?", p.line_number(), p.message());
+  std::exit(testing::Test::HasFailure() ? 1 : 0);
+}
+
+// The heap's state is the case's precondition, so it runs in a fresh process: gtest's
+// "threadsafe" death-test style re-executes this binary for this test alone (run as part of
+// the whole binary, the tests before it leave free memory in the heap).
+TEST(PackedGemm, BuffersReuseTheHeapAndGiveBackOnlyWhatTheyAddedToIt) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        packings_reuse_the_heap();
+        exit_with_the_tests_failures();
+      },
+      testing::ExitedWithCode(0), "");
 }
 
 TEST(PackedGemm, DecodeWithPackedWeightsEqualsDecodeWithout) {
