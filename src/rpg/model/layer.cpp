@@ -253,13 +253,17 @@ void note_sdpa(const char* kind, const at::Tensor& q, const at::Tensor& k, const
 // every score. Where the dispatcher would pick math, K/V heads are repeated to H (head h reads
 // K/V head h / rep, as enable_gqa and transformers' repeat_kv do) and the call goes without
 // enable_gqa. RepeatKvHeadsScope forces that form on every device (tests).
+bool repeats_kv_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool is_causal) {
+  return q.size(1) != k.size(1) &&
+         (g_repeat_kv_heads.load(std::memory_order_relaxed) ||
+          (q.is_cuda() && at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, is_causal, std::nullopt, true) == 0));
+}
+
+// The call, reported under `kind` (+ "_repeated_kv" where K/V heads were repeated).
 at::Tensor grouped_sdpa(const std::string& kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         bool is_causal) {
   const int64_t rep = q.size(1) / k.size(1);
-  const bool repeat =
-      rep > 1 && (g_repeat_kv_heads.load(std::memory_order_relaxed) ||
-                  (q.is_cuda() && at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, is_causal, std::nullopt, true) == 0));
-  if (repeat) {
+  if (repeats_kv_heads(q, k, v, is_causal)) {
     const at::Tensor kr = k.repeat_interleave(rep, 1), vr = v.repeat_interleave(rep, 1);
     note_sdpa((kind + "_repeated_kv").c_str(), q, kr, vr, std::nullopt, is_causal, false);
     return at::scaled_dot_product_attention(q, kr, vr, std::nullopt, /*dropout_p=*/0.0, is_causal);
@@ -371,11 +375,18 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     // on its slice of the stream (no [N, N] mask, no cross-sequence work). The slices come
     // from one split per tensor, whose backward concatenates the slices' gradients (S
     // separate narrows would each materialise a zero gradient of the whole stream).
-    const auto qs = q.transpose(1, 2).split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
-    const auto ks = kt.split_with_sizes(a.seq_lens, 2), vs = vt.split_with_sizes(a.seq_lens, 2);
+    // K/V heads, where repeated (grouped_sdpa), are repeated once for the whole stream.
+    const at::Tensor qt = q.transpose(1, 2);
+    const bool repeat = repeats_kv_heads(qt, kt, vt, true), gqa = H != Hkv && !repeat;
+    const auto qs = qt.split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
+    const auto ks = (repeat ? kt.repeat_interleave(H / Hkv, 1) : kt).split_with_sizes(a.seq_lens, 2),
+               vs = (repeat ? vt.repeat_interleave(H / Hkv, 1) : vt).split_with_sizes(a.seq_lens, 2);
     std::vector<at::Tensor> outs;
     outs.reserve(a.seq_lens.size());
-    for (size_t i = 0; i < a.seq_lens.size(); ++i) outs.push_back(grouped_sdpa("packed", qs[i], ks[i], vs[i], true));
+    note_sdpa(repeat ? "packed_repeated_kv" : "packed", qs[0], ks[0], vs[0], std::nullopt, true, gqa);
+    for (size_t i = 0; i < a.seq_lens.size(); ++i)
+      outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
+                                                      /*is_causal=*/true, /*scale=*/std::nullopt, gqa));
     at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);  // [1, H, N, D]
     return o.transpose(1, 2).reshape({B, T, H * D});
   }
