@@ -259,12 +259,19 @@ bool repeats_kv_heads(const at::Tensor& q, const at::Tensor& k, const at::Tensor
           (q.is_cuda() && at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, is_causal, std::nullopt, true) == 0));
 }
 
+// K/V [B, Hkv, S, D] with each head repeated rep times in place: head h = K/V head h / rep
+// (transformers' repeat_kv). One copy; no index tensor, nothing read back from a device.
+at::Tensor repeat_kv(const at::Tensor& x, int64_t rep) {
+  const int64_t B = x.size(0), Hkv = x.size(1), S = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, Hkv, rep, S, D}).reshape({B, Hkv * rep, S, D});
+}
+
 // The call, reported under `kind` (+ "_repeated_kv" where K/V heads were repeated).
 at::Tensor grouped_sdpa(const std::string& kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                         bool is_causal) {
   const int64_t rep = q.size(1) / k.size(1);
   if (repeats_kv_heads(q, k, v, is_causal)) {
-    const at::Tensor kr = k.repeat_interleave(rep, 1), vr = v.repeat_interleave(rep, 1);
+    const at::Tensor kr = repeat_kv(k, rep), vr = repeat_kv(v, rep);
     note_sdpa((kind + "_repeated_kv").c_str(), q, kr, vr, std::nullopt, is_causal, false);
     return at::scaled_dot_product_attention(q, kr, vr, std::nullopt, /*dropout_p=*/0.0, is_causal);
   }
@@ -379,8 +386,8 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     const at::Tensor qt = q.transpose(1, 2);
     const bool repeat = repeats_kv_heads(qt, kt, vt, true), gqa = H != Hkv && !repeat;
     const auto qs = qt.split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
-    const auto ks = (repeat ? kt.repeat_interleave(H / Hkv, 1) : kt).split_with_sizes(a.seq_lens, 2),
-               vs = (repeat ? vt.repeat_interleave(H / Hkv, 1) : vt).split_with_sizes(a.seq_lens, 2);
+    const auto ks = (repeat ? repeat_kv(kt, H / Hkv) : kt).split_with_sizes(a.seq_lens, 2),
+               vs = (repeat ? repeat_kv(vt, H / Hkv) : vt).split_with_sizes(a.seq_lens, 2);
     std::vector<at::Tensor> outs;
     outs.reserve(a.seq_lens.size());
     note_sdpa(repeat ? "packed_repeated_kv" : "packed", qs[0], ks[0], vs[0], std::nullopt, true, gqa);
