@@ -164,6 +164,20 @@ TEST(DecodeAttention, ASharedPrefixIsReadFromOneSlotWithTheSameBits) {
   EXPECT_THROW(decode_attention(q, kt, v, zero, three, {zero, {}}), c10::Error);  // slots without lengths
 }
 
+// RPG_DECODE_ATTENTION=sdpa (CTest's model_decode.sdpa and rollout_decode.sdpa run the decode
+// tests so) sends decode down the device-generic path a GPU takes: position-major caches and
+// SDPA under a mask, no CPU kernel. Without it a CPU fp32 / bf16 cache keeps blocked keys.
+TEST(DecodePath, RpgDecodeAttentionSdpaTakesTheDevicePath) {
+  const char* env = std::getenv("RPG_DECODE_ATTENTION");
+  const bool sdpa = env && std::string(env) == "sdpa";
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    EXPECT_EQ(decode_attention_supports(dtype, at::kCPU), !sdpa) << dtype;
+  CausalLM m = test::random_model("qwen2", at::kFloat);
+  const ModelConfig& c = m.config();
+  const int64_t per_position = c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4;
+  EXPECT_EQ(m.kv_cache_bytes_per_sequence(40), per_position * (40 + (sdpa ? 40 : 64)));
+}
+
 TEST(DecodeAttention, WritingATokenEqualsIndexPut) {
   // write_decode_kv against the general path: index_put_ through [S, capacity, Hkv, D] views of
   // position-major keys, then blocked. Positions in the first block, the second and the last

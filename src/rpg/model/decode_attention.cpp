@@ -411,16 +411,28 @@ void prompt_values512(const float* const* p, int64_t nq, int64_t D, const T* v, 
       });
 }
 
-// kAuto's choice: the AVX-512 form where the CPU has it; RPG_DECODE_ATTENTION=generic keeps
-// the generic one (benchmarks compare the two with it).
-bool auto_uses_avx512() {
-  static const bool use = [] {
+// RPG_DECODE_ATTENTION: generic or avx512 pick kAuto's form (benchmarks compare the two);
+// sdpa turns this kernel off, so that decode runs the device-generic path a GPU takes
+// (position-major caches, SDPA under a mask) on the CPU too (tests of that path).
+const std::string& decode_attention_env() {
+  static const std::string want = [] {
     const char* env = std::getenv("RPG_DECODE_ATTENTION");
-    const std::string want = env ? env : "";
-    if (!want.empty() && want != "generic" && want != "avx512")
-      log_warn("RPG_DECODE_ATTENTION=" + want + ": expected generic or avx512; ignored");
-    return want != "generic" && detail::cpu_has_avx512_bw_vl();
+    std::string w = env ? env : "";
+    if (!w.empty() && w != "generic" && w != "avx512" && w != "sdpa")
+      log_warn("RPG_DECODE_ATTENTION=" + w + ": expected generic, avx512 or sdpa; ignored");
+    return w;
   }();
+  return want;
+}
+
+// The tensors the kernels here are written for: CPU, fp32 or bf16.
+bool kernel_takes(const at::Tensor& t) {
+  return t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+}
+
+// kAuto's choice: the AVX-512 form where the CPU has it, unless RPG_DECODE_ATTENTION=generic.
+bool auto_uses_avx512() {
+  static const bool use = decode_attention_env() != "generic" && detail::cpu_has_avx512_bw_vl();
   return use;
 }
 
@@ -647,7 +659,7 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
   TORCH_CHECK(blocked_keys_for(kt_cache, v_cache) && v_cache.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
                   k.numel() == R * Hkv * D && v.numel() == R * Hkv * D && positions.numel() == R &&
                   k.scalar_type() == v_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
-                  kt_cache.scalar_type() == v_cache.scalar_type() && decode_attention_supports(k.scalar_type(), k.device()),
+                  kt_cache.scalar_type() == v_cache.scalar_type() && kernel_takes(k),
               "write_decode_kv: contiguous k and v [R, Hkv, D] in the caches' dtype");
   RECORD_FUNCTION("rpg::write_decode_kv", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor slot_c = slots.to(at::kCPU, at::kLong).contiguous(), pos_c = positions.to(at::kCPU, at::kLong).contiguous();
@@ -690,7 +702,7 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
 }
 
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device) {
-  return device.is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16);
+  return device.is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) && decode_attention_env() != "sdpa";
 }
 
 namespace detail {
@@ -712,7 +724,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
                    (prefix.slots.numel() == q.size(0) && prefix.lengths.numel() == q.size(0))),
               "decode_attention: prefix slots and lengths [R], both or neither");
   TORCH_CHECK(q.scalar_type() == kt_cache.scalar_type() && kt_cache.scalar_type() == v_cache.scalar_type() &&
-                  decode_attention_supports(q.scalar_type(), q.device()),
+                  kernel_takes(q),
               "decode_attention: CPU float32 or bfloat16, the same for q and the caches");
   RECORD_FUNCTION("rpg::decode_attention", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   TORCH_CHECK(attention_kernel_available(kernel), "decode_attention: this CPU has no AVX-512 F, BW and VL");

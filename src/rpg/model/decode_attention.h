@@ -57,7 +57,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
 void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& slots, const at::Tensor& positions);
 
-// Whether decode_attention() serves a decode step in this dtype on this device.
+// Whether decode_attention() serves a decode step in this dtype on this device (CPU fp32 and
+// bf16, unless RPG_DECODE_ATTENTION=sdpa asks for the device-generic path a GPU takes).
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device);
 
 namespace detail {
