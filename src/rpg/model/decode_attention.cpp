@@ -425,10 +425,11 @@ const std::string& decode_attention_env() {
   return want;
 }
 
-// The tensors the kernels here are written for: CPU, fp32 or bf16.
-bool kernel_takes(const at::Tensor& t) {
-  return t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16);
+// What the kernels here are written for: CPU, fp32 or bf16.
+bool kernel_takes(at::ScalarType dtype, c10::Device device) {
+  return device.is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16);
 }
+bool kernel_takes(const at::Tensor& t) { return kernel_takes(t.scalar_type(), t.device()); }
 
 // kAuto's choice: the AVX-512 form where the CPU has it, unless RPG_DECODE_ATTENTION=generic.
 bool auto_uses_avx512() {
@@ -702,7 +703,7 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
 }
 
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device) {
-  return device.is_cpu() && (dtype == at::kFloat || dtype == at::kBFloat16) && decode_attention_env() != "sdpa";
+  return kernel_takes(dtype, device) && decode_attention_env() != "sdpa";
 }
 
 namespace detail {

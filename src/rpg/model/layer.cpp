@@ -266,18 +266,26 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t rep) {
   return x.unsqueeze(2).expand({B, Hkv, rep, S, D}).reshape({B, Hkv * rep, S, D});
 }
 
-// The call, reported under `kind` (+ "_repeated_kv" where K/V heads were repeated).
+// The call, reported under `kind` (+ "_repeated_kv" where K/V heads were repeated). With
+// seq_lens (a packed stream, B = 1), one call per sequence on its slice of the stream (no
+// [N, N] mask, no cross-sequence work), K/V heads repeated once for the whole stream. The
+// slices come from one split per tensor, whose backward concatenates the slices' gradients
+// (separate narrows would each materialise a zero gradient of the whole stream).
 at::Tensor grouped_sdpa(const std::string& kind, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                        bool is_causal) {
+                        bool is_causal, const std::vector<int64_t>& seq_lens = {}) {
   const int64_t rep = q.size(1) / k.size(1);
-  if (repeats_kv_heads(q, k, v, is_causal)) {
-    const at::Tensor kr = repeat_kv(k, rep), vr = repeat_kv(v, rep);
-    note_sdpa((kind + "_repeated_kv").c_str(), q, kr, vr, std::nullopt, is_causal, false);
-    return at::scaled_dot_product_attention(q, kr, vr, std::nullopt, /*dropout_p=*/0.0, is_causal);
-  }
-  note_sdpa(kind.c_str(), q, k, v, std::nullopt, is_causal, rep > 1);
-  return at::scaled_dot_product_attention(q, k, v, std::nullopt, /*dropout_p=*/0.0, is_causal, /*scale=*/std::nullopt,
-                                          /*enable_gqa=*/rep > 1);
+  const bool repeat = repeats_kv_heads(q, k, v, is_causal), gqa = rep > 1 && !repeat;
+  const at::Tensor kr = repeat ? repeat_kv(k, rep) : k, vr = repeat ? repeat_kv(v, rep) : v;
+  std::vector<at::Tensor> qs{q}, ks{kr}, vs{vr};
+  if (!seq_lens.empty())
+    qs = q.split_with_sizes(seq_lens, 2), ks = kr.split_with_sizes(seq_lens, 2), vs = vr.split_with_sizes(seq_lens, 2);
+  note_sdpa((repeat ? kind + "_repeated_kv" : kind).c_str(), qs[0], ks[0], vs[0], std::nullopt, is_causal, gqa);
+  std::vector<at::Tensor> outs;
+  outs.reserve(qs.size());
+  for (size_t i = 0; i < qs.size(); ++i)
+    outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0, is_causal,
+                                                    /*scale=*/std::nullopt, gqa));
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 2);
 }
 
 // A host index list on the device. A copy from pageable memory synchronises the stream (the
@@ -378,23 +386,8 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
   if (!a.key_start.empty()) return attend_from_key_start(c, q, k, v, a.key_start);
   const at::Tensor kt = k.transpose(1, 2), vt = v.transpose(1, 2);  // [B, Hkv, S, D]
   if (!a.seq_lens.empty()) {
-    // Block-diagonal causal attention over a packed stream: one causal SDPA per sequence
-    // on its slice of the stream (no [N, N] mask, no cross-sequence work). The slices come
-    // from one split per tensor, whose backward concatenates the slices' gradients (S
-    // separate narrows would each materialise a zero gradient of the whole stream).
-    // K/V heads, where repeated (grouped_sdpa), are repeated once for the whole stream.
-    const at::Tensor qt = q.transpose(1, 2);
-    const bool repeat = repeats_kv_heads(qt, kt, vt, true), gqa = H != Hkv && !repeat;
-    const auto qs = qt.split_with_sizes(a.seq_lens, 2);  // S x [1, H, L_i, D]
-    const auto ks = (repeat ? repeat_kv(kt, H / Hkv) : kt).split_with_sizes(a.seq_lens, 2),
-               vs = (repeat ? repeat_kv(vt, H / Hkv) : vt).split_with_sizes(a.seq_lens, 2);
-    std::vector<at::Tensor> outs;
-    outs.reserve(a.seq_lens.size());
-    note_sdpa(repeat ? "packed_repeated_kv" : "packed", qs[0], ks[0], vs[0], std::nullopt, true, gqa);
-    for (size_t i = 0; i < a.seq_lens.size(); ++i)
-      outs.push_back(at::scaled_dot_product_attention(qs[i], ks[i], vs[i], std::nullopt, /*dropout_p=*/0.0,
-                                                      /*is_causal=*/true, /*scale=*/std::nullopt, gqa));
-    at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 2);  // [1, H, N, D]
+    // Block-diagonal causal attention over a packed stream: one causal SDPA per sequence.
+    at::Tensor o = grouped_sdpa("packed", q.transpose(1, 2), kt, vt, true, a.seq_lens);  // [1, H, N, D]
     return o.transpose(1, 2).reshape({B, T, H * D});
   }
   if (H != Hkv && a.mask.defined()) {
