@@ -344,17 +344,23 @@ class OnDevice : public ::testing::TestWithParam<at::Device> {};
 INSTANTIATE_TEST_SUITE_P(Devices, OnDevice, ::testing::ValuesIn(rpg::test::rpg_test_devices()), rpg::test::DeviceParamName());
 
 // Which SDPA kernel ran is reported (never the math fallback silently): unmasked causal
-// attention and a padded batch's mask-free form get the CPU's flash kernel on the CPU and a
-// fused kernel on CUDA.
+// attention, a padded batch's mask-free form and a prefill into empty cache slots get the
+// CPU's flash kernel on the CPU and a fused kernel on CUDA.
 TEST_P(OnDevice, SdpaBackendIsReported) {
   CausalLM m = random_model("qwen2", GetParam().is_cuda() ? at::kBFloat16 : at::kFloat, "", 3, GetParam());
   at::NoGradGuard no_grad;
   m.forward(at::randint(1, 300, {2, 7}, at::kLong));
   // A padded batch (left and right padding) takes the mask-free form (AttnInputs::key_start).
   m.forward(at::randint(1, 300, {2, 7}, at::kLong), at::tensor({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}).view({2, 7}));
+  // Prompts into empty cache slots (right-padded to one length): causal over their own keys.
+  auto prefill = [](const CausalLM& model) {
+    KVCache cache = model.new_cache(2, 9);
+    model.decode(cache, {1, 0}, at::randint(1, 300, {2, 5}, at::kLong), {{5, 3}, true});
+  };
+  prefill(m);
   const std::string prefix = GetParam().is_cuda() ? "cuda/BFloat16" : "cpu/Float";
   auto seen = sdpa_backends();
-  for (const std::string& key : {prefix + "/causal", prefix + "/causal_from_key_start"}) {
+  for (const std::string& key : {prefix + "/causal", prefix + "/causal_from_key_start", prefix + "/prefill"}) {
     ASSERT_TRUE(seen.count(key)) << key;
     if (GetParam().is_cuda()) {
       EXPECT_NE(seen[key], "math") << key;
@@ -370,8 +376,9 @@ TEST_P(OnDevice, SdpaBackendIsReported) {
   ASSERT_NE(m32.config().num_attention_heads, m32.config().num_key_value_heads);
   m32.forward(at::randint(1, 300, {2, 7}, at::kLong));
   m32.forward(at::randint(1, 300, {2, 7}, at::kLong), at::tensor({0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0}).view({2, 7}));
+  prefill(m32);
   seen = sdpa_backends();
-  for (const std::string kind : {"causal", "causal_from_key_start"}) {
+  for (const std::string kind : {"causal", "causal_from_key_start", "prefill"}) {
     int calls = 0;
     for (const std::string& key : {"cuda/Float/" + kind, "cuda/Float/" + kind + "_repeated_kv"}) {
       if (!seen.count(key)) continue;

@@ -171,11 +171,17 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     }
   } else {
     if (cache.keys_blocked_) step.write_places = key_places(pos);  // once, not per layer
-    at::Tensor query_pos = pos;
-    if (step.read == CacheStep::Read::kDense)
-      query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);
-    a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= query_pos.unsqueeze(2)).unsqueeze(1),
-                       m.config);  // [N or S, 1, T, L]
+    if (kv_len == T) {  // every row starts at 0: a prompt's own tokens are all its keys
+      step.new_keys_only = true;
+      a.is_causal = true;  // right padding (options.lengths) comes after a row's real tokens
+      a.causal_kind = "prefill";
+    } else {
+      at::Tensor query_pos = pos;
+      if (step.read == CacheStep::Read::kDense)
+        query_pos = at::zeros({S, T}, long_opt).index_copy_(0, step.slot_index.view({-1}), pos);
+      a.mask = make_mask((at::arange(kv_len, long_opt).view({1, 1, kv_len}) <= query_pos.unsqueeze(2)).unsqueeze(1),
+                         m.config);  // [N or S, 1, T, L]
+    }
   }
   at::Tensor x = at::embedding(m.embed, tokens.to(m.device, at::kLong));
   for (size_t l = 0; l < m.layers.size(); ++l) {

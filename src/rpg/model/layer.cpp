@@ -190,18 +190,19 @@ at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tens
                              .view({q.size(0), 1, H * D}),
                          w.o_w, w.o_lora, w.lora_scale);
     }
+    if (cache->keys_blocked) put_blocked_keys(*cache->k, cache->slot_index, cache->write_places, k);
+    else cache->k->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
+    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
+    if (cache->new_keys_only) return project_add(residual, attend(c, q, k, v, a), w.o_w, w.o_lora, w.lora_scale);
     const bool gather = cache->read == CacheStep::Read::kGather;
     at::Tensor rows = cache->slot_index.view({-1});
     if (cache->keys_blocked) {  // read back as a position-major copy of the first kv_len positions
-      put_blocked_keys(*cache->k, cache->slot_index, cache->write_places, k);
       const at::Tensor blocks = cache->k->narrow(2, 0, key_blocks(cache->kv_len));
       k = unblock_keys(gather ? blocks.index_select(0, rows) : blocks, cache->kv_len);  // [N or S, Hkv, L, D]
     } else {
-      cache->k->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
       k = cache->k->narrow(2, 0, cache->kv_len);  // [S, Hkv, L, D]
       if (gather) k = k.index_select(0, rows);
     }
-    cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);
     v = cache->v->narrow(2, 0, cache->kv_len);
     if (gather) v = v.index_select(0, rows);
     if (cache->read == CacheStep::Read::kDense) {
@@ -407,7 +408,7 @@ at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k
     note_sdpa("masked", q.transpose(1, 2), kt, vt, a.mask, false, false);
     o = at::scaled_dot_product_attention(q.transpose(1, 2), kt, vt, a.mask);
   } else {
-    o = grouped_sdpa(a.is_causal ? "causal" : "full", q.transpose(1, 2), kt, vt, a.is_causal);
+    o = grouped_sdpa(a.is_causal ? a.causal_kind : "full", q.transpose(1, 2), kt, vt, a.is_causal);
   }
   return o.transpose(1, 2).reshape({B, T, H * D});
 }

@@ -78,6 +78,10 @@ struct CacheStep {
   at::Tensor kernel_slots, kernel_positions;
   // Rows sharing a prompt with others (decode_attention.h, SharedPrefix), or undefined.
   at::Tensor kernel_prefix_slots, kernel_prefix_lengths;
+  // Every row starts at position 0 (prompts into empty slots): the new tokens are all the
+  // keys there are, so the cache is only written and attention runs causally over the new
+  // keys (AttnInputs::is_causal), with no mask and no read of the cache.
+  bool new_keys_only = false;
 };
 
 // What every layer shares for one forward call.
@@ -95,6 +99,8 @@ struct AttnInputs {
   // attend() runs this as one causal SDPA, which skips the masked-out half of the work a
   // mask cannot tell SDPA about. Empty = unused.
   std::vector<int64_t> key_start;
+  // The name an unmasked causal call is reported under (sdpa_backends_seen()).
+  const char* causal_kind = "causal";
 };
 
 // Each row's first real token, when the 0/1 rows of `mask` [B, T] are runs of ones between
