@@ -3,7 +3,8 @@
 //
 //   rollout_bench --model DIR --prompts prompts.json --n N --max-new-tokens T
 //                 [--stop id,id,...] [--max-num-seqs S] [--seed S] [--dtype float32|bfloat16|float16]
-// Prints one JSON object: generated tokens, seconds, tokens/s, peak RSS (VmHWM, MiB).
+// Prints one JSON object: generated tokens, seconds, tokens/s, peak RSS (VmHWM, MiB), the
+// decode steps' seconds and count, prompt tokens and the forwards that prefilled them.
 #include <ATen/Parallel.h>
 
 #include <fstream>
@@ -62,6 +63,8 @@ int main(int argc, char** argv) {
     for (const auto& r : out) lengths.push_back(static_cast<int64_t>(r.token_ids.size()));
     nlohmann::json j = {{"generated_tokens", s.generated_tokens}, {"seconds", s.seconds},
                         {"tokens_per_second", s.tokens_per_second()}, {"peak_rss_mib", peak_rss_mib()},
+                        {"decode_seconds", s.decode_seconds}, {"decode_steps", s.decode_steps},
+                        {"prompt_tokens", s.prompt_tokens}, {"prefill_forwards", s.prefill_forwards},
                         {"lengths", lengths}};
     std::cout << j.dump() << "\n";
   } catch (const std::exception& ex) {

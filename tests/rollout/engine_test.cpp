@@ -143,6 +143,60 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
   EXPECT_NE(other[0].token_ids, first[0].token_ids);
 }
 
+// Prompts admitted together are prefilled together: shortest first, in right-padded batches
+// whose padded size stays within 5/4 of their real tokens. The responses are those of one
+// prefill per sequence (one slot), greedy and sampled, and the first token's log-prob is the
+// full forward's.
+TEST_P(EngineTest, PromptsAdmittedTogetherArePrefilledTogether) {
+  model::CausalLM m = load("qwen2_fp32");
+  const auto base = prompts("qwen2_fp32")[2];  // 9 tokens
+  auto prompt_of = [&](size_t len) {
+    std::vector<int64_t> p;
+    for (size_t i = 0; i < len; ++i) p.push_back(base[i % base.size()] + static_cast<int64_t>(i / base.size()));
+    return p;
+  };
+  // Lengths 8, 30, 7, 31, 8 -> {7, 8, 8} (24 padded for 23 real) and {30, 31} (62 for 61):
+  // 7 + 8 + 8 + 30 would pad to 120 for 53.
+  const std::vector<std::vector<int64_t>> ps = {prompt_of(8), prompt_of(30), prompt_of(7), prompt_of(31), prompt_of(8)};
+  for (double temperature : {0.0, 1.0}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.n = 2;
+    p.max_new_tokens = 5;
+    p.seed = 3;
+    RolloutEngine together(m, {64, 0}), alone(m, {1, 0});
+    const auto a = together.generate(ps, p), b = alone.generate(ps, p);
+    EXPECT_EQ(together.last_stats().prefill_forwards, 2);
+    EXPECT_EQ(alone.last_stats().prefill_forwards, 10);  // one slot: every sequence its own prefill
+    EXPECT_EQ(together.last_stats().prompt_tokens, 8 + 30 + 7 + 31 + 8);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].token_ids, b[i].token_ids) << "temperature " << temperature << " seq " << i;
+      std::vector<int64_t> ids = ps[static_cast<size_t>(a[i].prompt_index)];
+      ids.push_back(a[i].token_ids[0]);
+      model::LogProbOptions lo;
+      lo.temperature = temperature == 0.0 ? 1.0 : temperature;
+      const at::Tensor full = m.log_probs(at::tensor(ids, at::kLong).unsqueeze(0), {}, {},
+                                          at::tensor({a[i].token_ids[0]}, at::kLong).unsqueeze(0), lo).log_probs;
+      EXPECT_NEAR(a[i].log_probs[0], full.cpu().item<double>(), 1e-4) << "seq " << i;
+    }
+  }
+  // Where the engine multiplies by packed weights (CPU), a batch stays within the rows those
+  // take: 12 prompts of 100 tokens go 5 (or fewer) to a forward; unpacked, all 12 in one.
+  const std::vector<std::vector<int64_t>> hundred(12, prompt_of(100));
+  const int64_t packed_rows = m.pack_weights_for_decode().max_rows();
+  SamplingParams p;
+  p.max_new_tokens = 1;
+  for (bool pack : {true, false}) {
+    EngineOptions o{64, 0};
+    o.pack_weights = pack;
+    RolloutEngine engine(m, o);
+    engine.generate(hundred, p);
+    const int64_t per_forward = pack && packed_rows > 0 ? packed_rows / 100 : 12;
+    EXPECT_EQ(engine.last_stats().prefill_forwards, (12 + per_forward - 1) / per_forward) << "pack_weights " << pack;
+  }
+}
+
 // A share of the memory available when generate() starts (the trainer's and the CLI's KV
 // budget) bounds the slots: the model's own K/V bytes per position (2 x layers x KV heads x head
 // dim x 4 for fp32, from the checkpoint's config.json, not from rpg) times the longest prompt +

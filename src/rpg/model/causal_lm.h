@@ -275,6 +275,9 @@ class CausalLM {
     ~DecodePacks();
     // How many weight matrices were packed (0 for the no-op).
     size_t size() const;
+    // Inputs of up to this many rows (tokens) take the packed products, larger ones the
+    // unpacked GEMM (0 for the no-op): what a caller batching rows together stays within.
+    int64_t max_rows() const;
 
    private:
     friend class CausalLM;

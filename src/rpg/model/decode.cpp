@@ -213,6 +213,8 @@ CausalLM::DecodePacks::~DecodePacks() {
 
 size_t CausalLM::DecodePacks::size() const { return packs_ ? packs_->size() : 0; }
 
+int64_t CausalLM::DecodePacks::max_rows() const { return size() > 0 ? kPackedMaxRows : 0; }
+
 CausalLM::DecodePacks CausalLM::pack_weights_for_decode() const {
   DecodePacks handle;
   const Impl& m = *impl_;

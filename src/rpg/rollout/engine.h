@@ -51,6 +51,7 @@ struct EngineOptions {
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;     // prefilled (a prompt shared by n samples counts once)
+  int64_t prefill_forwards = 0;  // model calls that prefilled them (prompts admitted together share one)
   int64_t generated_tokens = 0;
   int64_t slots = 0;             // sequences that decoded together (at most max_num_seqs)
   bool slots_cut_by_kv_budget = false;  // a KV budget allowed fewer than max_num_seqs
