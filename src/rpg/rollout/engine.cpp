@@ -206,11 +206,11 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
   // Prefills the admitted groups' prompts, each once into its group's first slot, copies it to
   // the group's other slots and samples each row's first token. The prompts go through
   // together, shortest first, in right-padded batches (one forward each instead of one per
-  // prompt: on a GPU every forward is a few hundred kernel launches, on the CPU more rows make
-  // better products) whose padding stays within a quarter of their real tokens and whose
+  // prompt: on a GPU every forward of a small model costs a few hundred kernel launches
+  // whatever its length) whose padding stays within a quarter of their real tokens and whose
   // padded size within kPrefillBatchTokens (a longer prompt goes alone). On the CPU the packed
-  // products are as fast at one prompt's rows as at more, but MKL's unpacked GEMM is slower:
-  // there a batch stays within the rows the packs take.
+  // products are as fast at one prompt's rows as at more, and MKL's unpacked GEMM beyond them
+  // is slower: there a batch stays within the rows the packs take.
   const int64_t prefill_tokens = packs.max_rows() > 0 ? std::min(packs.max_rows(), kPrefillBatchTokens) : kPrefillBatchTokens;
   auto prefill = [&](const std::vector<Admitted>& groups) {
     auto length = [&](size_t g) { return static_cast<int64_t>(prompts[static_cast<size_t>(groups[g].prompt_index)].size()); };
