@@ -212,7 +212,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
   // products are as fast at one prompt's rows as at more, and MKL's unpacked GEMM beyond them
   // is slower: there a batch stays within the rows the packs take.
   const int64_t prefill_tokens = packs.max_rows() > 0 ? std::min(packs.max_rows(), kPrefillBatchTokens) : kPrefillBatchTokens;
-  auto prefill = [&](const std::vector<Admitted>& groups) {
+  auto prefill = [&](std::vector<Admitted>& groups) {
     auto length = [&](size_t g) { return static_cast<int64_t>(prompts[static_cast<size_t>(groups[g].prompt_index)].size()); };
     std::vector<size_t> order(groups.size());
     for (size_t g = 0; g < order.size(); ++g) order[g] = g;
@@ -239,7 +239,7 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
       const at::Tensor logits = model_.decode(cache, slots, tokens.to(model_.device()), {lengths, true});  // [rows, V]
       ++stats_.prefill_forwards;
       for (int64_t r = 0; r < rows; ++r) {
-        std::vector<Active> group = groups[order[first + static_cast<size_t>(r)]].rows;
+        std::vector<Active>& group = groups[order[first + static_cast<size_t>(r)]].rows;
         for (size_t i = 1; i < group.size(); ++i) cache.copy_slot(group[0].slot, group[i].slot);
         take_tokens(group, logits.narrow(0, r, 1).expand({static_cast<int64_t>(group.size()), -1}));
         active.insert(active.end(), group.begin(), group.end());
