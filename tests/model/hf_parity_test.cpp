@@ -110,10 +110,11 @@ TEST(HfParity, LogitsLogProbsAndGreedyMatchTransformersOnPaddedBatches) {
       EXPECT_LE(max_abs_diff_masked(lp.log_probs, ref["log_probs"], resp_mask), lp_tol);
       EXPECT_LE(max_abs_diff_masked(lp.entropy, ref["entropy"], resp_mask), lp_tol);
     }
-    if (R >= 1024)
+    if (R >= 1024) {
       EXPECT_TRUE(sdpa_backends().count(std::string(spec.bf16 ? "cpu/BFloat16" : "cpu/Float") +
                                         "/causal_from_key_start_offset"))
           << "the long responses' log-probs took the mask";
+    }
   }
 }
 
