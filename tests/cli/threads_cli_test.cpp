@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,13 @@ TEST(CliThreads, MallocKeepsFreedMemoryUnlessTheUserTunedIt) {
   ProcessResult user = rpg({"version"}, {"MALLOC_MMAP_THRESHOLD_=65536"});
   ASSERT_EQ(user.exit_code, 0) << user.err;
   EXPECT_EQ(line(user), "malloc glibc's settings (MALLOC_MMAP_THRESHOLD_ set by the user)") << user.out;
+  // Another allocator in front of glibc's (as LD_PRELOAD puts tcmalloc): glibc's settings
+  // would not be its own, whatever its mallopt answers, so none are claimed.
+  const std::filesystem::path interposer = RPG_TEST_MALLOC_INTERPOSER;
+  ProcessResult other = rpg({"version"}, {"LD_PRELOAD=" + interposer.string()});
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_EQ(line(other), "malloc another allocator's own settings (" + interposer.filename().string() + ")")
+      << other.out;
 }
 
 }  // namespace

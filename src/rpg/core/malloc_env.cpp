@@ -1,5 +1,6 @@
 #include "rpg/core/malloc_env.h"
 
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -32,10 +33,27 @@ std::string user_setting() {
   return "";
 }
 
+// The file name of the library whose malloc this process calls when it is not glibc's (an
+// allocator preloaded or linked in front of it: tcmalloc, jemalloc, mimalloc), else "".
+// Such an allocator may accept glibc's mallopt parameters and ignore them: tcmalloc's mallopt
+// returns 1 for any. dlsym finds the definition the dynamic linker binds malloc to.
+std::string other_allocator() {
+  Dl_info info{};
+  void* bound = dlsym(RTLD_DEFAULT, "malloc");
+  if (bound == nullptr || dladdr(bound, &info) == 0 || info.dli_fname == nullptr) return "";
+  std::string_view file(info.dli_fname);
+  if (const size_t slash = file.rfind('/'); slash != std::string_view::npos) file.remove_prefix(slash + 1);
+  return file.starts_with("libc.so") || file.starts_with("libc-") ? "" : std::string(file);
+}
+
 }  // namespace
 
 std::string keep_freed_memory() {
   if (const std::string user = user_setting(); !user.empty()) return chosen() = "glibc's settings (" + user + " set by the user)";
+  if (const std::string other = other_allocator(); !other.empty()) {
+    keeping() = false;  // glibc's heap is not the one in use: nothing for malloc_trim to hand back
+    return chosen() = "another allocator's own settings (" + other + ")";
+  }
   // mallopt returns 1 on success; another allocator (LD_PRELOAD) may ignore it.
   const bool ok = mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1;
   keeping() = ok;

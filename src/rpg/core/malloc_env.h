@@ -14,8 +14,9 @@
 namespace rpg::malloc_env {
 
 // Applies the settings above unless the user tuned glibc's malloc (GLIBC_TUNABLES naming
-// glibc.malloc, or one of the MALLOC_*_ variables that set these thresholds). Returns what
-// was done, for `rpg version`; the same text is kept for choice().
+// glibc.malloc, or one of the MALLOC_*_ variables that set these thresholds) or malloc is
+// another allocator's (preloaded, e.g. tcmalloc: its own settings stay). Returns what was
+// done, for `rpg version`; the same text is kept for choice().
 std::string keep_freed_memory();
 // keep_freed_memory()'s answer in this process, or "" if it was not called.
 const std::string& choice();
