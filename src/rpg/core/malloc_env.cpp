@@ -54,7 +54,8 @@ std::string keep_freed_memory() {
     keeping() = false;  // glibc's heap is not the one in use: nothing for malloc_trim to hand back
     return chosen() = "another allocator's own settings (" + other + ")";
   }
-  // mallopt returns 1 on success; another allocator (LD_PRELOAD) may ignore it.
+  // mallopt returns 1 on success. Reached with glibc's malloc, or when the dynamic linker
+  // could not say whose malloc is bound (then a 1 may still come from an allocator ignoring it).
   const bool ok = mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1;
   keeping() = ok;
   return chosen() = ok ? "freed memory kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)" : "mallopt refused: allocator defaults";
