@@ -372,14 +372,15 @@ for shape in shapes_run:
                + (f"{g:.0f} | {r['graph_speedup']:.2f}x | {r['graph_equals_eager']} |" if g else f"{r.get('graph')} | | |"))
 out += ["", "## The rollout engine, greedy: eager steps over the active rows vs fixed-slot steps from a CUDA graph "
         "(enforce_eager=false; fixed-slot eager on a CPU)", "",
-        "| shape | prompts x new tokens | eager tokens/s | fixed-slot tokens/s | CUDA graph | speedup | identical responses |",
-        "|---|---|---|---|---|---|---|"]
+        "| shape | prompts x new tokens | eager tokens/s | fixed-slot tokens/s | CUDA graph (graphs captured) "
+        "| share of the cache attended | speedup | identical responses |",
+        "|---|---|---|---|---|---|---|---|"]
 for shape in shapes_run:
     r = find("rpg", "engine", shape)
-    if not r: out.append(f"| {shape} | FAILED | | | | | |"); continue
+    if not r: out.append(f"| {shape} | FAILED | | | | | | |"); continue
     out.append(f"| {shape} | {r['batch']} x {r['new_tokens']} | {r['eager_tokens_per_second']:.0f} | "
-               f"{r['fixed_tokens_per_second']:.0f} | {r['cuda_graph']} | {r['speedup']:.2f}x | "
-               f"{r['identical_responses']}/{r['responses']} |")
+               f"{r['fixed_tokens_per_second']:.0f} | {r['cuda_graph']} ({r['graphs_captured']}) | "
+               f"{r['attended_share']:.2f} | {r['speedup']:.2f}x | {r['identical_responses']}/{r['responses']} |")
 out += ["", "## Full RL step: rpg train vs TRL's GRPOTrainer (GRPO, fp32; bench/trl_step)", ""]
 for r in rows:
     if r.get("bench") == "trl_step" and "ratio" in r:

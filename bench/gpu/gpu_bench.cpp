@@ -28,6 +28,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <iostream>
@@ -78,12 +79,18 @@ std::vector<std::vector<int64_t>> random_prompts(int64_t vocab, int64_t batch, i
   return prompts;
 }
 
-// The engine's responses to `prompts` and the seconds they took, after a 4-token warm-up on
-// up to 4 of them (allocator, kernels; a CUDA graph is captured per generate() call anyway).
-std::pair<std::vector<rpg::rollout::Response>, double> timed_generate(const rpg::model::CausalLM& model,
-                                                                      const rpg::rollout::EngineOptions& options,
-                                                                      const std::vector<std::vector<int64_t>>& prompts,
-                                                                      const rpg::rollout::SamplingParams& params) {
+struct TimedGenerate {
+  std::vector<rpg::rollout::Response> responses;
+  double seconds = 0;
+  rpg::rollout::GenerateStats stats;
+};
+
+// The engine's responses to `prompts`, the seconds they took and its stats, after a 4-token
+// warm-up on up to 4 of them (allocator, kernels; CUDA graphs are captured per generate()
+// call anyway, their capture inside the time).
+TimedGenerate timed_generate(const rpg::model::CausalLM& model, const rpg::rollout::EngineOptions& options,
+                             const std::vector<std::vector<int64_t>>& prompts,
+                             const rpg::rollout::SamplingParams& params) {
   rpg::rollout::RolloutEngine engine(model, options);
   rpg::rollout::SamplingParams w = params;
   w.max_new_tokens = 4;
@@ -92,7 +99,7 @@ std::pair<std::vector<rpg::rollout::Response>, double> timed_generate(const rpg:
   const double t0 = now();
   auto out = engine.generate(prompts, params);
   sync(model.device());
-  return {std::move(out), now() - t0};
+  return {std::move(out), now() - t0, engine.last_stats()};
 }
 
 }  // namespace
@@ -173,9 +180,10 @@ int main(int argc, char** argv) {
       p.temperature = 1.0;
       p.max_new_tokens = new_tokens;
       p.seed = static_cast<uint64_t>(seed);
-      const auto [out, s] = timed_generate(model, {batch, 0}, random_prompts(cfg.vocab_size, batch, prompt_len), p);
+      const TimedGenerate t = timed_generate(model, {batch, 0}, random_prompts(cfg.vocab_size, batch, prompt_len), p);
+      const double s = t.seconds;
       int64_t generated = 0;
-      for (const auto& o : out) generated += static_cast<int64_t>(o.token_ids.size());
+      for (const auto& o : t.responses) generated += static_cast<int64_t>(o.token_ids.size());
       j.update({{"batch", batch}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens}, {"seconds", s},
                 {"generated_tokens", generated}, {"tokens_per_second", static_cast<double>(generated) / s}});
     } else if (what == "graph") {
@@ -236,18 +244,23 @@ int main(int argc, char** argv) {
       rpg::rollout::EngineOptions eager{batch, 0}, fixed{batch, 0};
       fixed.fixed_slots = true;
       fixed.cuda_graph = dev.is_cuda() && rpg::model::cuda_graphs_available();
-      const auto [want, t_eager] = timed_generate(model, eager, prompts, p);
-      const auto [got, t_fixed] = timed_generate(model, fixed, prompts, p);
+      const TimedGenerate e = timed_generate(model, eager, prompts, p);
+      const TimedGenerate f = timed_generate(model, fixed, prompts, p);
+      const double t_eager = e.seconds, t_fixed = f.seconds;
       int64_t generated = 0, identical = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        generated += static_cast<int64_t>(want[i].token_ids.size());
-        identical += want[i].token_ids == got[i].token_ids;
+      for (size_t i = 0; i < e.responses.size(); ++i) {
+        generated += static_cast<int64_t>(e.responses[i].token_ids.size());
+        identical += e.responses[i].token_ids == f.responses[i].token_ids;
       }
       j.update({{"batch", batch}, {"prompt_len", prompt_len}, {"new_tokens", new_tokens},
                 {"eager_seconds", t_eager}, {"eager_tokens_per_second", static_cast<double>(generated) / t_eager},
                 {"fixed_seconds", t_fixed}, {"fixed_tokens_per_second", static_cast<double>(generated) / t_fixed},
                 {"cuda_graph", fixed.cuda_graph}, {"speedup", t_eager / t_fixed},
-                {"identical_responses", identical}, {"responses", static_cast<int64_t>(want.size())}});
+                {"graphs_captured", f.stats.graphs_captured},
+                // the share of the whole cache the fixed-slot steps attended (1: every step all of it)
+                {"attended_share", static_cast<double>(f.stats.attended_positions) /
+                                       static_cast<double>(std::max<int64_t>(1, f.stats.decode_steps * (prompt_len + new_tokens)))},
+                {"identical_responses", identical}, {"responses", static_cast<int64_t>(e.responses.size())}});
     } else {
       throw rpg::UsageError("--what: got '" + what + "', expected train, packed, decode, graph or engine");
     }

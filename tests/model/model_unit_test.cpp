@@ -391,8 +391,11 @@ TEST_P(OnDevice, SdpaBackendIsReported) {
 }
 
 // decode_all_slots (fixed shapes, no host read) equals decode() over two steps after a
-// ragged prefill; on CUDA the same step captured in a CUDA graph replays to the same logits
-// with new token/position contents (the plugin must be loaded there: a missing one fails).
+// ragged prefill, attending the whole capacity or only the positions up to the furthest
+// write (kv_len); on CUDA the same step captured in a CUDA graph replays to the same logits
+// with new token/position contents, and so does a second graph of another kv_len sharing the
+// first one's memory pool, the two replayed in turn (the plugin must be loaded there: a
+// missing one fails).
 TEST_P(OnDevice, StaticDecodeEqualsDecodeAndReplaysInACudaGraph) {
   const at::Device dev = GetParam();
   const double eps = rpg::test::fp32_tol(dev, 1e-5);
@@ -414,8 +417,13 @@ TEST_P(OnDevice, StaticDecodeEqualsDecodeAndReplaysInACudaGraph) {
   KVCache c = prefilled();
   EXPECT_LE((m.decode_all_slots(c, tok1.to(dev), pos1) - ref1).abs().max().item<double>(), eps);
   EXPECT_LE((m.decode_all_slots(c, tok2.to(dev), pos2) - ref2).abs().max().item<double>(), eps);
+  KVCache short_span = prefilled();  // positions 4 and 5 are the furthest writes
+  EXPECT_LE((m.decode_all_slots(short_span, tok1.to(dev), pos1, 5) - ref1).abs().max().item<double>(), eps);
+  EXPECT_LE((m.decode_all_slots(short_span, tok2.to(dev), pos2, 6) - ref2).abs().max().item<double>(), eps);
   EXPECT_THROW(m.decode_all_slots(c, tok1.narrow(0, 0, 2).to(dev), pos1), ValueError);
   EXPECT_THROW(m.decode_all_slots(c, tok1.to(dev), pos1.to(at::kInt)), ValueError);
+  EXPECT_THROW(m.decode_all_slots(c, tok1.to(dev), pos1, cap + 1), ValueError);
+  EXPECT_THROW(m.decode_all_slots(c, tok1.to(dev), pos1, -1), ValueError);
   c.set_length(0, 6);
   EXPECT_EQ(c.length(0), 6);
   EXPECT_THROW(c.set_length(0, cap + 1), ValueError);
@@ -433,6 +441,20 @@ TEST_P(OnDevice, StaticDecodeEqualsDecodeAndReplaysInACudaGraph) {
   pos.add_(1);
   graph->replay();
   EXPECT_LE((out - ref2).abs().max().item<double>(), eps);
+  // Spans of 5 and 6 positions, the second graph in the first one's pool; their outputs are
+  // copied out of the pool (as the engine's steps do) and compared after both replayed.
+  KVCache h = prefilled();
+  tok.copy_(tok1.to(dev));
+  pos.copy_(pos1);
+  at::Tensor out5 = at::zeros_like(ref1), out6 = at::zeros_like(ref2);
+  auto five = capture_cuda_graph([&] { out5.copy_(m.decode_all_slots(h, tok, pos, 5)); });
+  auto six = capture_cuda_graph([&] { out6.copy_(m.decode_all_slots(h, tok, pos, 6)); }, five.get());
+  five->replay();
+  tok.copy_(tok2.to(dev));
+  pos.add_(1);
+  six->replay();
+  EXPECT_LE((out5 - ref1).abs().max().item<double>(), eps);
+  EXPECT_LE((out6 - ref2).abs().max().item<double>(), eps);
 }
 
 TEST_P(OnDevice, Bf16ModelRunsAndTracksFp32) {

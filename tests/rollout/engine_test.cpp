@@ -185,7 +185,9 @@ TEST_P(EngineTest, PromptsAdmittedTogetherArePrefilledTogether) {
   // take: 12 prompts of 100 tokens go 5 (or fewer) to a forward; unpacked, all 12 in one.
   const std::vector<std::vector<int64_t>> hundred(12, prompt_of(100));
   const int64_t packed_rows = m.pack_weights_for_decode().max_rows();
-  if (GetParam().is_cpu()) EXPECT_GE(packed_rows, 100) << "fp32 CPU weights are packed for decode";
+  if (GetParam().is_cpu()) {
+    EXPECT_GE(packed_rows, 100) << "fp32 CPU weights are packed for decode";
+  }
   SamplingParams p;
   p.max_new_tokens = 1;
   for (bool pack : {true, false}) {
@@ -282,9 +284,12 @@ TEST_P(EngineTest, KvBudgetBoundsTheSlotsNotTheResponses) {
 
 // Fixed-slot decoding (every slot each step, sampling on the device from a tensor of
 // uniforms) gives the eager engine's responses: the same tokens from the same streams, the
-// same finish reasons, log-probs equal within rounding (attention spans the whole cache
-// under a mask), for any slot count (slots reused as sequences finish). On CUDA the same
-// holds for the step replayed from a CUDA graph; elsewhere that mode is refused up front.
+// same finish reasons, log-probs equal within rounding (attention spans a part of the cache
+// under a mask: the smallest of its spans that holds every write position, so a span chosen
+// too short would drop keys), for any slot count (slots reused as sequences finish). On CUDA
+// the same holds for the steps replayed from CUDA graphs, one captured per span used;
+// elsewhere that mode is refused up front. The prompts (1-9 tokens) and responses (10-12)
+// cross spans: a cache of 19-21 positions is attended in spans of 8, 16 and the capacity.
 TEST_P(EngineTest, FixedSlotDecodingGivesTheEagerResponses) {
   const double tol = test::fp32_tol(GetParam(), 1e-5);
   size_t stopped = 0;  // responses that ended at the stop token, freeing their slot early
@@ -317,7 +322,18 @@ TEST_P(EngineTest, FixedSlotDecodingGivesTheEagerResponses) {
       for (const EngineOptions& o : modes) {
         const std::string what = name + (p.temperature > 0 ? " sampled" : " greedy") + " slots " +
                                   std::to_string(o.max_num_seqs) + (o.cuda_graph ? " cuda graph" : "");
-        const auto got = RolloutEngine(m, o).generate(prompts(name), p);
+        RolloutEngine engine(m, o);
+        const auto got = engine.generate(prompts(name), p);
+        const GenerateStats& st = engine.last_stats();
+        const int64_t capacity = 9 + p.max_new_tokens;
+        EXPECT_LT(st.attended_positions, st.decode_steps * capacity) << what << ": every step attended the capacity";
+        EXPECT_GT(st.attended_positions, st.decode_steps * 8) << what << ": no step attended beyond the first span";
+        if (o.cuda_graph) {
+          EXPECT_GE(st.graphs_captured, 2) << what;
+          EXPECT_LE(st.graphs_captured, 3) << what;
+        } else {
+          EXPECT_EQ(st.graphs_captured, 0) << what;
+        }
         ASSERT_EQ(got.size(), want.size()) << what;
         for (size_t i = 0; i < got.size(); ++i) {
           ASSERT_EQ(got[i].token_ids, want[i].token_ids) << what << " seq " << i;

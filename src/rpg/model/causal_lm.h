@@ -288,11 +288,13 @@ class CausalLM {
 
   // One decode step of every slot with fixed shapes and no host read: tokens [S, 1] and
   // positions [S] (where each token is written: the slot's length) are tensors on the
-  // model's device, attention spans the whole capacity under the mask key <= position.
-  // Returns logits [S, 1, V]. Slot lengths are not advanced (set_length): the step can be
-  // captured once in a CUDA graph (cuda_graph.h) and replayed with new tensor contents.
-  // A position >= capacity is undefined behaviour (checked by the caller, on the host).
-  at::Tensor decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const;
+  // model's device, attention spans the first kv_len positions of the cache (0: its whole
+  // capacity) under the mask key <= position. Returns logits [S, 1, V]. Slot lengths are
+  // not advanced (set_length): the step can be captured in a CUDA graph (cuda_graph.h), one
+  // per kv_len, and replayed with new tensor contents. A position >= kv_len is undefined
+  // behaviour (checked by the caller, on the host).
+  at::Tensor decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions,
+                              int64_t kv_len = 0) const;
 
  private:
   TokenLogProbs packed_log_probs(const at::Tensor& input_ids, const at::Tensor& attention_mask,

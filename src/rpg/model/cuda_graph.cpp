@@ -8,7 +8,8 @@ namespace rpg::model {
 namespace {
 
 // The plugin's entry point (graph_plugin.cpp): a new graph, or nullptr with *error set.
-using CaptureFn = StepGraph* (*)(const std::function<void()>* step, std::string* error);
+using CaptureFn = StepGraph* (*)(const std::function<void()>* step, const StepGraph* share_pool_with,
+                                 std::string* error);
 
 CaptureFn capture_fn() { return reinterpret_cast<CaptureFn>(dlsym(RTLD_DEFAULT, "rpg_cuda_capture_graph")); }
 
@@ -16,11 +17,11 @@ CaptureFn capture_fn() { return reinterpret_cast<CaptureFn>(dlsym(RTLD_DEFAULT, 
 
 bool cuda_graphs_available() { return capture_fn() != nullptr; }
 
-std::unique_ptr<StepGraph> capture_cuda_graph(const std::function<void()>& step) {
+std::unique_ptr<StepGraph> capture_cuda_graph(const std::function<void()>& step, const StepGraph* share_pool_with) {
   CaptureFn f = capture_fn();
   if (!f) throw ValueError("CUDA graphs: the plugin librpg_cuda.so is not loaded (no CUDA device selected, or not built)");
   std::string error;
-  StepGraph* g = f(&step, &error);
+  StepGraph* g = f(&step, share_pool_with, &error);
   if (!g) throw ValueError("CUDA graphs: capture failed: " + error);
   return std::unique_ptr<StepGraph>(g);
 }

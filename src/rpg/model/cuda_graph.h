@@ -23,7 +23,12 @@ bool cuda_graphs_available();
 
 // Runs `step` once on a side stream (warm-up: allocator, cuBLAS workspaces), then captures
 // it into a graph. The step must not read tensors back to the host nor change shapes.
+// `share_pool_with`: a graph captured earlier whose memory pool this one takes too (the
+// memory of one graph's intermediates instead of one per graph). Only for graphs that never
+// replay concurrently and whose steps read nothing a previous replay left in the pool: every
+// input and output a tensor allocated outside the captures, as the rollout engine's steps.
 // Throws rpg::ValueError naming the reason when the plugin is absent or capture fails.
-std::unique_ptr<StepGraph> capture_cuda_graph(const std::function<void()>& step);
+std::unique_ptr<StepGraph> capture_cuda_graph(const std::function<void()>& step,
+                                              const StepGraph* share_pool_with = nullptr);
 
 }  // namespace rpg::model

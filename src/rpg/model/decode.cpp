@@ -230,9 +230,13 @@ CausalLM::DecodePacks CausalLM::pack_weights_for_decode() const {
   return handle;
 }
 
-at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions) const {
+at::Tensor CausalLM::decode_all_slots(KVCache& cache, const at::Tensor& tokens, const at::Tensor& positions,
+                                      int64_t kv_len) const {
   const Impl& m = *impl_;
-  const int64_t S = cache.num_slots(), L = cache.capacity();
+  const int64_t S = cache.num_slots();
+  if (kv_len < 0 || kv_len > cache.capacity())
+    throw ValueError(str("decode_all_slots: kv_len ", kv_len, " outside [0, ", cache.capacity(), "] (0: the capacity)"));
+  const int64_t L = kv_len > 0 ? kv_len : cache.capacity();
   if (static_cast<int64_t>(cache.k_.size()) != m.config.num_hidden_layers)
     throw ValueError("decode_all_slots: the KV cache was made for another model");
   if (tokens.dim() != 2 || tokens.size(0) != S || tokens.size(1) != 1 || tokens.scalar_type() != at::kLong ||

@@ -42,15 +42,49 @@ struct Admitted {
 // longer prompt is prefilled alone.
 constexpr int64_t kPrefillBatchTokens = 8192;
 
+// Sampled ids [N] int64 and log-probs [N] fp32 as one byte buffer ids-then-log-probs, and
+// views of its two parts: both come to the host in one copy (on CUDA one wait per step,
+// not two).
+struct Sampled {
+  at::Tensor bytes, ids, lps;
+  explicit Sampled(at::Tensor b) : bytes(std::move(b)) {
+    const int64_t n = bytes.numel() / 12;
+    ids = bytes.narrow(0, 0, 8 * n).view(at::kLong);
+    lps = bytes.narrow(0, 8 * n, 4 * n).view(at::kFloat);
+  }
+  static Sampled to_host(const SampledTokens& s) {
+    return Sampled(at::cat({s.ids.contiguous().view(at::kByte), s.log_probs.contiguous().view(at::kByte)}).cpu());
+  }
+};
+
+// The spans of cache positions a fixed-slot step attends: the capacity and its halvings down
+// to a sixteenth, in multiples of 8. A step takes the smallest that holds every slot's write
+// position, so past the smallest it attends at most about twice the positions its longest
+// sequence has, not the whole capacity; one CUDA graph per span.
+std::vector<int64_t> attention_spans(int64_t capacity) {
+  std::vector<int64_t> spans;
+  for (int64_t part = 16; part >= 1; part /= 2) {
+    const int64_t span = std::min(capacity, (capacity / part + 7) / 8 * 8);
+    if (spans.empty() || span > spans.back()) spans.push_back(span);
+  }
+  return spans;
+}
+
 // The device side of fixed-slot decoding: every slot's input token and write position, a
 // uniform per slot, and the sampled token and log-prob per slot, at fixed addresses (a
 // captured graph reads and writes them), plus host staging copies (pinned on CUDA).
 struct FixedSlots {
-  at::Tensor tok, pos, uni, ids, lps;  // device: [S, 1] int64, [S] int64, [S] f64, [S] int64, [S] f32
+  at::Tensor tok, pos, uni;            // device: [S, 1] int64, [S] int64, [S] f64
   at::Tensor tok_h, pos_h, uni_h;      // host
-  std::unique_ptr<model::StepGraph> graph;
+  Sampled out, out_h;                  // device, host: [S] ids and log-probs
+  std::vector<int64_t> spans;          // attention_spans(capacity)
+  std::vector<std::unique_ptr<model::StepGraph>> graphs;  // per span, captured when first needed
 
-  FixedSlots(int64_t slots, at::Device device) {
+  FixedSlots(int64_t slots, int64_t capacity, at::Device device)
+      : out(at::zeros({12 * slots}, at::TensorOptions().dtype(at::kByte).device(device))),
+        out_h(at::zeros({12 * slots}, at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()))),
+        spans(attention_spans(capacity)),
+        graphs(spans.size()) {
     auto host = at::TensorOptions().pinned_memory(device.is_cuda());
     tok_h = at::zeros({slots, 1}, host.dtype(at::kLong));
     pos_h = at::zeros({slots}, host.dtype(at::kLong));
@@ -58,8 +92,6 @@ struct FixedSlots {
     tok = tok_h.to(device);
     pos = pos_h.to(device);
     uni = uni_h.to(device);
-    ids = at::zeros({slots}, at::TensorOptions().dtype(at::kLong).device(device));
-    lps = at::zeros({slots}, at::TensorOptions().dtype(at::kFloat).device(device));
   }
 };
 
@@ -155,17 +187,13 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
   // position per step); decode_all_slots keeps no lengths of its own.
   std::optional<FixedSlots> fixed;
   std::vector<int64_t> next_position(static_cast<size_t>(slots), 0);
-  auto fixed_step = [&] {
-    at::Tensor logits = model_.decode_all_slots(cache, fixed->tok, fixed->pos).select(1, 0);  // [S, V]
+  auto fixed_step = [&](int64_t span) {
+    at::Tensor logits = model_.decode_all_slots(cache, fixed->tok, fixed->pos, span).select(1, 0);  // [S, V]
     SampledTokens s = sample_tokens_on_device(logits, params, fixed->uni);
-    fixed->ids.copy_(s.ids);
-    fixed->lps.copy_(s.log_probs);
+    fixed->out.ids.copy_(s.ids);
+    fixed->out.lps.copy_(s.log_probs);
   };
-  if (options_.fixed_slots || options_.cuda_graph) {
-    fixed.emplace(slots, model_.device());
-    // Captured before any prefill: its warm-up step writes position 0 of every (empty) slot.
-    if (options_.cuda_graph) fixed->graph = model::capture_cuda_graph(fixed_step);
-  }
+  if (options_.fixed_slots || options_.cuda_graph) fixed.emplace(slots, capacity, model_.device());
   // Appends each row's sampled token (ids / lp indexed like `rows`, or by slot when
   // `by_slot`); retires the rows that finished.
   auto append_tokens = [&](std::vector<Active>& rows, const int64_t* ids, const float* lp, bool by_slot) {
@@ -197,10 +225,8 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
     std::vector<double> uniforms;
     uniforms.reserve(rows.size());
     for (auto& a : rows) uniforms.push_back(params.temperature == 0.0 ? 0.0 : a.rng.uniform());
-    SampledTokens sampled = sample_tokens(logits, params, uniforms);
-    at::Tensor ids = sampled.ids.cpu().contiguous();
-    at::Tensor lp = sampled.log_probs.cpu().contiguous();
-    append_tokens(rows, ids.data_ptr<int64_t>(), lp.data_ptr<float>(), false);
+    const Sampled sampled = Sampled::to_host(sample_tokens(logits, params, uniforms));
+    append_tokens(rows, sampled.ids.data_ptr<int64_t>(), sampled.lps.data_ptr<float>(), false);
   };
 
   // Prefills the admitted groups' prompts, each once into its group's first slot, copies it to
@@ -282,18 +308,37 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
       int64_t* tok = f.tok_h.data_ptr<int64_t>();
       int64_t* pos = f.pos_h.data_ptr<int64_t>();
       double* uni = f.uni_h.data_ptr<double>();
+      int64_t needed = 1;  // positions the step must attend: up to the furthest write
       for (auto& a : active) {
         tok[a.slot] = out[static_cast<size_t>(a.seq)].token_ids.back();
         pos[a.slot] = next_position[static_cast<size_t>(a.slot)];
         uni[a.slot] = params.temperature == 0.0 ? 0.0 : a.rng.uniform();
+        needed = std::max(needed, pos[a.slot] + 1);
       }
+      const size_t span = static_cast<size_t>(
+          std::lower_bound(f.spans.begin(), f.spans.end(), needed) - f.spans.begin());
+      stats_.attended_positions += f.spans[span];
       f.tok.copy_(f.tok_h, /*non_blocking=*/true);
       f.pos.copy_(f.pos_h, /*non_blocking=*/true);
       f.uni.copy_(f.uni_h, /*non_blocking=*/true);
-      if (f.graph) f.graph->replay();
-      else fixed_step();
-      at::Tensor ids = f.ids.cpu(), lp = f.lps.cpu();
-      append_tokens(active, ids.data_ptr<int64_t>(), lp.data_ptr<float>(), true);
+      if (options_.cuda_graph) {
+        std::unique_ptr<model::StepGraph>& graph = f.graphs[span];
+        if (!graph) {
+          // Captured when a step first needs this span. The capture's warm-up runs the step
+          // for real on these inputs, writing what the replay below writes again. All spans'
+          // graphs share one memory pool: they replay one at a time, from and to f's tensors.
+          const model::StepGraph* pool = nullptr;
+          for (const auto& g : f.graphs)
+            if (g && !pool) pool = g.get();
+          graph = model::capture_cuda_graph([&fixed_step, s = f.spans[span]] { fixed_step(s); }, pool);
+          ++stats_.graphs_captured;
+        }
+        graph->replay();
+      } else {
+        fixed_step(f.spans[span]);
+      }
+      f.out_h.bytes.copy_(f.out.bytes);  // the one host read
+      append_tokens(active, f.out_h.ids.data_ptr<int64_t>(), f.out_h.lps.data_ptr<float>(), true);
       stats_.decode_seconds += seconds_since(t_step);
       test_hook::kill_point("generation");
       continue;

@@ -38,10 +38,11 @@ struct EngineOptions {
   // step over the active rows only. The same tokens from the same streams; on a GPU the
   // launch count per token no longer depends on the batch, on a CPU it only costs more.
   bool fixed_slots = false;
-  // fixed_slots, and the step captured once per generate() in a CUDA graph and replayed:
-  // one launch and one host read (the stop check) per token. CUDA with the plugin
-  // librpg_cuda.so only (model::cuda_graphs_available()); the constructor refuses it
-  // elsewhere. verl's actor_rollout_ref.rollout.enforce_eager=false.
+  // fixed_slots, and the step captured in a CUDA graph per generate() and attention span
+  // (GenerateStats::graphs_captured) and replayed: one launch and one host read (the stop
+  // check) per token. CUDA with the plugin librpg_cuda.so only
+  // (model::cuda_graphs_available()); the constructor refuses it elsewhere. verl's
+  // actor_rollout_ref.rollout.enforce_eager=false.
   bool cuda_graph = false;
   // Each generate() packs the model's weights once for the CPU GEMM
   // (model::CausalLM::pack_weights_for_decode): fp32 CPU decode steps 1.1-1.7x faster for about
@@ -60,6 +61,12 @@ struct GenerateStats {
   // ran, for benchmarks that must not subtract two noisy runs.
   double decode_seconds = 0.0;
   int64_t decode_steps = 0;
+  // Fixed-slot steps (EngineOptions::fixed_slots / cuda_graph): the cache positions their
+  // attention spanned, summed over steps (each step the smallest of a few spans that holds
+  // every write position, not the whole capacity), and the CUDA graphs captured (one per span
+  // a step needed).
+  int64_t attended_positions = 0;
+  int64_t graphs_captured = 0;
   double tokens_per_second() const { return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0; }
 };
 
