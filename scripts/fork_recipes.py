@@ -48,7 +48,8 @@ MAPPED = {
     "actor_rollout_ref.model." + k for k in ("path", "use_remove_padding", "enable_gradient_checkpointing")
 } | {
     "actor_rollout_ref.rollout." + k for k in (
-        "n", "temperature", "top_p", "top_k", "enforce_eager", "val_kwargs.temperature", "val_kwargs.top_p",
+        "n", "temperature", "top_p", "top_k", "enforce_eager", "max_num_batched_tokens", "val_kwargs.temperature",
+        "val_kwargs.top_p",
         "val_kwargs.top_k", "val_kwargs.do_sample", "val_kwargs.n")
 } | {
     "algorithm." + k for k in ("adv_estimator", "use_kl_in_reward", "kl_ctrl.kl_coef", "filter_groups.enable",
@@ -67,11 +68,11 @@ MAPPED = {
 # Overrides that change nothing rpg computes, by entry: (name, why, keys). A key ending in `.`
 # covers its subtree. rpg's loader accepts each and has no setting of that name.
 NO_EFFECT = [
-    ("vllm", "vLLM engine settings (memory, tensor parallelism, chunked prefill and its token budget, cache "
-             "release); rpg generates with its own in-process engine",
+    ("vllm", "vLLM engine settings (memory, tensor parallelism, turning chunked prefill on, cache release); rpg "
+             "generates with its own in-process engine, which always prefills a prompt past "
+             "max_num_batched_tokens in chunks",
      ["actor_rollout_ref.rollout." + k for k in ("gpu_memory_utilization", "tensor_model_parallel_size",
-                                                 "enable_chunked_prefill", "max_num_batched_tokens",
-                                                 "free_cache_engine")]),
+                                                 "enable_chunked_prefill", "free_cache_engine")]),
     ("old_log_prob_micro_batching", "micro-batching of the fork's no-grad old log-prob pass; rpg cuts that pass "
                                     "like the actor's update (actor.use_dynamic_bsz, ppo_max_token_len_per_gpu), "
                                     "which changes no log-prob beyond float rounding",

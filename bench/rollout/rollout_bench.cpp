@@ -2,7 +2,8 @@
 // side (transformers generate) and the ratio are in rollout_bench.py, which runs this.
 //
 //   rollout_bench --model DIR --prompts prompts.json --n N --max-new-tokens T
-//                 [--stop id,id,...] [--max-num-seqs S] [--seed S] [--dtype float32|bfloat16|float16]
+//                 [--stop id,id,...] [--max-num-seqs S] [--max-num-batched-tokens T] [--seed S]
+//                 [--dtype float32|bfloat16|float16]
 // Prints one JSON object: generated tokens, seconds, tokens/s, peak RSS (VmHWM, MiB), the
 // decode steps' seconds and count, prompt tokens and the forwards that prefilled them.
 #include <ATen/Parallel.h>
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
       .option("--max-new-tokens", &p.max_new_tokens, "tokens per response")
       .option("--stop", &stop, "comma-separated stop token ids", "IDS")
       .option("--max-num-seqs", &e.max_num_seqs, "sequence slots")
+      .option("--max-num-batched-tokens", &e.max_num_batched_tokens, "most prompt tokens per prefill forward")
       .option("--seed", &seed, "seed")
       .option("--threads", &threads, "intra-op threads (0: torch default)")
       .option("--dtype", &dtype, "weights and KV cache: float32 | bfloat16 | float16", "DTYPE");

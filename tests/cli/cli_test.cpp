@@ -188,6 +188,7 @@ TEST(Cli, ConfigShowRejectsEveryOutOfRangeNumberNamingTheFullKey) {
       {r + "top_p", {r + "top_p", "0"}},
       {r + "top_k", {r + "top_k", "0"}},
       {r + "max_num_seqs", {r + "max_num_seqs", "0"}},
+      {r + "max_num_batched_tokens", {r + "max_num_batched_tokens", "0"}},
       {r + "kv_cache_memory_fraction", {r + "kv_cache_memory_fraction", "1.5"}},
       {r + "val_kwargs.temperature", {r + "val_kwargs.temperature", "-0.5"}},
       {r + "val_kwargs.top_p", {r + "val_kwargs.top_p", "1.01"}},

@@ -152,7 +152,8 @@ std::vector<Case> cases() {
   for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
            {"--max-num-seqs", "0"}, {"--max-new-tokens", "0"}, {"--top-k", "0"}, {"--top-k", "-2"},
            {"--max-kv-tokens", "-1"}, {"--top-p", "0"}, {"--temperature", "-1"}, {"--max-num-seqs", "9223372036854775807"},
-           {"--kv-cache-memory-fraction", "2"}, {"--kv-cache-memory-fraction", "-1"}})
+           {"--kv-cache-memory-fraction", "2"}, {"--kv-cache-memory-fraction", "-1"},
+           {"--max-num-batched-tokens", "0"}, {"--max-num-batched-tokens", "-1"}})
     v.push_back({"generate_" + flag.substr(2) + "_" + (value[0] == '-' ? "minus" + value.substr(1) : value), {},
                  {"generate", "--model", "{model}", "--prompt", "hi", flag, value}, 2, "rpg generate: " + flag, 60, 2048});
   // A KV-cache share of the memory too small for one sequence: refused before the first step.

@@ -200,6 +200,58 @@ TEST_P(EngineTest, PromptsAdmittedTogetherArePrefilledTogether) {
   }
 }
 
+// A prompt longer than max_num_batched_tokens is prefilled in chunks of that many tokens, each
+// attending the chunks before it in the cache (vLLM's chunked prefill), shorter ones batched
+// within it: the responses are those of whole-prompt prefills, greedy and sampled, each
+// prompt's copies decoding from the chunked prompt, and the first token's log-prob is the full
+// forward's. A budget of 1 prefills token by token (the decode step's path).
+TEST_P(EngineTest, LongPromptsArePrefilledInChunksOfMaxNumBatchedTokens) {
+  model::CausalLM m = load("qwen3_fp32");
+  const auto base = prompts("qwen3_fp32")[2];  // 9 tokens
+  auto prompt_of = [&](size_t len) {
+    std::vector<int64_t> p;
+    for (size_t i = 0; i < len; ++i) p.push_back(base[i % base.size()] + static_cast<int64_t>(i / base.size()));
+    return p;
+  };
+  const std::vector<std::vector<int64_t>> ps = {prompt_of(30), prompt_of(8), prompt_of(31)};
+  for (double temperature : {0.0, 1.0}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.n = 2;
+    p.max_new_tokens = 6;
+    p.seed = 9;
+    RolloutEngine whole(m, {64, 0});
+    const auto want = whole.generate(ps, p);
+    EXPECT_EQ(whole.last_stats().prefill_forwards, 2);  // {8}, {30, 31}
+    // budget -> forwards: the 8 tokens in one (or 8), 30 and 31 in ceil(len / budget) each
+    for (const auto& [budget, forwards] : std::vector<std::pair<int64_t, int64_t>>{{8, 1 + 4 + 4}, {1, 8 + 30 + 31}}) {
+      EngineOptions o{64, 0};
+      o.max_num_batched_tokens = budget;
+      RolloutEngine chunked(m, o);
+      const auto got = chunked.generate(ps, p);
+      const std::string what = "temperature " + std::to_string(temperature) + " budget " + std::to_string(budget);
+      EXPECT_EQ(chunked.last_stats().prefill_forwards, forwards) << what;
+      EXPECT_EQ(chunked.last_stats().prompt_tokens, 30 + 8 + 31) << what;
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].token_ids, want[i].token_ids) << what << " seq " << i;
+        for (size_t t = 0; t < got[i].log_probs.size(); ++t)
+          EXPECT_NEAR(got[i].log_probs[t], want[i].log_probs[t], 1e-4) << what << " seq " << i << " token " << t;
+        std::vector<int64_t> ids = ps[static_cast<size_t>(got[i].prompt_index)];
+        ids.push_back(got[i].token_ids[0]);
+        model::LogProbOptions lo;
+        lo.temperature = temperature == 0.0 ? 1.0 : temperature;
+        const at::Tensor full = m.log_probs(at::tensor(ids, at::kLong).unsqueeze(0), {}, {},
+                                            at::tensor({got[i].token_ids[0]}, at::kLong).unsqueeze(0), lo).log_probs;
+        EXPECT_NEAR(got[i].log_probs[0], full.cpu().item<double>(), 1e-4) << what << " seq " << i;
+      }
+    }
+  }
+  EngineOptions bad{64, 0};
+  bad.max_num_batched_tokens = 0;
+  EXPECT_THROW(RolloutEngine(m, bad), ValueError);
+}
+
 // A share of the memory available when generate() starts (the trainer's and the CLI's KV
 // budget) bounds the slots: the model's own K/V bytes per position (2 x layers x KV heads x head
 // dim x 4 for fp32, from the checkpoint's config.json, not from rpg) times the longest prompt +

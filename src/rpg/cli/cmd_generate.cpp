@@ -36,6 +36,8 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
       .flag("--ignore-eos", &o.sampling.ignore_eos, "keep generating past end-of-sequence tokens")
       .option("--max-num-seqs", &o.engine.max_num_seqs, "sequences decoded together (default 64)", "N")
       .option("--max-kv-tokens", &o.engine.max_kv_tokens, "KV-cache budget in tokens, 0 = none (default 0)", "N")
+      .option("--max-num-batched-tokens", &o.engine.max_num_batched_tokens,
+              "most prompt tokens one prefill forward takes; longer prompts go in chunks (default 8192)", "N")
       .option("--kv-cache-memory-fraction", &o.engine.kv_cache_memory_fraction,
               "the KV cache's share of the memory available at the start, 0 = no bound (default 0.8)", "F")
       .option("--limit", &o.limit, "use only the first N rows of --data", "N")
@@ -59,6 +61,7 @@ int run_generate(const std::string& full_name, const std::vector<std::string>& a
   count("--max-new-tokens", o.sampling.max_new_tokens, 1, int64_t{1} << 24);
   count("--max-num-seqs", o.engine.max_num_seqs, 1, int64_t{1} << 20);
   count("--max-kv-tokens", o.engine.max_kv_tokens, 0, int64_t{1} << 40);
+  count("--max-num-batched-tokens", o.engine.max_num_batched_tokens, 1, int64_t{1} << 40);
   if (!(o.engine.kv_cache_memory_fraction >= 0 && o.engine.kv_cache_memory_fraction <= 1))
     throw UsageError(str(full_name, ": --kv-cache-memory-fraction must be in [0, 1], got ", o.engine.kv_cache_memory_fraction));
   count("--limit", o.limit, -1, INT64_MAX);

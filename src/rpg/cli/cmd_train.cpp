@@ -99,6 +99,8 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
       .option("--max-new-tokens", &sampling.max_new_tokens, "tokens per response (default 4096)", "N")
       .option("--seed", &seed, "random seed (default 0)", "S")
       .option("--max-num-seqs", &engine.max_num_seqs, "sequences decoded together (default 64)", "N")
+      .option("--max-num-batched-tokens", &engine.max_num_batched_tokens,
+              "most prompt tokens one prefill forward takes; longer prompts go in chunks (default 8192)", "N")
       .option("--kv-cache-memory-fraction", &engine.kv_cache_memory_fraction,
               "the KV cache's share of the memory available at the start, 0 = no bound (default 0.8)", "F")
       .option("--output", &output, "also write the metrics as JSON here", "FILE")
@@ -132,6 +134,8 @@ int run_eval(const std::string& full_name, const std::vector<std::string>& args)
   if (reward_spec.python.num_workers < 0) throw UsageError(str(full_name, ": --reward-workers must be >= 0"));
   if (!(engine.kv_cache_memory_fraction >= 0 && engine.kv_cache_memory_fraction <= 1))
     throw UsageError(str(full_name, ": --kv-cache-memory-fraction must be in [0, 1], got ", engine.kv_cache_memory_fraction));
+  if (engine.max_num_batched_tokens < 1)
+    throw UsageError(str(full_name, ": --max-num-batched-tokens must be >= 1, got ", engine.max_num_batched_tokens));
   if (!(reward_spec.python.timeout_s > 0)) throw UsageError(str(full_name, ": --reward-timeout must be > 0"));
   if (!reward_url.empty() && !reward_fn.empty())
     throw UsageError(str(full_name, ": --reward-fn and --reward-url are both given: score with one of them"));

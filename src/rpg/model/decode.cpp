@@ -191,9 +191,12 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
   }
   for (int64_t i = 0; i < N; ++i) {
     const int64_t s = slots[i];
-    if (cache.lengths_[s] == 0) {  // a prompt: its copies will share it
+    // A prompt, or the next chunk of one (several tokens onto a slot that holds only its
+    // prompt so far): its copies will share it. A new id for the longer prompt, since copies
+    // made of the shorter one keep theirs.
+    if (cache.lengths_[s] == 0 || (T > 1 && cache.prefix_length_[s] == cache.lengths_[s])) {
       cache.prefix_id_[s] = cache.next_prefix_id_++;
-      cache.prefix_length_[s] = counts[i];
+      cache.prefix_length_[s] = cache.lengths_[s] + counts[i];
     }
     cache.lengths_[s] += counts[i];
   }

@@ -37,11 +37,6 @@ struct Admitted {
   std::vector<Active> rows;
 };
 
-// The most padded tokens one prefill forward takes (vLLM's max_num_batched_tokens is of this
-// size; CPU decode with packed weights: the rows those take, DecodePacks::max_rows); a
-// longer prompt is prefilled alone.
-constexpr int64_t kPrefillBatchTokens = 8192;
-
 // Sampled ids [N] int64 and log-probs [N] fp32 as one byte buffer ids-then-log-probs, and
 // views of its two parts: both come to the host in one copy (on CUDA one wait per step,
 // not two).
@@ -113,6 +108,8 @@ std::optional<int64_t> kv_budget_bytes(const model::CausalLM& model, const Engin
 RolloutEngine::RolloutEngine(const model::CausalLM& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_num_seqs < 1) throw ValueError(str("max_num_seqs: must be >= 1, got ", options_.max_num_seqs));
   if (options_.max_kv_tokens < 0) throw ValueError(str("max_kv_tokens: must be >= 0, got ", options_.max_kv_tokens));
+  if (options_.max_num_batched_tokens < 1)
+    throw ValueError(str("max_num_batched_tokens: must be >= 1, got ", options_.max_num_batched_tokens));
   if (!(options_.kv_cache_memory_fraction >= 0 && options_.kv_cache_memory_fraction <= 1))
     throw ValueError(str("kv_cache_memory_fraction: must be in [0, 1], got ", options_.kv_cache_memory_fraction));
   if (options_.cuda_graph && !(model_.device().is_cuda() && model::cuda_graphs_available()))
@@ -234,10 +231,13 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
   // together, shortest first, in right-padded batches (one forward each instead of one per
   // prompt: on a GPU every forward of a small model costs a few hundred kernel launches
   // whatever its length) whose padding stays within a quarter of their real tokens and whose
-  // padded size within kPrefillBatchTokens (a longer prompt goes alone). On the CPU the packed
-  // products are as fast at one prompt's rows as at more, and MKL's unpacked GEMM beyond them
-  // is slower: there a batch stays within the rows the packs take.
-  const int64_t prefill_tokens = packs.max_rows() > 0 ? std::min(packs.max_rows(), kPrefillBatchTokens) : kPrefillBatchTokens;
+  // padded size within max_num_batched_tokens. A longer prompt goes alone, in chunks of that
+  // many tokens, each attending the ones before it in the cache (vLLM's chunked prefill): the
+  // activations of one forward stay within that budget whatever the prompt. On the CPU the
+  // packed products are as fast at one prompt's rows as at more, and MKL's unpacked GEMM
+  // beyond them is slower: there a batch stays within the rows the packs take.
+  const int64_t budget = options_.max_num_batched_tokens;
+  const int64_t prefill_tokens = packs.max_rows() > 0 ? std::min(packs.max_rows(), budget) : budget;
   auto prefill = [&](std::vector<Admitted>& groups) {
     auto length = [&](size_t g) { return static_cast<int64_t>(prompts[static_cast<size_t>(groups[g].prompt_index)].size()); };
     std::vector<size_t> order(groups.size());
@@ -261,9 +261,14 @@ std::vector<Response> RolloutEngine::generate(const std::vector<std::vector<int6
         lengths.push_back(static_cast<int64_t>(prompt.size()));
         stats_.prompt_tokens += static_cast<int64_t>(prompt.size());
       }
-      // Only each row's last real position's logits are sampled from.
-      const at::Tensor logits = model_.decode(cache, slots, tokens.to(model_.device()), {lengths, true});  // [rows, V]
-      ++stats_.prefill_forwards;
+      // Only each row's last real position's logits are sampled from: [rows, V].
+      at::Tensor logits;
+      for (int64_t done = 0; done < T; done += budget) {  // one pass unless a lone prompt exceeds the budget
+        const int64_t chunk = std::min(budget, T - done);
+        logits = model_.decode(cache, slots, tokens.narrow(1, done, chunk).to(model_.device()),
+                               {chunk == T ? lengths : std::vector<int64_t>{}, true});
+        ++stats_.prefill_forwards;
+      }
       for (int64_t r = 0; r < rows; ++r) {
         std::vector<Active>& group = groups[order[first + static_cast<size_t>(r)]].rows;
         for (size_t i = 1; i < group.size(); ++i) cache.copy_slot(group[0].slot, group[i].slot);

@@ -26,6 +26,11 @@ namespace rpg::rollout {
 struct EngineOptions {
   int64_t max_num_seqs = 64;   // sequence slots decoding together
   int64_t max_kv_tokens = 0;   // KV-cache budget in token positions over all slots (0: none)
+  // The most (padded) prompt tokens one prefill forward takes: prompts admitted together are
+  // prefilled in batches within it, and a longer prompt in chunks of this many tokens
+  // (vLLM's max_num_batched_tokens with chunked prefill; verl's default 8192). It bounds a
+  // prefill's activations; the responses do not depend on it beyond float rounding.
+  int64_t max_num_batched_tokens = 8192;
   // > 0: the cache may also take at most this share of the memory available when generate()
   // starts (kv_budget_bytes); `memory_ranks` processes share a CPU's memory. rpg train's
   // actor_rollout_ref.rollout.kv_cache_memory_fraction, rpg generate / eval's
@@ -52,7 +57,8 @@ struct EngineOptions {
 
 struct GenerateStats {
   int64_t prompt_tokens = 0;     // prefilled (a prompt shared by n samples counts once)
-  int64_t prefill_forwards = 0;  // model calls that prefilled them (prompts admitted together share one)
+  int64_t prefill_forwards = 0;  // model calls that prefilled them (prompts admitted together share one; a
+                                 // prompt past max_num_batched_tokens takes one per chunk)
   int64_t generated_tokens = 0;
   int64_t slots = 0;             // sequences that decoded together (at most max_num_seqs)
   bool slots_cut_by_kv_budget = false;  // a KV budget allowed fewer than max_num_seqs

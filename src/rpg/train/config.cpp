@@ -174,6 +174,7 @@ void TrainConfig::validate() const {
   unit_interval_open_low(r.top_p, p + "top_p");
   minus_one_or_at_least(r.top_k, 1, p + "top_k", "all tokens");
   at_least<int64_t>(r.max_num_seqs, 1, p + "max_num_seqs");
+  at_least<int64_t>(r.max_num_batched_tokens, 1, p + "max_num_batched_tokens");
   unit_interval_open_low(r.kv_cache_memory_fraction, p + "kv_cache_memory_fraction");
   require_one_of(r.dtype, {"auto", "float32", "bfloat16", "float16"}, p + "dtype");
   at_least(r.val_kwargs.temperature, 0.0, p + "val_kwargs.temperature");

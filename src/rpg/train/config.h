@@ -146,6 +146,7 @@ struct RolloutConfig {
   int64_t top_k = -1;
   bool ignore_eos = false;
   int64_t max_num_seqs = 256;  // sequence slots of the continuous-batching engine
+  int64_t max_num_batched_tokens = 8192;  // rollout::EngineOptions::max_num_batched_tokens
   // The share of the memory available when a rollout starts (CPU: MemAvailable, divided among
   // the node's ranks; CUDA: the device's free memory) that the engine's KV cache may take: a
   // long-response batch decodes fewer sequences at a time instead of running out of memory.
@@ -167,6 +168,8 @@ struct RolloutConfig {
     v("top_k", top_k, "keep the k most likely tokens (-1: all)");
     v("ignore_eos", ignore_eos, "keep generating past EOS");
     v("max_num_seqs", max_num_seqs, "concurrent sequences in the generation engine");
+    v("max_num_batched_tokens", max_num_batched_tokens,
+      "most prompt tokens one prefill forward takes; a longer prompt is prefilled in chunks of this size");
     v("kv_cache_memory_fraction", kv_cache_memory_fraction,
       "share of the memory available at a rollout's start that its KV cache may take (fewer concurrent sequences beyond)");
     v("dtype", dtype, "auto | float32 | bfloat16 | float16: rollout weights and KV cache (auto: the faster on the device)");
@@ -174,7 +177,7 @@ struct RolloutConfig {
     v.section("val_kwargs", val_kwargs, "sampling for validation");
     for (const char* key : {"name", "mode", "tensor_model_parallel_size", "data_parallel_size",
                             "expert_parallel_size", "pipeline_model_parallel_size", "gpu_memory_utilization",
-                            "free_cache_engine", "max_num_batched_tokens", "max_model_len",
+                            "free_cache_engine", "max_model_len",
                             "enable_chunked_prefill", "enable_prefix_caching", "load_format",
                             "disable_log_stats", "engine_kwargs", "calculate_log_probs", "layered_summon",
                             "multi_turn", "agent", "cudagraph_capture_sizes", "prompt_length", "response_length",

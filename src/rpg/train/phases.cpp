@@ -101,6 +101,7 @@ model::CausalLM& Trainer::Impl::rollout_model() {
 rollout::EngineOptions Trainer::Impl::engine_options(const model::CausalLM& model) const {
   const auto& r = cfg.actor_rollout_ref.rollout;
   rollout::EngineOptions o{r.max_num_seqs, 0};
+  o.max_num_batched_tokens = r.max_num_batched_tokens;
   // The KV cache's share of what is free when each rollout starts (the update's activations
   // are gone). CPU ranks of one node share its memory. A share that cannot hold one sequence of
   // the configured lengths is refused here, naming the key, whatever the prompts drawn.
