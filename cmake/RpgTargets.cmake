@@ -61,12 +61,14 @@ endfunction()
 
 # rpg_add_device_path_test(<name> <test binary target> <gtest filter> <label>)
 # The binary's decode tests through the device-generic decode path a GPU takes (position-major
-# KV caches, SDPA under a mask), on the CPU: RPG_DECODE_ATTENTION=sdpa turns the CPU decode
-# kernel off (model/decode_attention.h), so that path is tested before any GPU runs it.
+# KV caches, SDPA under a mask, sampling by tensor operations), on the CPU:
+# RPG_DECODE_ATTENTION=sdpa turns the CPU decode kernel off (model/decode_attention.h) and
+# RPG_SAMPLER=torch the CPU sampling loops (rollout/sampler.cpp), so that path is tested before
+# any GPU runs it.
 function(rpg_add_device_path_test name target filter label)
   add_test(NAME ${name} COMMAND $<TARGET_FILE:${target}> "--gtest_filter=${filter}" --gtest_brief=1)
   set_tests_properties(${name} PROPERTIES LABELS ${label} TIMEOUT 900
-    ENVIRONMENT "RPG_DECODE_ATTENTION=sdpa;OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
+    ENVIRONMENT "RPG_DECODE_ATTENTION=sdpa;RPG_SAMPLER=torch;OMP_NUM_THREADS=1;MKL_NUM_THREADS=1")
 endfunction()
 
 # rpg_add_fuzz_target(<name> SOURCES <target.cpp> <library .cpp files it exercises>...

@@ -2,8 +2,8 @@
 // side (transformers generate) and the ratio are in rollout_bench.py, which runs this.
 //
 //   rollout_bench --model DIR --prompts prompts.json --n N --max-new-tokens T
-//                 [--stop id,id,...] [--max-num-seqs S] [--max-num-batched-tokens T] [--seed S]
-//                 [--dtype float32|bfloat16|float16]
+//                 [--stop id,id,...] [--temperature T] [--top-p P] [--top-k K] [--max-num-seqs S]
+//                 [--max-num-batched-tokens T] [--seed S] [--dtype float32|bfloat16|float16]
 // Prints one JSON object: generated tokens, seconds, tokens/s, peak RSS (VmHWM, MiB), the
 // decode steps' seconds and count, prompt tokens and the forwards that prefilled them.
 #include <ATen/Parallel.h>
@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
       .option("--n", &p.n, "responses per prompt")
       .option("--max-new-tokens", &p.max_new_tokens, "tokens per response")
       .option("--stop", &stop, "comma-separated stop token ids", "IDS")
+      .option("--temperature", &p.temperature, "sampling temperature (default 1.0)")
+      .option("--top-p", &p.top_p, "nucleus mass (default 1.0)")
+      .option("--top-k", &p.top_k, "top-k, -1 = all (default -1)")
       .option("--max-num-seqs", &e.max_num_seqs, "sequence slots")
       .option("--max-num-batched-tokens", &e.max_num_batched_tokens, "most prompt tokens per prefill forward")
       .option("--seed", &seed, "seed")

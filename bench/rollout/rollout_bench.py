@@ -4,6 +4,7 @@ peak memory (VmHWM).
 
   .venv/bin/python bench/rollout/rollout_bench.py [--bench build/bench/rollout/rollout_bench]
       [--n 8] [--prompts 8] [--max-new-tokens 256] [--threads 2] [--dtype float32|bfloat16] [--model DIR]
+      [--temperature 1.0] [--top-p 1.0] [--top-k -1]
 
 The model is a random Qwen2 (hidden 512, 8 layers, vocab 16384) built here; 1/64 of the
 vocabulary are stop tokens, so response lengths are mixed (geometric, mean ~64, capped at
@@ -28,6 +29,9 @@ ap.add_argument("--n", type=int, default=8)
 ap.add_argument("--prompts", type=int, default=8)
 ap.add_argument("--max-new-tokens", type=int, default=256)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--temperature", type=float, default=1.0)
+ap.add_argument("--top-p", type=float, default=1.0, help="nucleus mass, both sides (1.0: off)")
+ap.add_argument("--top-k", type=int, default=-1, help="top-k, both sides (-1: off)")
 ap.add_argument("--model", help="a real checkpoint (e.g. SmolLM2-135M-Instruct) with chat-templated word problems "
                 "instead of the random Qwen2; stop tokens = its EOS")
 ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
@@ -76,7 +80,8 @@ with tempfile.TemporaryDirectory() as d:
     # rpg (separate process: its own peak memory)
     out = subprocess.run([args.bench, "--model", model_dir, "--prompts", os.path.join(d, "prompts.json"), "--n", str(args.n),
                           "--max-new-tokens", str(args.max_new_tokens), "--stop", ",".join(map(str, stop)),
-                          "--threads", str(args.threads), "--dtype", args.dtype], check=True, capture_output=True,
+                          "--threads", str(args.threads), "--dtype", args.dtype, "--temperature", str(args.temperature),
+                          "--top-p", str(args.top_p), "--top-k", str(args.top_k)], check=True, capture_output=True,
                          text=True)
     ours = json.loads(out.stdout)
 
@@ -87,7 +92,8 @@ with tempfile.TemporaryDirectory() as d:
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     t0 = time.perf_counter()
     with torch.no_grad():
-        gen = model.generate(ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+        gen = model.generate(ids, attention_mask=mask, do_sample=True, temperature=args.temperature, top_p=args.top_p,
+                             top_k=max(args.top_k, 0),
                              num_return_sequences=args.n, max_new_tokens=args.max_new_tokens, eos_token_id=stop,
                              pad_token_id=stop[0])
     hf_seconds = time.perf_counter() - t0
@@ -101,7 +107,7 @@ with tempfile.TemporaryDirectory() as d:
     hf_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 print(f"responses: {args.prompts} prompts x n={args.n}, max_new_tokens={args.max_new_tokens}, threads={args.threads}, "
-      f"dtype={args.dtype}")
+      f"dtype={args.dtype}, temperature={args.temperature}, top_p={args.top_p}, top_k={args.top_k}")
 print(f"rpg          {ours['generated_tokens']:6d} tokens in {ours['seconds']:.2f} s = "
       f"{ours['tokens_per_second']:.1f} tokens/s, peak RSS {ours['peak_rss_mib']:.0f} MiB")
 print(f"transformers {hf_tokens:6d} tokens in {hf_seconds:.2f} s = {hf_tokens / hf_seconds:.1f} tokens/s, "

@@ -127,6 +127,45 @@ TEST(Sampler, PlainSamplingInvertsTheCdfOfTheFloat64Distribution) {
   EXPECT_TRUE(((nan.ids >= 0) & (nan.ids < V)).all().item<bool>());
 }
 
+TEST(Sampler, FilteredSamplingInvertsTheCdfOfTheFloat64FilteredDistribution) {
+  // With top-k or top-p, CPU rows take a path without a sort of the vocabulary (a heap for the
+  // k-th value, a histogram for top-p's boundary). Against the rule written out on
+  // sampling_probs' float64 distribution, which equals Hugging Face's warpers (above): the
+  // first token whose CDF exceeds u * total, never one outside the kept set, the log-probs of
+  // the unfiltered log_softmax(x / T). Rows: random, masked tokens, a flat one (top-p's
+  // boundary among equal probabilities: ties go by token id), one dominated by its last
+  // token, one with the k-th value tied, and peaked ones (a nucleus of a few tokens).
+  at::manual_seed(9);
+  const int64_t rows = 200, V = 3000 + 7;  // blocks of 16 and a tail; k up to 2000 (the selection)
+  at::Tensor logits = at::randn({rows, V}) * 3;
+  logits.narrow(1, 0, 40).fill_(-std::numeric_limits<float>::infinity());
+  logits[0].fill_(0);
+  logits[1][V - 1] = 40;
+  logits[2].narrow(0, 100, 12).fill_(9.0f);  // 12 tokens tied at the top: top-k 5 keeps all 12
+  for (int64_t r = 3; r < 40; ++r) logits[r].narrow(0, 50 * r, 3).add_(12.0f + static_cast<float>(r % 5));
+  std::vector<double> u(static_cast<size_t>(rows));
+  RandomStream rs(mix_key(5, 2, 7));
+  for (auto& x : u) x = rs.uniform();
+  u[4] = 0.0;
+  u[5] = std::nextafter(1.0, 0.0);
+  const std::vector<Case> cases = {{1.0, 0.9, -1}, {0.7, 0.5, -1}, {1.0, 1e-9, -1}, {1.3, 1.0, 5},
+                                   {0.6, 0.95, 50}, {1.0, 0.999, 2000}, {1.0, 1.0, V - 1}, {2.0, 0.3, 1}};
+  for (const Case& c : cases) {
+    const SamplingParams p = params_of(c);
+    const std::string what = str("T ", c.temperature, " top_p ", c.top_p, " top_k ", c.top_k);
+    const SampledTokens s = sample_tokens(logits, p, u);
+    const at::Tensor probs = sampling_probs(logits, p), cdf = probs.cumsum(1);
+    const at::Tensor target = at::tensor(u, at::kDouble).unsqueeze(1) * cdf.narrow(1, V - 1, 1);
+    const at::Tensor want = at::searchsorted(cdf, target, false, true).squeeze(1).clamp_max(V - 1);
+    EXPECT_TRUE(at::equal(s.ids, want)) << what << ": " << (s.ids != want).sum().item<int64_t>() << " differ";
+    EXPECT_TRUE((probs.gather(1, s.ids.unsqueeze(1)) > 0).all().item<bool>()) << what;
+    const at::Tensor lp = at::log_softmax(logits.to(at::kDouble) / c.temperature, 1).gather(1, s.ids.unsqueeze(1)).squeeze(1);
+    EXPECT_LE((s.log_probs.to(at::kDouble) - lp).abs().max().item<double>(), 2e-6) << what;
+  }
+  const SampledTokens nan = sample_tokens(at::full({2, V}, std::nanf("")), params_of({1.0, 0.9, 5}), {0.5, 0.999});
+  EXPECT_TRUE(((nan.ids >= 0) & (nan.ids < V)).all().item<bool>());
+}
+
 TEST(Sampler, GreedyTakesTheFirstMaximumAndReportsItsLogProb) {
   at::Tensor logits = at::tensor({1.0f, 3.0f, 3.0f, -1.0f, 0.0f, 0.0f, 0.0f, 2.0f}).reshape({2, 4});
   SamplingParams p;

@@ -5,8 +5,12 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <bit>
+#include <functional>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "rpg/core/cpu_clones.h"
 #include "rpg/core/error.h"
@@ -20,7 +24,7 @@
 namespace rpg::rollout {
 namespace {
 
-// Plain sampling (no top-k or top-p) of fp32 logits on the CPU, a row per task: the row's
+// Sampling fp32 logits on the CPU, a row per task. Plain (no top-k or top-p): the row's
 // max, its exp(z - max) and their sums in blocks of 16 tokens (float64), then the block and
 // the token where the running sum first exceeds u * total. Same rule as the general path
 // below (the CDF inverted in token-id order; a token of probability 0 is never chosen), with
@@ -70,8 +74,60 @@ RPG_CPU_CLONES void exp_and_block_sums(float* __restrict z, int64_t V, float m, 
   }
 }
 
-SampledTokens sample_plain_cpu(const at::Tensor& logits, double temperature, const at::Tensor& uniforms) {
-  RECORD_FUNCTION("rpg::sample_plain_cpu", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
+// The first token, in token-id order, where the running sum of e (its blocks' sums given)
+// exceeds target; the last one of positive weight should rounding keep the sum at or below
+// it (0 only for a row of NaN).
+int64_t invert_cdf(const float* e, const double* block_sum, int64_t V, double target) {
+  const int64_t blocks = (V + kBlock - 1) / kBlock;
+  double running = 0;
+  int64_t k = 0;
+  while (k + 1 < blocks && running + block_sum[k] <= target) running += block_sum[k++];
+  int64_t last_positive = -1;
+  for (int64_t j = k * kBlock; j < std::min(V, (k + 1) * kBlock); ++j) {
+    if (e[j] <= 0) continue;
+    last_positive = j;
+    running += e[j];
+    if (running > target) return j;
+  }
+  return std::max<int64_t>(last_positive, 0);
+}
+
+// Top-k and top-p on the CPU without sorting the vocabulary (a float64 sort of 64 rows x
+// 151936 tokens took 564 ms on the Zen 4 VM, more than a decode step of a 0.5B model). Per row:
+// the plain path's exponentials e_j = exp(z_j - max) and their sum (the unfiltered
+// log-prob's normaliser); top-k's k-th largest z from a heap of k (ties with it kept, as
+// Hugging Face's TopKLogitsWarper); top-p's boundary from a histogram of the kept e_j by their
+// float exponent and top 3 mantissa bits (every token in a higher bucket comes first in the
+// descending order, so only the bucket the mass p * total crosses is sorted); then the CDF of
+// the kept tokens inverted in token-id order. The same rule as sampling_probs() (keep a token
+// when the mass strictly before it, in descending order with ties by token id, is < p) on fp32
+// exponentials with float64 sums, as the plain path.
+constexpr int64_t kBuckets = 2048;  // float bits >> 20: sign, 8 exponent bits, 3 mantissa bits
+
+int64_t bucket_of(float e) { return std::min<int64_t>(std::bit_cast<uint32_t>(e) >> 20, kBuckets - 1); }
+
+// The k-th largest of z[0..V) (0 < k < V).
+float kth_largest(const float* z, int64_t V, int64_t k, std::vector<float>& scratch) {
+  if (k > 1024) {  // a heap's log k per insertion no longer pays: select in place on a copy
+    scratch.assign(z, z + V);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<float>());
+    return scratch[static_cast<size_t>(k - 1)];
+  }
+  scratch.assign(z, z + k);
+  std::make_heap(scratch.begin(), scratch.end(), std::greater<float>());  // min-heap of the k largest so far
+  for (int64_t j = k; j < V; ++j)
+    if (z[j] > scratch.front()) {
+      std::pop_heap(scratch.begin(), scratch.end(), std::greater<float>());
+      scratch.back() = z[j];
+      std::push_heap(scratch.begin(), scratch.end(), std::greater<float>());
+    }
+  return scratch.front();
+}
+
+// One CPU pass structure for every row: plain sampling (above), and with top-k / top-p the
+// filters below between the exponentials and the inversion.
+SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params, const at::Tensor& uniforms) {
+  RECORD_FUNCTION("rpg::sample_cpu", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x = logits.to(at::kFloat).contiguous();
   const at::Tensor u = uniforms.contiguous();
   const int64_t N = x.size(0), V = x.size(1), blocks = (V + kBlock - 1) / kBlock;
@@ -80,33 +136,85 @@ SampledTokens sample_plain_cpu(const at::Tensor& logits, double temperature, con
   const double* up = u.data_ptr<double>();
   int64_t* idp = ids.data_ptr<int64_t>();
   float* lpp = log_probs.data_ptr<float>();
-  const float t = static_cast<float>(temperature);  // as logits32 / T divides: by the float
+  const float t = static_cast<float>(params.temperature);  // as logits32 / T divides: by the float
+  const bool top_k = params.top_k > 0 && params.top_k < V, top_p = params.top_p < 1.0;
   at::parallel_for(0, N, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> z(static_cast<size_t>(V));
-    std::vector<double> block_sum(static_cast<size_t>(blocks));
+    std::vector<float> z(static_cast<size_t>(V)), scratch;
+    std::vector<double> block_sum(static_cast<size_t>(blocks)), bucket_sum;
+    std::vector<std::pair<float, int64_t>> crossing;  // top-p's boundary bucket's tokens
     for (int64_t r = b; r < e; ++r) {
       const float* row = xp + r * V;
       const float m = scaled_max(row, z.data(), V, t);
-      exp_and_block_sums(z.data(), V, m, block_sum.data());
-      double total = 0;
+      const float kth = top_k ? kth_largest(z.data(), V, params.top_k, scratch) : -std::numeric_limits<float>::infinity();
+      exp_and_block_sums(z.data(), V, m, block_sum.data());  // z becomes e = exp(z - m)
+      double total = 0;  // the unfiltered normaliser (the log-prob's)
       for (double sum : block_sum) total += sum;
-      const double target = up[r] * total;
-      double running = 0;
-      int64_t k = 0;
-      while (k + 1 < blocks && running + block_sum[static_cast<size_t>(k)] <= target)
-        running += block_sum[static_cast<size_t>(k++)];
-      // The token in block k; the last one of positive probability should rounding inside the
-      // block keep the running sum at or below the target.
-      int64_t id = -1, last_positive = -1;
-      for (int64_t j = k * kBlock; j < std::min(V, (k + 1) * kBlock) && id < 0; ++j) {
-        if (z[static_cast<size_t>(j)] <= 0) continue;
-        last_positive = j;
-        running += z[static_cast<size_t>(j)];
-        if (running > target) id = j;
+      const float log_total = static_cast<float>(std::log(total));
+      double kept_sum = total;
+      if (top_k || top_p) {
+        // Kept: within top-k (z >= the k-th z), and for top-p in a bucket above the boundary
+        // bucket, or in it at or before the boundary token (e desc, then id asc).
+        auto in_top_k = [&](int64_t j) { return !top_k || row[j] / t >= kth; };
+        int64_t boundary_bucket = -1, boundary_id = V;
+        float boundary_e = 0;
+        if (top_p) {
+          bucket_sum.assign(static_cast<size_t>(kBuckets), 0.0);
+          double top_k_sum = 0;
+          for (int64_t j = 0; j < V; ++j) {
+            const float ej = z[static_cast<size_t>(j)];
+            if (!(ej > 0) || !in_top_k(j)) continue;
+            bucket_sum[static_cast<size_t>(bucket_of(ej))] += ej;
+            top_k_sum += ej;
+          }
+          const double need = params.top_p * top_k_sum;
+          double before = 0;  // the mass of the buckets above
+          for (int64_t k = kBuckets - 1; k >= 0; --k) {  // none when rounding keeps the sum below need: all kept
+            const double in_bucket = bucket_sum[static_cast<size_t>(k)];
+            if (in_bucket > 0 && before + in_bucket >= need) {
+              boundary_bucket = k;
+              break;
+            }
+            before += in_bucket;
+          }
+          if (boundary_bucket >= 0) {
+            crossing.clear();
+            for (int64_t j = 0; j < V; ++j) {
+              const float ej = z[static_cast<size_t>(j)];
+              if (ej > 0 && bucket_of(ej) == boundary_bucket && in_top_k(j)) crossing.emplace_back(ej, j);
+            }
+            std::sort(crossing.begin(), crossing.end(), [](const auto& a, const auto& c) {
+              return a.first > c.first || (a.first == c.first && a.second < c.second);
+            });
+            // Keep while the mass strictly before is < need (it is at the bucket's first token).
+            for (const auto& [ej, j] : crossing) {
+              if (before >= need) break;
+              boundary_e = ej;
+              boundary_id = j;
+              before += ej;
+            }
+          }
+        }
+        auto kept = [&](int64_t j, float ej) {
+          if (!(ej > 0) || !in_top_k(j)) return false;
+          if (boundary_bucket < 0) return true;
+          const int64_t k = bucket_of(ej);
+          return k > boundary_bucket ||
+                 (k == boundary_bucket && (ej > boundary_e || (ej == boundary_e && j <= boundary_id)));
+        };
+        kept_sum = 0;
+        for (int64_t k = 0; k < blocks; ++k) {
+          double sum = 0;
+          for (int64_t j = k * kBlock; j < std::min(V, (k + 1) * kBlock); ++j) {
+            float& ej = z[static_cast<size_t>(j)];
+            if (!kept(j, ej)) ej = 0;
+            sum += ej;
+          }
+          block_sum[static_cast<size_t>(k)] = sum;
+          kept_sum += sum;
+        }
       }
-      idp[r] = id >= 0 ? id : std::max<int64_t>(last_positive, 0);  // 0 only for a row of NaN
-      const float zi = row[idp[r]] / t;
-      lpp[r] = zi - m - static_cast<float>(std::log(total));
+      idp[r] = invert_cdf(z.data(), block_sum.data(), V, up[r] * kept_sum);
+      lpp[r] = row[idp[r]] / t - m - log_total;
     }
   });
   return {ids, log_probs};
@@ -168,8 +276,13 @@ SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingPa
   TORCH_CHECK(uniforms.dim() == 1 && uniforms.size(0) == rows && uniforms.scalar_type() == at::kDouble &&
                   uniforms.device() == logits.device(),
               "sample_tokens: uniforms must be float64 [N] on the logits' device");
-  if (logits.device().is_cpu() && params.top_p >= 1.0 && (params.top_k < 0 || params.top_k >= logits.size(1)))
-    return sample_plain_cpu(logits, params.temperature, uniforms);
+  // RPG_SAMPLER=torch: CPU rows take the tensor operations below, which a GPU runs (CTest's
+  // rollout_sampler.torch and rollout_decode.sdpa; benchmarks compare the two).
+  static const bool torch_ops = [] {
+    const char* env = std::getenv("RPG_SAMPLER");
+    return env && std::string(env) == "torch";
+  }();
+  if (logits.device().is_cpu() && !torch_ops) return sample_cpu(logits, params, uniforms);
   at::Tensor probs = sampling_probs(logits, params);
   at::Tensor cdf = probs.cumsum(1);
   at::Tensor u = uniforms.unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
