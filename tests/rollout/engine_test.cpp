@@ -143,6 +143,33 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
   EXPECT_NE(other[0].token_ids, first[0].token_ids);
 }
 
+// A prompt of `len` tokens: the 9-token oracle prompt repeated, each repeat shifted by one id.
+std::vector<int64_t> prompt_of(const std::vector<int64_t>& base, size_t len) {
+  std::vector<int64_t> p;
+  for (size_t i = 0; i < len; ++i) p.push_back(base[i % base.size()] + static_cast<int64_t>(i / base.size()));
+  return p;
+}
+
+SamplingParams sampling(double temperature, int64_t n, int64_t max_new_tokens, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.n = n;
+  p.max_new_tokens = max_new_tokens;
+  p.seed = seed;
+  return p;
+}
+
+// The full forward's log-prob of a response's first token after its prompt (T = 1 for greedy).
+double first_token_log_prob(const model::CausalLM& m, const std::vector<int64_t>& prompt, const Response& r,
+                            double temperature) {
+  std::vector<int64_t> ids = prompt;
+  ids.push_back(r.token_ids[0]);
+  model::LogProbOptions lo;
+  lo.temperature = temperature == 0.0 ? 1.0 : temperature;
+  return m.log_probs(at::tensor(ids, at::kLong).unsqueeze(0), {}, {},
+                     at::tensor({r.token_ids[0]}, at::kLong).unsqueeze(0), lo).log_probs.cpu().item<double>();
+}
+
 // Prompts admitted together are prefilled together: shortest first, in right-padded batches
 // whose padded size stays within 5/4 of their real tokens. The responses are those of one
 // prefill per sequence (one slot), greedy and sampled, and the first token's log-prob is the
@@ -150,20 +177,12 @@ TEST_P(EngineTest, OutputIsIdenticalForAnySlotCount) {
 TEST_P(EngineTest, PromptsAdmittedTogetherArePrefilledTogether) {
   model::CausalLM m = load("qwen2_fp32");
   const auto base = prompts("qwen2_fp32")[2];  // 9 tokens
-  auto prompt_of = [&](size_t len) {
-    std::vector<int64_t> p;
-    for (size_t i = 0; i < len; ++i) p.push_back(base[i % base.size()] + static_cast<int64_t>(i / base.size()));
-    return p;
-  };
   // Lengths 8, 30, 7, 31, 8 -> {7, 8, 8} (24 padded for 23 real) and {30, 31} (62 for 61):
   // 7 + 8 + 8 + 30 would pad to 120 for 53.
-  const std::vector<std::vector<int64_t>> ps = {prompt_of(8), prompt_of(30), prompt_of(7), prompt_of(31), prompt_of(8)};
+  const std::vector<std::vector<int64_t>> ps = {prompt_of(base, 8), prompt_of(base, 30), prompt_of(base, 7),
+                                                prompt_of(base, 31), prompt_of(base, 8)};
   for (double temperature : {0.0, 1.0}) {
-    SamplingParams p;
-    p.temperature = temperature;
-    p.n = 2;
-    p.max_new_tokens = 5;
-    p.seed = 3;
+    const SamplingParams p = sampling(temperature, 2, 5, 3);
     RolloutEngine together(m, {64, 0}), alone(m, {1, 0});
     const auto a = together.generate(ps, p), b = alone.generate(ps, p);
     EXPECT_EQ(together.last_stats().prefill_forwards, 2);
@@ -172,18 +191,13 @@ TEST_P(EngineTest, PromptsAdmittedTogetherArePrefilledTogether) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_EQ(a[i].token_ids, b[i].token_ids) << "temperature " << temperature << " seq " << i;
-      std::vector<int64_t> ids = ps[static_cast<size_t>(a[i].prompt_index)];
-      ids.push_back(a[i].token_ids[0]);
-      model::LogProbOptions lo;
-      lo.temperature = temperature == 0.0 ? 1.0 : temperature;
-      const at::Tensor full = m.log_probs(at::tensor(ids, at::kLong).unsqueeze(0), {}, {},
-                                          at::tensor({a[i].token_ids[0]}, at::kLong).unsqueeze(0), lo).log_probs;
-      EXPECT_NEAR(a[i].log_probs[0], full.cpu().item<double>(), 1e-4) << "seq " << i;
+      EXPECT_NEAR(a[i].log_probs[0], first_token_log_prob(m, ps[static_cast<size_t>(a[i].prompt_index)], a[i], temperature),
+                  1e-4) << "seq " << i;
     }
   }
   // Where the engine multiplies by packed weights (CPU), a batch stays within the rows those
   // take: 12 prompts of 100 tokens go 5 (or fewer) to a forward; unpacked, all 12 in one.
-  const std::vector<std::vector<int64_t>> hundred(12, prompt_of(100));
+  const std::vector<std::vector<int64_t>> hundred(12, prompt_of(base, 100));
   const int64_t packed_rows = m.pack_weights_for_decode().max_rows();
   if (GetParam().is_cpu()) {
     EXPECT_GE(packed_rows, 100) << "fp32 CPU weights are packed for decode";
@@ -208,18 +222,9 @@ TEST_P(EngineTest, PromptsAdmittedTogetherArePrefilledTogether) {
 TEST_P(EngineTest, LongPromptsArePrefilledInChunksOfMaxNumBatchedTokens) {
   model::CausalLM m = load("qwen3_fp32");
   const auto base = prompts("qwen3_fp32")[2];  // 9 tokens
-  auto prompt_of = [&](size_t len) {
-    std::vector<int64_t> p;
-    for (size_t i = 0; i < len; ++i) p.push_back(base[i % base.size()] + static_cast<int64_t>(i / base.size()));
-    return p;
-  };
-  const std::vector<std::vector<int64_t>> ps = {prompt_of(30), prompt_of(8), prompt_of(31)};
+  const std::vector<std::vector<int64_t>> ps = {prompt_of(base, 30), prompt_of(base, 8), prompt_of(base, 31)};
   for (double temperature : {0.0, 1.0}) {
-    SamplingParams p;
-    p.temperature = temperature;
-    p.n = 2;
-    p.max_new_tokens = 6;
-    p.seed = 9;
+    const SamplingParams p = sampling(temperature, 2, 6, 9);
     RolloutEngine whole(m, {64, 0});
     const auto want = whole.generate(ps, p);
     EXPECT_EQ(whole.last_stats().prefill_forwards, 2);  // {8}, {30, 31}
@@ -237,13 +242,9 @@ TEST_P(EngineTest, LongPromptsArePrefilledInChunksOfMaxNumBatchedTokens) {
         ASSERT_EQ(got[i].token_ids, want[i].token_ids) << what << " seq " << i;
         for (size_t t = 0; t < got[i].log_probs.size(); ++t)
           EXPECT_NEAR(got[i].log_probs[t], want[i].log_probs[t], 1e-4) << what << " seq " << i << " token " << t;
-        std::vector<int64_t> ids = ps[static_cast<size_t>(got[i].prompt_index)];
-        ids.push_back(got[i].token_ids[0]);
-        model::LogProbOptions lo;
-        lo.temperature = temperature == 0.0 ? 1.0 : temperature;
-        const at::Tensor full = m.log_probs(at::tensor(ids, at::kLong).unsqueeze(0), {}, {},
-                                            at::tensor({got[i].token_ids[0]}, at::kLong).unsqueeze(0), lo).log_probs;
-        EXPECT_NEAR(got[i].log_probs[0], full.cpu().item<double>(), 1e-4) << what << " seq " << i;
+        EXPECT_NEAR(got[i].log_probs[0],
+                    first_token_log_prob(m, ps[static_cast<size_t>(got[i].prompt_index)], got[i], temperature), 1e-4)
+            << what << " seq " << i;
       }
     }
   }
