@@ -152,8 +152,8 @@ SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params,
       const float log_total = static_cast<float>(std::log(total));
       double kept_sum = total;
       if (top_k || top_p) {
-        // Kept: within top-k (z >= the k-th z), and for top-p in a bucket above the boundary
-        // bucket, or in it at or before the boundary token (e desc, then id asc).
+        // Kept: within top-k (z >= the k-th z), and for top-p at or before the boundary token
+        // in the order e desc, then id asc.
         auto in_top_k = [&](int64_t j) { return !top_k || row[j] / t >= kth; };
         int64_t boundary_bucket = -1, boundary_id = V;
         float boundary_e = 0;
@@ -194,12 +194,10 @@ SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params,
             }
           }
         }
+        // Buckets rise with e, so a token of a higher bucket has e > boundary_e: one comparison
+        // decides (without a boundary, boundary_e = 0 and boundary_id = V keep every e > 0).
         auto kept = [&](int64_t j, float ej) {
-          if (!(ej > 0) || !in_top_k(j)) return false;
-          if (boundary_bucket < 0) return true;
-          const int64_t k = bucket_of(ej);
-          return k > boundary_bucket ||
-                 (k == boundary_bucket && (ej > boundary_e || (ej == boundary_e && j <= boundary_id)));
+          return ej > 0 && in_top_k(j) && (ej > boundary_e || (ej == boundary_e && j <= boundary_id));
         };
         kept_sum = 0;
         for (int64_t k = 0; k < blocks; ++k) {
