@@ -152,9 +152,12 @@ SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params,
       const float log_total = static_cast<float>(std::log(total));
       double kept_sum = total;
       if (top_k || top_p) {
-        // Kept: within top-k (z >= the k-th z), and for top-p at or before the boundary token
-        // in the order e desc, then id asc.
-        auto in_top_k = [&](int64_t j) { return !top_k || row[j] / t >= kth; };
+        // Outside top-k (z below the k-th z): weight 0 from here on, so every later test is e > 0.
+        if (top_k)
+          for (int64_t j = 0; j < V; ++j)
+            if (row[j] / t < kth) z[static_cast<size_t>(j)] = 0;
+        // Kept: e > 0, and for top-p at or before the boundary token in the order e desc, then
+        // id asc.
         int64_t boundary_bucket = -1, boundary_id = V;
         float boundary_e = 0;
         if (top_p) {
@@ -162,7 +165,7 @@ SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params,
           double top_k_sum = 0;
           for (int64_t j = 0; j < V; ++j) {
             const float ej = z[static_cast<size_t>(j)];
-            if (!(ej > 0) || !in_top_k(j)) continue;
+            if (!(ej > 0)) continue;
             bucket_sum[static_cast<size_t>(bucket_of(ej))] += ej;
             top_k_sum += ej;
           }
@@ -180,7 +183,7 @@ SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params,
             crossing.clear();
             for (int64_t j = 0; j < V; ++j) {
               const float ej = z[static_cast<size_t>(j)];
-              if (ej > 0 && bucket_of(ej) == boundary_bucket && in_top_k(j)) crossing.emplace_back(ej, j);
+              if (ej > 0 && bucket_of(ej) == boundary_bucket) crossing.emplace_back(ej, j);
             }
             std::sort(crossing.begin(), crossing.end(), [](const auto& a, const auto& c) {
               return a.first > c.first || (a.first == c.first && a.second < c.second);
@@ -197,7 +200,7 @@ SampledTokens sample_cpu(const at::Tensor& logits, const SamplingParams& params,
         // Buckets rise with e, so a token of a higher bucket has e > boundary_e: one comparison
         // decides (without a boundary, boundary_e = 0 and boundary_id = V keep every e > 0).
         auto kept = [&](int64_t j, float ej) {
-          return ej > 0 && in_top_k(j) && (ej > boundary_e || (ej == boundary_e && j <= boundary_id));
+          return ej > 0 && (ej > boundary_e || (ej == boundary_e && j <= boundary_id));
         };
         kept_sum = 0;
         for (int64_t k = 0; k < blocks; ++k) {
