@@ -235,11 +235,14 @@ int main(int argc, char** argv) {
                              (name == "model.embed_tokens.weight" && model.config().tie_word_embeddings)))
           weights.push_back(t.detach());
       for (auto backend : {rpg::model::detail::PackedBackend::kPanels512, rpg::model::detail::PackedBackend::kPanels,
-                           rpg::model::detail::PackedBackend::kMkl, rpg::model::detail::PackedBackend::kPanelsBf16}) {
+                           rpg::model::detail::PackedBackend::kMkl, rpg::model::detail::PackedBackend::kPanelsBf16,
+                           rpg::model::detail::PackedBackend::kAmxBf16}) {
         if (!rpg::model::detail::packed_backend_usable(backend)) continue;
-        // The bf16 backend multiplies bf16 weights and inputs (a bf16 rollout's decode).
-        const at::ScalarType wt =
-            backend == rpg::model::detail::PackedBackend::kPanelsBf16 ? at::kBFloat16 : at::kFloat;
+        // The bf16 backends multiply bf16 weights and inputs (a bf16 rollout's decode).
+        const at::ScalarType wt = backend == rpg::model::detail::PackedBackend::kPanelsBf16 ||
+                                          backend == rpg::model::detail::PackedBackend::kAmxBf16
+                                      ? at::kBFloat16
+                                      : at::kFloat;
         std::vector<rpg::model::detail::PackedWeight> packed;
         for (const auto& w : weights) packed.push_back(rpg::model::detail::PackedWeight::pack(w.to(wt), backend));
         for (int64_t S : parse_list(decode_seqs)) {

@@ -562,12 +562,12 @@ TEST(PackedGemm, Bf16DecodeWithPackedWeightsAgreesWithDecodeWithout) {
   }
 }
 
-// The bf16 panel kernel (AVX512_BF16's VDPBF16PS) where the CPU has it; elsewhere its backend is
-// never chosen and packs nothing.
+// The bf16 panel kernels where the CPU has them (AVX512_BF16's VDPBF16PS; AMX's tile product on
+// the same panels), each of them; elsewhere their backends are never chosen and pack nothing.
 // - On inputs whose partial sums are all exact (multiples of 1/8 in [-1, 1]; exact in bf16 and
 //   in every fp32 sum) each output is the exact x W^T + b rounded to bf16 once, bit for bit: odd
-//   and even K (the zero last pair), full and partial panels of 32 columns, rows around the
-//   8-row tile.
+//   and even K (the zero last pair; for AMX a K not a multiple of 32), full and partial panels
+//   of 32 columns, rows around the 8-row (VDPBF16PS) and 16-row (AMX) tiles.
 // - On random bf16 inputs it is within the fp32 sums' error bound plus one bf16 rounding of the
 //   fp64 product, and a row gives the same bits alone as inside batches of 2-17 rows.
 // - The residual form equals residual + linear(x, b) as bf16 tensors add, bit for bit.
@@ -579,62 +579,76 @@ TEST(PackedGemm, Bf16PanelsRoundTheExactProductOnceAndRowsStandAlone) {
   EXPECT_EQ(detail::packed_backend_for(at::kFloat), detail::packed_backend());
   EXPECT_EQ(detail::packed_backend_for(at::kDouble), PackedBackend::kNone);
   const at::Tensor w_bf16 = at::randn({40, 24}).to(at::kBFloat16);
+  EXPECT_EQ(detail::packed_backend_usable(PackedBackend::kPanelsBf16), detail::cpu_has_avx512_bf16());
+  EXPECT_EQ(detail::packed_backend_usable(PackedBackend::kAmxBf16), detail::cpu_has_amx_bf16());
   if (!detail::cpu_has_avx512_bf16()) {
     EXPECT_EQ(detail::packed_backend_for(at::kBFloat16), PackedBackend::kNone);
-    EXPECT_FALSE(detail::packed_backend_usable(PackedBackend::kPanelsBf16));
     EXPECT_FALSE(PackedWeight::pack(w_bf16, PackedBackend::kPanelsBf16).defined());
+    EXPECT_FALSE(PackedWeight::pack(w_bf16, PackedBackend::kAmxBf16).defined());
     return;
   }
-  EXPECT_EQ(detail::packed_backend_for(at::kBFloat16), PackedBackend::kPanelsBf16);
+  EXPECT_EQ(detail::packed_backend_for(at::kBFloat16),
+            detail::cpu_has_amx_bf16() ? PackedBackend::kAmxBf16 : PackedBackend::kPanelsBf16);
   auto grid = [](int64_t count, int64_t salt) {
     return at::arange(count, at::kLong).mul_(7).add_(salt).remainder_(17).sub_(8).to(at::kFloat).div_(8);
   };
-  for (auto [N, K] : {std::pair<int64_t, int64_t>{53, 45}, {32, 64}, {7, 130}, {96, 576}, {200, 1536}}) {
-    SCOPED_TRACE(std::to_string(N) + " x " + std::to_string(K));
-    // Exact: |sums| <= K / 64 + 1 < 2^8 in steps of 2^-6: every partial sum is exact in fp32.
-    const at::Tensor wg = grid(N * K, 3).view({N, K}).to(at::kBFloat16), bg = grid(N, 5).to(at::kBFloat16);
-    const PackedWeight pg = PackedWeight::pack(wg);
-    ASSERT_TRUE(pg.defined() && pg.backend() == PackedBackend::kPanelsBf16);
-    for (int64_t M : {1, 7, 8, 9, 17, 64}) {
-      const at::Tensor x = grid(M * K, M).view({M, K}).to(at::kBFloat16);
-      const at::Tensor exact = at::linear(x.to(at::kDouble), wg.to(at::kDouble), bg.to(at::kDouble));
-      EXPECT_TRUE(at::equal(pg.linear(x, bg), exact.to(at::kBFloat16))) << M << " rows";
-      EXPECT_TRUE(at::equal(pg.linear(x, {}), at::linear(x.to(at::kDouble), wg.to(at::kDouble)).to(at::kBFloat16)))
-          << M << " rows, no bias";
+  for (PackedBackend backend : {PackedBackend::kPanelsBf16, PackedBackend::kAmxBf16}) {
+    if (!detail::packed_backend_usable(backend)) continue;
+    SCOPED_TRACE(detail::packed_backend_name(backend));
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{53, 45}, {32, 64}, {7, 130}, {96, 576}, {200, 1536}}) {
+      SCOPED_TRACE(std::to_string(N) + " x " + std::to_string(K));
+      // Exact: |sums| <= K / 64 + 1 < 2^8 in steps of 2^-6: every partial sum is exact in fp32.
+      const at::Tensor wg = grid(N * K, 3).view({N, K}).to(at::kBFloat16), bg = grid(N, 5).to(at::kBFloat16);
+      const PackedWeight pg = PackedWeight::pack(wg, backend);
+      ASSERT_TRUE(pg.defined() && pg.backend() == backend);
+      for (int64_t M : {1, 7, 8, 9, 15, 16, 17, 33, 64}) {
+        const at::Tensor x = grid(M * K, M).view({M, K}).to(at::kBFloat16);
+        const at::Tensor exact = at::linear(x.to(at::kDouble), wg.to(at::kDouble), bg.to(at::kDouble));
+        EXPECT_TRUE(at::equal(pg.linear(x, bg), exact.to(at::kBFloat16))) << M << " rows";
+        EXPECT_TRUE(at::equal(pg.linear(x, {}), at::linear(x.to(at::kDouble), wg.to(at::kDouble)).to(at::kBFloat16)))
+            << M << " rows, no bias";
+      }
+      // Random: the error bound, rows alone, the residual.
+      at::manual_seed(N + K);
+      const at::Tensor w = at::randn({N, K}).to(at::kBFloat16), b = at::randn({N}).to(at::kBFloat16);
+      const PackedWeight p = PackedWeight::pack(w, backend);
+      ASSERT_TRUE(p.defined());
+      const at::Tensor x = at::randn({17, K}).to(at::kBFloat16);
+      const at::Tensor y = p.linear(x, b);
+      ASSERT_EQ(y.scalar_type(), at::kBFloat16);
+      const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
+      const at::Tensor magnitude =
+          at::linear(x.to(at::kDouble).abs(), w.to(at::kDouble).abs(), b.to(at::kDouble).abs());
+      const at::Tensor bound =
+          magnitude * (static_cast<double>(K + 1) * std::ldexp(1.0, -24)) + ref.abs() * std::ldexp(1.0, -8);
+      EXPECT_TRUE(((y.to(at::kDouble) - ref).abs() <= bound * 1.01).all().item<bool>());
+      for (int64_t M : {1, 2, 5, 8, 9, 16, 17})
+        for (int64_t i = 0; i < M; ++i)
+          ASSERT_TRUE(at::equal(p.linear(x.narrow(0, 0, M), b)[i], y[i])) << "row " << i << " of " << M;
+      const at::Tensor residual = at::randn({17, N}).to(at::kBFloat16);
+      EXPECT_TRUE(at::equal(p.linear(x, b, residual), residual + p.linear(x, b)));
+      EXPECT_TRUE(at::equal(p.linear(x, {}, residual), residual + p.linear(x, {})));
+      EXPECT_THROW(p.linear(x.to(at::kFloat), {}), c10::Error);
+      EXPECT_THROW(p.linear(x, b.to(at::kFloat)), c10::Error);
+      EXPECT_THROW(p.linear(x, {}, residual.to(at::kFloat)), c10::Error);
+      // gate, up and SwiGLU in one pass: the bits of the two products, then the bf16 swiglu_rows.
+      c10::NoGradGuard no_grad;  // as decode runs (swiglu_rows serves no autograd)
+      for (int64_t M : {1, 8, 9, 17}) {
+        const at::Tensor xm = x.narrow(0, 0, M);
+        const at::Tensor fused = detail::swiglu_linear(p, pg, xm);
+        ASSERT_TRUE(fused.defined() && fused.scalar_type() == at::kBFloat16);
+        EXPECT_TRUE(at::equal(fused, detail::swiglu_rows(p.linear(xm, {}), pg.linear(xm, {})))) << M << " rows";
+      }
+      EXPECT_FALSE(detail::swiglu_linear(p, PackedWeight::pack(w.to(at::kFloat)), x).defined());  // mixed backends
+      EXPECT_FALSE(detail::swiglu_linear(p, pg, x.to(at::kFloat)).defined());
     }
-    // Random: the error bound, rows alone, the residual.
-    at::manual_seed(N + K);
-    const at::Tensor w = at::randn({N, K}).to(at::kBFloat16), b = at::randn({N}).to(at::kBFloat16);
-    const PackedWeight p = PackedWeight::pack(w);
-    ASSERT_TRUE(p.defined());
-    const at::Tensor x = at::randn({17, K}).to(at::kBFloat16);
-    const at::Tensor y = p.linear(x, b);
-    ASSERT_EQ(y.scalar_type(), at::kBFloat16);
-    const at::Tensor ref = at::linear(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble));
-    const at::Tensor magnitude = at::linear(x.to(at::kDouble).abs(), w.to(at::kDouble).abs(), b.to(at::kDouble).abs());
-    const at::Tensor bound =
-        magnitude * (static_cast<double>(K + 1) * std::ldexp(1.0, -24)) + ref.abs() * std::ldexp(1.0, -8);
-    EXPECT_TRUE(((y.to(at::kDouble) - ref).abs() <= bound * 1.01).all().item<bool>());
-    for (int64_t M : {1, 2, 5, 8, 9, 16, 17})
-      for (int64_t i = 0; i < M; ++i)
-        ASSERT_TRUE(at::equal(p.linear(x.narrow(0, 0, M), b)[i], y[i])) << "row " << i << " of " << M;
-    const at::Tensor residual = at::randn({17, N}).to(at::kBFloat16);
-    EXPECT_TRUE(at::equal(p.linear(x, b, residual), residual + p.linear(x, b)));
-    EXPECT_TRUE(at::equal(p.linear(x, {}, residual), residual + p.linear(x, {})));
-    EXPECT_THROW(p.linear(x.to(at::kFloat), {}), c10::Error);
-    EXPECT_THROW(p.linear(x, b.to(at::kFloat)), c10::Error);
-    EXPECT_THROW(p.linear(x, {}, residual.to(at::kFloat)), c10::Error);
-    // gate, up and SwiGLU in one pass: the bits of the two products, then the bf16 swiglu_rows.
-    c10::NoGradGuard no_grad;  // as decode runs (swiglu_rows serves no autograd)
-    for (int64_t M : {1, 8, 9, 17}) {
-      const at::Tensor xm = x.narrow(0, 0, M);
-      const at::Tensor fused = detail::swiglu_linear(p, pg, xm);
-      ASSERT_TRUE(fused.defined() && fused.scalar_type() == at::kBFloat16);
-      EXPECT_TRUE(at::equal(fused, detail::swiglu_rows(p.linear(xm, {}), pg.linear(xm, {})))) << M << " rows";
-    }
-    EXPECT_FALSE(detail::swiglu_linear(p, PackedWeight::pack(w.to(at::kFloat)), x).defined());  // mixed backends
-    EXPECT_FALSE(detail::swiglu_linear(p, pg, x.to(at::kFloat)).defined());
   }
+  if (detail::cpu_has_amx_bf16()) {  // the two bf16 backends side by side are mixed too
+    const PackedWeight a = PackedWeight::pack(w_bf16, PackedBackend::kAmxBf16);
+    const PackedWeight v = PackedWeight::pack(w_bf16, PackedBackend::kPanelsBf16);
+    EXPECT_FALSE(detail::swiglu_linear(a, v, at::randn({3, 24}).to(at::kBFloat16)).defined());
+  }
+  EXPECT_FALSE(PackedWeight::pack(at::randn({40, 24}), PackedBackend::kAmxBf16).defined());
   EXPECT_FALSE(PackedWeight::pack(at::randn({40, 24}), PackedBackend::kPanelsBf16).defined());
   EXPECT_FALSE(PackedWeight::pack(w_bf16, PackedBackend::kPanels512).defined());
 }

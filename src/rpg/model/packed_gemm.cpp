@@ -333,36 +333,124 @@ struct Bf16Tiles {
   }
 };
 
+// ---- AMX-BF16 tiles over the same panels (kAmxBf16) ---------------------------------------
+//
+// The bf16 panels are already in AMX's layout: pair q of a panel is 32 columns x 2 bf16 (128
+// bytes), and its two 16-column halves are AMX B tiles of up to 16 pairs read 128 bytes apart.
+// One tile product takes 16 rows x 32 columns of y: tiles 0-1 accumulate its two 16-column
+// halves in fp32, tile 2 holds 16 rows x 32 of x's K, tiles 3-4 the panel's halves for those 16
+// pairs, and tiles 5-7 the same for K's last (K mod 32) values. Each output is still one fp32
+// chain over the pairs in order (rounded to bf16 once, in the shared store), and a row's result
+// does not depend on the rows beside it. The tiles read 16 rows of x and every pair of a row:
+// PackedWeight stages fewer rows, or an odd K, into a zero-padded copy first.
+#define RPG_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+struct alignas(64) AmxTileConfig {  // LDTILECFG's 64-byte operand (palette 1)
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row
+  uint8_t rows[16] = {};
+};
+
+struct AmxTiles {
+  static constexpr int64_t kWidth = kPanelBf16, kRows = 16;
+  // Each thread configures its tiles for K before its tiles and releases them after: other code
+  // on the same threads (oneDNN's bf16 products) loads configurations of its own.
+  RPG_AMX_TARGET static void begin(int64_t K) {
+    const int64_t tail = (K + 1) / 2 % 16;
+    AmxTileConfig c;
+    for (int i = 0; i < 5; ++i) c.rows[i] = 16, c.colsb[i] = 64;
+    if (tail) {
+      c.rows[5] = 16, c.colsb[5] = static_cast<uint16_t>(4 * tail);
+      c.rows[6] = c.rows[7] = static_cast<uint8_t>(tail), c.colsb[6] = c.colsb[7] = 64;
+    }
+    // Not _tile_loadconfig: GCC 12's reads the operand as another struct type, and under strict
+    // aliasing the stores into `c` were dropped (every tile left unconfigured: SIGILL).
+    asm volatile("ldtilecfg %0" : : "m"(c));
+  }
+  RPG_AMX_TARGET static void end() { _tile_release(); }
+  // t[R rows, 32] (fp32) = x[16 rows, K] . panel, the first R rows kept; x bf16 rows `ldx` apart.
+  template <int R>
+  RPG_AMX_TARGET static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K,
+                                  float* t) {
+    const auto* xb = reinterpret_cast<const uint16_t*>(x);
+    const auto* pb = reinterpret_cast<const uint16_t*>(panel);
+    const int64_t pairs = (K + 1) / 2, full = pairs / 16, x_stride = ldx * 2, b_stride = 4 * kPanelBf16;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t c = 0; c < full; ++c) {
+      const uint16_t* b = pb + c * 16 * 2 * kPanelBf16;
+      _tile_loadd(2, xb + c * 32, x_stride);
+      _tile_loadd(3, b, b_stride);
+      _tile_loadd(4, b + 32, b_stride);
+      _tile_dpbf16ps(0, 2, 3);
+      _tile_dpbf16ps(1, 2, 4);
+    }
+    if (pairs % 16) {
+      const uint16_t* b = pb + full * 16 * 2 * kPanelBf16;
+      _tile_loadd(5, xb + full * 32, x_stride);
+      _tile_loadd(6, b, b_stride);
+      _tile_loadd(7, b + 32, b_stride);
+      _tile_dpbf16ps(0, 5, 6);
+      _tile_dpbf16ps(1, 5, 7);
+    }
+    if constexpr (R == 16) {
+      _tile_stored(0, t, kPanelBf16 * sizeof(float));
+      _tile_stored(1, t + 16, kPanelBf16 * sizeof(float));
+    } else {
+      alignas(64) float all[16 * kPanelBf16];
+      _tile_stored(0, all, kPanelBf16 * sizeof(float));
+      _tile_stored(1, all + 16, kPanelBf16 * sizeof(float));
+      std::memcpy(t, all, sizeof(float) * R * kPanelBf16);
+    }
+  }
+};
+
+// x [m, k] as the AMX tiles read it: every 16-row block whole and rows of an even length. Rows
+// that fall short are copied into a zero-padded tensor (m x k bf16: small beside the weights).
+at::Tensor amx_rows(const at::Tensor& x2) {
+  constexpr int64_t R = AmxTiles::kRows;
+  const int64_t m = x2.size(0), k = x2.size(1);
+  if (m % R == 0 && k % 2 == 0) return x2;
+  at::Tensor padded = at::zeros({(m + R - 1) / R * R, k + k % 2}, x2.options());
+  padded.narrow(0, 0, m).narrow(1, 0, k).copy_(x2);
+  return padded;
+}
+
 // Where tile p's panel starts: kWidth columns x K (fp32) or x K rounded up to pairs (bf16).
 template <class Tiles, class T>
 const T* panel_at(const T* panels, int64_t p, int64_t k) {
-  if constexpr (std::is_same_v<Tiles, Bf16Tiles>) return panels + p * ((k + 1) / 2) * 2 * Tiles::kWidth;
+  if constexpr (std::is_same_v<Tiles, Bf16Tiles> || std::is_same_v<Tiles, AmxTiles>) return panels + p * ((k + 1) / 2) * 2 * Tiles::kWidth;
   else return panels + p * k * Tiles::kWidth;
 }
 
 // Every tile of an [m, n] product over panels of Tiles::kWidth columns, the threads splitting
 // the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
 // integral_constant, at most Tiles::kRows).
+// Tiles with begin(k) / end() (AMX's tile configuration) have them called around each thread's share.
 template <class Tiles, typename Block>
-void for_each_tile(int64_t m, int64_t n, const Block& block) {
+void for_each_tile(int64_t m, int64_t n, int64_t k, const Block& block) {
   at::parallel_for(0, (n + Tiles::kWidth - 1) / Tiles::kWidth, 1, [&](int64_t p0, int64_t p1) {
+    if constexpr (requires { Tiles::begin(k); }) Tiles::begin(k);
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = 0; r < m; r += Tiles::kRows)
         with_count<Tiles::kRows>(std::min<int64_t>(Tiles::kRows, m - r), [&](auto rows) { block(p, r, rows); });
+    if constexpr (requires { Tiles::end(); }) Tiles::end();
   });
 }
 
 // y [m, n] = x [m, k] W^T (+ bias [n]) (+ residual [m, n]), the additions made as each tile is
 // stored: ((x W^T) + b) + residual, in the order at::linear's result + residual rounds them
 // (T: float, or bf16 with x W^T + b rounded to bf16 once and the residual added as bf16 tensors add).
+// x's rows are ldx apart.
 template <class Tiles, class T>
-void panels_linear(const T* x, int64_t m, int64_t n, int64_t k, const T* panels, const T* bias, const T* residual,
-                   T* y) {
+void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* panels, const T* bias,
+                   const T* residual, T* y) {
   constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
+  for_each_tile<Tiles>(m, n, k, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float t[R * W];
-    Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(panels, p, k), k, t);
+    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(panels, p, k), k, t);
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i) {
       const float* ti = t + i * W;
@@ -392,14 +480,14 @@ void panels_linear(const T* x, int64_t m, int64_t n, int64_t k, const T* panels,
 // first rounded to bf16 as gate.linear(x) and up.linear(x) store them, then combined by the
 // bf16 swiglu_rows' arithmetic (the same bits as those three steps).
 template <class Tiles, class T>
-void panels_swiglu(const T* x, int64_t m, int64_t n, int64_t k, const T* gate, const T* up, T* y) {
+void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* gate, const T* up, T* y) {
   constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
+  for_each_tile<Tiles>(m, n, k, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float g[R * W], u[R * W];
     alignas(64) T a[R * W];
-    Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(gate, p, k), k, g);
-    Tiles::template tile<R>(x + r * k, k, panel_at<Tiles>(up, p, k), k, u);
+    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(gate, p, k), k, g);
+    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(up, p, k), k, u);
     if constexpr (std::is_same_v<T, float>) {
       swiglu_span(g, u, a, R * W);
     } else {
@@ -414,11 +502,19 @@ void panels_swiglu(const T* x, int64_t m, int64_t n, int64_t k, const T* gate, c
   });
 }
 
-// f(Tiles{}) with the tile kernel of a panel backend (kPanels512 or kPanels).
+bool is_bf16(PackedBackend backend) {
+  return backend == PackedBackend::kPanelsBf16 || backend == PackedBackend::kAmxBf16;
+}
+
+// f(Tiles{}, (T*) nullptr) with the tile kernel and element type of a panel backend.
 template <typename F>
 void with_tiles(PackedBackend backend, const F& f) {
-  if (backend == PackedBackend::kPanels512) f(Avx512Tiles{});
-  else f(Avx2Tiles{});
+  auto* bf16 = static_cast<c10::BFloat16*>(nullptr);
+  auto* fp32 = static_cast<float*>(nullptr);
+  if (backend == PackedBackend::kAmxBf16) f(AmxTiles{}, bf16);
+  else if (backend == PackedBackend::kPanelsBf16) f(Bf16Tiles{}, bf16);
+  else if (backend == PackedBackend::kPanels512) f(Avx512Tiles{}, fp32);
+  else f(Avx2Tiles{}, fp32);
 }
 
 // A product's result shape: x's, with the last dimension n.
@@ -452,15 +548,20 @@ PackedBackend packed_backend() {
 PackedBackend packed_backend_for(at::ScalarType dtype) {
   if (dtype == at::kFloat) return packed_backend();
   if (dtype != at::kBFloat16 || !cpu_has_avx512_bf16()) return PackedBackend::kNone;
-  static const bool off = [] {
+  static const PackedBackend chosen = [] {
     const char* env = std::getenv("RPG_PACKED_GEMM");
-    return env && std::string(env) == "none";
+    const std::string want = env ? env : "";
+    if (want == "none") return PackedBackend::kNone;
+    // panels / panels512 name rpg's AVX panel kernels: VDPBF16PS without the AMX tiles.
+    if (want != "panels" && want != "panels512" && cpu_has_amx_bf16()) return PackedBackend::kAmxBf16;
+    return PackedBackend::kPanelsBf16;
   }();
-  return off ? PackedBackend::kNone : PackedBackend::kPanelsBf16;
+  return chosen;
 }
 
 const char* packed_backend_name(PackedBackend backend) {
   switch (backend) {
+    case PackedBackend::kAmxBf16: return "rpg panels (AMX-BF16)";
     case PackedBackend::kPanelsBf16: return "rpg panels (AVX512_BF16)";
     case PackedBackend::kPanels512: return "rpg panels (AVX-512)";
     case PackedBackend::kPanels: return "rpg panels (AVX2/FMA)";
@@ -472,6 +573,7 @@ const char* packed_backend_name(PackedBackend backend) {
 
 bool packed_backend_usable(PackedBackend backend) {
   switch (backend) {
+    case PackedBackend::kAmxBf16: return cpu_has_amx_bf16();
     case PackedBackend::kPanelsBf16: return cpu_has_avx512_bf16();
     case PackedBackend::kPanels512: return cpu_has_avx512f();
     case PackedBackend::kPanels: return cpu_has_avx2_fma();
@@ -485,14 +587,14 @@ bool packed_gemm_available() { return packed_backend() != PackedBackend::kNone; 
 
 PackedWeight PackedWeight::pack(const at::Tensor& weight, PackedBackend backend) {
   PackedWeight p;
-  const at::ScalarType dtype = backend == PackedBackend::kPanelsBf16 ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType dtype = is_bf16(backend) ? at::kBFloat16 : at::kFloat;
   if (weight.dim() != 2 || weight.scalar_type() != dtype || !weight.device().is_cpu() ||
       !weight.is_contiguous() || weight.size(0) > INT_MAX || weight.size(1) > INT_MAX || weight.numel() == 0 ||
       !packed_backend_usable(backend))
     return p;
   p.n_ = weight.size(0);
   p.k_ = weight.size(1);
-  p.buffer_ = backend == PackedBackend::kPanelsBf16
+  p.buffer_ = is_bf16(backend)
                   ? panel_pack_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>()), p.n_, p.k_)
               : backend == PackedBackend::kPanels512 ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel512)
               : backend == PackedBackend::kPanels  ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel)
@@ -522,14 +624,14 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
   if (m > 0 && backend_ != PackedBackend::kMkl) {
     const at::Tensor b = bias.defined() ? bias.reshape({n_}).contiguous() : at::Tensor();
     const at::Tensor res = residual.defined() ? residual.reshape({m, n_}).contiguous() : at::Tensor();
-    auto run = [&](auto tiles, auto* elem) {
+    const at::Tensor xs = backend_ == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
+    with_tiles(backend_, [&](auto tiles, auto* elem) {
       using T = std::remove_pointer_t<decltype(elem)>;
-      panels_linear<decltype(tiles), T>(x2.data_ptr<T>(), m, n_, k_, reinterpret_cast<const T*>(buffer_.data_ptr()),
+      panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, n_, k_,
+                                        reinterpret_cast<const T*>(buffer_.data_ptr()),
                                         b.defined() ? b.data_ptr<T>() : nullptr,
                                         res.defined() ? res.data_ptr<T>() : nullptr, y.data_ptr<T>());
-    };
-    if (backend_ == PackedBackend::kPanelsBf16) run(Bf16Tiles{}, static_cast<c10::BFloat16*>(nullptr));
-    else with_tiles(backend_, [&](auto tiles) { run(tiles, static_cast<float*>(nullptr)); });
+    });
     return y.view(out);
   }
   // MKL: the bias and the residual are added after. Its packed product of one row ignores a C
@@ -551,16 +653,14 @@ at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const
   const at::Tensor x2 = x.reshape({-1, gate.k_}).contiguous();
   const int64_t m = x2.size(0), n = gate.n_, k = gate.k_;
   at::Tensor y = at::empty({m, n}, x.options());
-  auto run = [&](auto tiles, auto* elem) {
-    using T = std::remove_pointer_t<decltype(elem)>;
-    panels_swiglu<decltype(tiles), T>(x2.data_ptr<T>(), m, n, k,
-                                      reinterpret_cast<const T*>(gate.buffer_.data_ptr()),
-                                      reinterpret_cast<const T*>(up.buffer_.data_ptr()), y.data_ptr<T>());
-  };
-  if (m > 0) {
-    if (gate.backend() == PackedBackend::kPanelsBf16) run(Bf16Tiles{}, static_cast<c10::BFloat16*>(nullptr));
-    else with_tiles(gate.backend(), [&](auto tiles) { run(tiles, static_cast<float*>(nullptr)); });
-  }
+  const at::Tensor xs = gate.backend() == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
+  if (m > 0)
+    with_tiles(gate.backend(), [&](auto tiles, auto* elem) {
+      using T = std::remove_pointer_t<decltype(elem)>;
+      panels_swiglu<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, n, k,
+                                        reinterpret_cast<const T*>(gate.buffer_.data_ptr()),
+                                        reinterpret_cast<const T*>(up.buffer_.data_ptr()), y.data_ptr<T>());
+    });
   return y.view(product_shape(x, n));
 }
 

@@ -23,15 +23,19 @@ namespace rpg::model::detail {
 // cblas_sgemm_pack / cblas_sgemm_compute (exported by the torch wheel's libtorch_cpu), for
 // CPUs without AVX2 and FMA. kPanelsBf16: bfloat16 weights and inputs, the AVX-512 panel
 // kernel with AVX512_BF16's pairwise dot products (VDPBF16PS: each output an fp32 chain over K
-// in pairs, rounded to bf16 once). kNone: none; callers keep at::linear.
-enum class PackedBackend { kNone, kMkl, kPanels, kPanels512, kPanelsBf16 };
+// in pairs, rounded to bf16 once). kAmxBf16: the same bf16 panels multiplied by AMX's tile
+// product (TDPBF16PS, 16 rows x 32 columns per tile; the same fp32 chain per output) on CPUs
+// with AMX-BF16. kNone: none; callers keep at::linear.
+enum class PackedBackend { kNone, kMkl, kPanels, kPanels512, kPanelsBf16, kAmxBf16 };
 // This CPU's float32 backend: kPanels512 where it has AVX-512F, else kPanels where it has AVX2
 // and FMA, else kMkl where MKL is there and a packed product passed a check against an exact
 // result for several row counts (the packing is done once for all of them), else kNone.
 // RPG_PACKED_GEMM=panels512|panels|mkl|none overrides the choice.
 PackedBackend packed_backend();
-// The backend for weights of `dtype`: packed_backend() for float32; for bfloat16 kPanelsBf16
-// where the CPU has AVX512_BF16 (RPG_PACKED_GEMM=none turns it off too), else kNone.
+// The backend for weights of `dtype`: packed_backend() for float32; for bfloat16 kAmxBf16 where
+// the CPU has AMX-BF16 (and Linux lets the process use it), else kPanelsBf16 where it has
+// AVX512_BF16, else kNone. RPG_PACKED_GEMM=panels|panels512 keeps bf16 on kPanelsBf16, =none
+// turns it off too.
 PackedBackend packed_backend_for(at::ScalarType dtype);
 const char* packed_backend_name(PackedBackend backend);
 // A backend other than kNone.
@@ -39,7 +43,7 @@ bool packed_gemm_available();
 // Whether `backend` can run here (tests run every one the CPU has).
 bool packed_backend_usable(PackedBackend backend);
 
-// One weight [N, K] (fp32, or bf16 for kPanelsBf16; CPU) packed for x W^T (+ b).
+// One weight [N, K] (fp32, or bf16 for kPanelsBf16 and kAmxBf16; CPU) packed for x W^T (+ b).
 class PackedWeight {
  public:
   // Packs `weight` for `backend`, or returns an empty PackedWeight (defined() false) when it
@@ -68,7 +72,7 @@ class PackedWeight {
 // each panel of columns, the gate's and the up's tiles are multiplied and combined at once, one
 // pass where the unfused form makes three (two products, then swiglu_rows). The same bits as
 // swiglu_rows(gate.linear(x), up.linear(x)) (in bf16 too). Undefined where it does not apply: the
-// two are not current panel packings (kPanels, kPanels512, kPanelsBf16) of one backend and
+// two are not current panel packings (kPanels, kPanels512, kPanelsBf16, kAmxBf16) of one backend and
 // shape, or x is not on the CPU in their dtype.
 at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
 
