@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "rpg/core/error.h"
+#include "rpg/core/log.h"
 #include "rpg/model/decode_attention.h"
 #include "rpg/model/layer.h"
 #include "rpg/model/packed_gemm.h"
@@ -145,7 +146,10 @@ at::Tensor CausalLM::decode(KVCache& cache, const std::vector<int64_t>& slots, c
     // copy (the same results; benchmarks compare the two).
     static const bool share = [] {
       const char* env = std::getenv("RPG_DECODE_SHARED_PROMPT");
-      return !env || std::string(env) != "0";
+      const std::string want = env ? env : "";
+      if (!want.empty() && want != "0" && want != "1")
+        log_warn("RPG_DECODE_SHARED_PROMPT=" + want + ": expected 0 or 1; ignored");
+      return want != "0";
     }();
     std::vector<int64_t> prefix_slots(N), prefix_lengths(N, 0);
     std::vector<std::pair<int64_t, int64_t>> firsts;  // (prefix id, row)

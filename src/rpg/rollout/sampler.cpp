@@ -15,6 +15,7 @@
 #include "rpg/core/cpu_clones.h"
 #include "rpg/core/error.h"
 #include "rpg/core/fast_exp.h"
+#include "rpg/core/log.h"
 
 // at::parallel_for's OpenMP region is compiled into this file (src/rpg/rollout/CMakeLists.txt).
 #if !defined(_OPENMP)
@@ -281,7 +282,10 @@ SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingPa
   // rollout_sampler.torch and rollout_decode.sdpa; benchmarks compare the two).
   static const bool torch_ops = [] {
     const char* env = std::getenv("RPG_SAMPLER");
-    return env && std::string(env) == "torch";
+    const std::string want = env ? env : "";
+    if (!want.empty() && want != "torch" && want != "cpu")
+      log_warn("RPG_SAMPLER=" + want + ": expected torch or cpu; ignored");
+    return want == "torch";
   }();
   if (logits.device().is_cpu() && !torch_ops) return sample_cpu(logits, params, uniforms);
   at::Tensor probs = sampling_probs(logits, params);
