@@ -7,7 +7,7 @@ loaded machine: wall time there mostly measures the other processes.
   .venv/bin/python bench/trl_step/trl_step_bench.py [--rpg build/rpg] [--steps 4] [--rounds 2]
       [--threads 2] [--prompts 16] [--n 8] [--max-new-tokens 64] [--packed]
       [--omp-wait-policy default|passive|active] [--work DIR [--only-inputs]] [--device cpu|cuda]
-      [--json] [--model DIR] [--ignore-eos]
+      [--json] [--model DIR] [--ignore-eos] [--bf16-rollout] [--bf16]
 
 --model DIR: a real checkpoint (its tokenizer and chat template) instead of the random tiny
 Qwen2, e.g. SmolLM2-135M-Instruct; the step is then also printed in model GFLOP/s and % of
@@ -17,10 +17,13 @@ same work whatever the model emits.
 
 --device cuda (scripts/gpu_check.sh): both sides on the GPU (rpg trainer.device=cuda, TRL
 without use_cpu), still fp32; --json adds one JSON line with the medians for a results file.
+--bf16: mixed precision on both sides instead (TRL's bf16=True autocast; rpg's bf16 compute
+copy and bf16 rollouts), fp32 master weights and optimizer on both: on a CPU with AMX the
+bf16 products are several times the fp32 ones on either side.
 
 GRPO on both sides: group-normalised advantages, PPO-clip token loss, k3 KL to the fixed
 initial policy with beta 1e-3, one optimizer step per batch (one mini-batch, one epoch:
-on-policy), fp32, no gradient checkpointing, temperature 1. The model: a random Qwen2 with
+on-policy), fp32 (unless --bf16), no gradient checkpointing, temperature 1. The model: a random Qwen2 with
 4 layers, hidden 256 (intermediate 1024, 4 heads, 2 KV heads) over the byte-level BPE
 vocabulary of tests/oracles/tiny_chat_model.py (its tokenizer and chat template). Random
 weights rarely emit EOS, so responses run to --max-new-tokens on both sides. Runs alternate
@@ -50,6 +53,10 @@ ap.add_argument("--max-new-tokens", type=int, default=64)
 ap.add_argument("--packed", action="store_true", help="also run rpg with actor_rollout_ref.model.use_remove_padding")
 ap.add_argument("--bf16-rollout", action="store_true",
                 help="also run rpg with actor_rollout_ref.rollout.dtype=bfloat16 (training stays fp32)")
+ap.add_argument("--bf16", action="store_true",
+                help="mixed precision on both sides: TRL with bf16=True (autocast), rpg with "
+                     "actor_rollout_ref.actor.compute_dtype=bfloat16 and bf16 rollouts (fp32 master weights "
+                     "on both); the default is fp32 on both")
 ap.add_argument("--omp-wait-policy", choices=["default", "passive", "active"], default="default",
                 help="OMP_WAIT_POLICY for both sides (passive: no spinning at OpenMP barriers, which on a loaded "
                      "machine burns CPU while a descheduled thread is waited for)")
@@ -96,7 +103,7 @@ def trl_worker(work, out):
     cfg = GRPOConfig(output_dir=os.path.join(work, "trl_out"), per_device_train_batch_size=args.prompts * args.n,
                      gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.max_new_tokens,
                      beta=1e-3, learning_rate=1e-6, max_steps=args.steps, logging_steps=1, report_to="none",
-                     use_cpu=args.device == "cpu", bf16=False, save_strategy="no", temperature=1.0, num_iterations=1, seed=1,
+                     use_cpu=args.device == "cpu", bf16=args.bf16, save_strategy="no", temperature=1.0, num_iterations=1, seed=1,
                      loss_type="grpo", gradient_checkpointing=False, dataloader_num_workers=0,
                      generation_kwargs={"min_new_tokens": args.max_new_tokens} if args.ignore_eos else None)
     times = StepTimes()
@@ -191,7 +198,8 @@ with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as t
     make_inputs(work)
     if args.only_inputs:
         sys.exit(0)
-    variants = {"rpg": []}
+    bf16 = ["actor_rollout_ref.actor.compute_dtype=bfloat16", "actor_rollout_ref.rollout.dtype=bfloat16"]
+    variants = {"rpg": bf16 if args.bf16 else []}
     if args.packed:
         variants["rpg use_remove_padding"] = ["actor_rollout_ref.model.use_remove_padding=true"]
     if args.bf16_rollout:
@@ -205,6 +213,7 @@ with (tempfile.TemporaryDirectory() if not args.work else open(os.devnull)) as t
         run_checked([sys.executable, __file__, "--threads", str(args.threads), "--steps", str(args.steps),
                      "--prompts", str(args.prompts), "--n", str(args.n), "--max-new-tokens", str(args.max_new_tokens),
                      "--device", args.device] + (["--ignore-eos"] if args.ignore_eos else []) +
+                    (["--bf16"] if args.bf16 else []) +
                     ["--trl-worker", work, out], env=child_env())
         trl_run = json.load(open(out))
         trl_steps += trl_run["step_s"][1:]
