@@ -248,7 +248,8 @@ def step_model_flops(rows):
 def gemm_peak():
     import torch
     torch.set_num_threads(args.threads)
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32  # the products' dtype on both sides
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
     a @ b
     t = time.perf_counter()
     for _ in range(5):
@@ -265,7 +266,7 @@ for name, rows in rpg_rows.items():
     if flops:
         peak = gemm_peak()
         print(f"{'':30s} model {flops / 1e9:.0f} GFLOP per step: rpg {flops / step / 1e9:.1f} GFLOP/s "
-              f"({100 * flops / step / 1e9 / peak:.1f}% of the 2048^3 GEMM's {peak:.0f}), TRL {flops / trl / 1e9:.1f} "
+              f"({100 * flops / step / 1e9 / peak:.1f}% of the {'bf16' if args.bf16 else 'fp32'} 2048^3 GEMM's {peak:.0f}), TRL {flops / trl / 1e9:.1f} "
               f"({100 * flops / trl / 1e9 / peak:.1f}%)")
     print(f"{'':30s} cpu  {cpu_total:7.2f} s (" + " ".join(f"{k} {v:.2f}" for k, v in cpu.items()) +
           f")  ratio TRL/rpg {trl_c / cpu_total:.2f}x")
