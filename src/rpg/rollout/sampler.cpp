@@ -268,9 +268,9 @@ SampledTokens sample_tokens(const at::Tensor& logits, const SamplingParams& para
 SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingParams& params, const at::Tensor& uniforms) {
   TORCH_CHECK(logits.dim() == 2, "sample_tokens: logits must be [N, V]");
   const int64_t rows = logits.size(0);
-  at::Tensor logits32 = logits.to(at::kFloat);
   SampledTokens out;
   if (params.temperature == 0.0) {
+    const at::Tensor logits32 = logits.to(at::kFloat);
     out.ids = logits32.argmax(1);
     out.log_probs = at::log_softmax(logits32, 1).gather(1, out.ids.unsqueeze(1)).squeeze(1);
     return out;
@@ -288,6 +288,9 @@ SampledTokens sample_tokens_on_device(const at::Tensor& logits, const SamplingPa
     return want == "torch";
   }();
   if (logits.device().is_cpu() && !torch_ops) return sample_cpu(logits, params, uniforms);
+  // Converted here, not above: sample_cpu converts bf16 logits itself (a [64, 49152] copy each
+  // step was made twice).
+  const at::Tensor logits32 = logits.to(at::kFloat);
   at::Tensor probs = sampling_probs(logits, params);
   at::Tensor cdf = probs.cumsum(1);
   at::Tensor u = uniforms.unsqueeze(1) * cdf.narrow(1, cdf.size(1) - 1, 1);
