@@ -567,7 +567,7 @@ TEST(PackedGemm, Bf16DecodeWithPackedWeightsAgreesWithDecodeWithout) {
 // - On inputs whose partial sums are all exact (multiples of 1/8 in [-1, 1]; exact in bf16 and
 //   in every fp32 sum) each output is the exact x W^T + b rounded to bf16 once, bit for bit: odd
 //   and even K (the zero last pair; for AMX a K not a multiple of 32), full and partial panels
-//   of 32 columns, rows around the 8-row (VDPBF16PS) and 16-row (AMX) tiles.
+//   of 32 columns, rows around the 8-row (VDPBF16PS) and 16- and 32-row (AMX) tiles.
 // - On random bf16 inputs it is within the fp32 sums' error bound plus one bf16 rounding of the
 //   fp64 product, and a row gives the same bits alone as inside batches of 2-17 rows.
 // - The residual form equals residual + linear(x, b) as bf16 tensors add, bit for bit.

@@ -252,10 +252,14 @@ struct Avx512Tiles {
 constexpr int64_t kPanelBf16 = 32;
 #define RPG_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-// pair_multiple: each panel's pairs padded with zero pairs to a multiple of it (AMX: 16).
+// A bf16 panel's pairs of K: (K + 1) / 2, padded with zero pairs to a multiple of pair_multiple
+// (the tiles' kPairMultiple: 1 for VDPBF16PS, 16 for AMX). The packing and panel_at() share it.
+constexpr int64_t panel_pairs(int64_t k, int64_t pair_multiple) {
+  return ((k + 1) / 2 + pair_multiple - 1) / pair_multiple * pair_multiple;
+}
+
 at::Tensor panel_pack_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t pair_multiple) {
-  const int64_t panels = (n + kPanelBf16 - 1) / kPanelBf16;
-  const int64_t pairs = ((k + 1) / 2 + pair_multiple - 1) / pair_multiple * pair_multiple;
+  const int64_t panels = (n + kPanelBf16 - 1) / kPanelBf16, pairs = panel_pairs(k, pair_multiple);
   at::Tensor buf = page_aligned_buffer(static_cast<size_t>(panels * pairs * 2 * kPanelBf16) * sizeof(uint16_t));
   if (!buf.defined()) return buf;
   auto* out = reinterpret_cast<uint16_t*>(buf.data_ptr<float>());
@@ -328,7 +332,7 @@ RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t
 }
 
 struct Bf16Tiles {
-  static constexpr int64_t kWidth = kPanelBf16, kRows = 8;
+  static constexpr int64_t kWidth = kPanelBf16, kRows = 8, kPairMultiple = 1;
   template <int R>
   static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t) {
     panel_tile_bf16<R>(reinterpret_cast<const uint16_t*>(x), ldx, reinterpret_cast<const uint16_t*>(panel), K, t);
@@ -360,10 +364,10 @@ struct alignas(64) AmxTileConfig {  // LDTILECFG's 64-byte operand (palette 1)
 };
 
 struct AmxTiles {
-  static constexpr int64_t kWidth = kPanelBf16, kRows = 32;
+  static constexpr int64_t kWidth = kPanelBf16, kRows = 32, kPairMultiple = kAmxPairs;
   // Each thread loads the configuration (8 tiles of 16 rows x 64 bytes) before its tiles and
   // releases it after: other code on the same threads (oneDNN's bf16 products) loads its own.
-  RPG_AMX_TARGET static void begin(int64_t /*K*/) {
+  RPG_AMX_TARGET static void begin() {
     AmxTileConfig c;
     for (int i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
     // Not _tile_loadconfig: GCC 12's reads the operand as another struct type, and under strict
@@ -444,22 +448,18 @@ at::Tensor amx_rows(const at::Tensor& x2) {
 // whole 16-pair tiles (AMX).
 template <class Tiles, class T>
 const T* panel_at(const T* panels, int64_t p, int64_t k) {
-  if constexpr (std::is_same_v<Tiles, AmxTiles>)
-    return panels + p * ((k + 31) / 32 * kAmxPairs) * 2 * Tiles::kWidth;
-  else if constexpr (std::is_same_v<Tiles, Bf16Tiles>)
-    return panels + p * ((k + 1) / 2) * 2 * Tiles::kWidth;
-  else
-    return panels + p * k * Tiles::kWidth;
+  if constexpr (std::is_same_v<T, float>) return panels + p * k * Tiles::kWidth;
+  else return panels + p * panel_pairs(k, Tiles::kPairMultiple) * 2 * Tiles::kWidth;
 }
 
 // Every tile of an [m, n] product over panels of Tiles::kWidth columns, the threads splitting
 // the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
 // integral_constant, at most Tiles::kRows).
-// Tiles with begin(k) / end() (AMX's tile configuration) have them called around each thread's share.
+// Tiles with begin() / end() (AMX's tile configuration) have them called around each thread's share.
 template <class Tiles, typename Block>
-void for_each_tile(int64_t m, int64_t n, int64_t k, const Block& block) {
+void for_each_tile(int64_t m, int64_t n, const Block& block) {
   at::parallel_for(0, (n + Tiles::kWidth - 1) / Tiles::kWidth, 1, [&](int64_t p0, int64_t p1) {
-    if constexpr (requires { Tiles::begin(k); }) Tiles::begin(k);
+    if constexpr (requires { Tiles::begin(); }) Tiles::begin();
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = 0; r < m; r += Tiles::kRows)
         with_count<Tiles::kRows>(std::min<int64_t>(Tiles::kRows, m - r), [&](auto rows) { block(p, r, rows); });
@@ -475,7 +475,7 @@ template <class Tiles, class T>
 void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* panels, const T* bias,
                    const T* residual, T* y) {
   constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, n, k, [&](int64_t p, int64_t r, auto rows) {
+  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float t[R * W];
     Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(panels, p, k), k, t);
@@ -510,7 +510,7 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, con
 template <class Tiles, class T>
 void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* gate, const T* up, T* y) {
   constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, n, k, [&](int64_t p, int64_t r, auto rows) {
+  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float g[R * W], u[R * W];
     alignas(64) T a[R * W];
@@ -624,7 +624,8 @@ PackedWeight PackedWeight::pack(const at::Tensor& weight, PackedBackend backend)
   p.k_ = weight.size(1);
   p.buffer_ = is_bf16(backend)
                   ? panel_pack_bf16(reinterpret_cast<const uint16_t*>(weight.data_ptr<c10::BFloat16>()), p.n_, p.k_,
-                                    backend == PackedBackend::kAmxBf16 ? kAmxPairs : 1)
+                                    backend == PackedBackend::kAmxBf16 ? AmxTiles::kPairMultiple
+                                                                       : Bf16Tiles::kPairMultiple)
               : backend == PackedBackend::kPanels512 ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel512)
               : backend == PackedBackend::kPanels  ? panel_pack(weight.data_ptr<float>(), p.n_, p.k_, kPanel)
                   : mkl_pack(weight.data_ptr<float>(), static_cast<int>(p.n_), static_cast<int>(p.k_));

@@ -24,8 +24,8 @@ namespace rpg::model::detail {
 // CPUs without AVX2 and FMA. kPanelsBf16: bfloat16 weights and inputs, the AVX-512 panel
 // kernel with AVX512_BF16's pairwise dot products (VDPBF16PS: each output an fp32 chain over K
 // in pairs, rounded to bf16 once). kAmxBf16: the same bf16 panels multiplied by AMX's tile
-// product (TDPBF16PS, 16 rows x 32 columns per tile; the same fp32 chain per output) on CPUs
-// with AMX-BF16. kNone: none; callers keep at::linear.
+// product (TDPBF16PS, up to 32 rows x 32 columns per tile product; the same fp32 chain per
+// output) on CPUs with AMX-BF16. kNone: none; callers keep at::linear.
 enum class PackedBackend { kNone, kMkl, kPanels, kPanels512, kPanelsBf16, kAmxBf16 };
 // This CPU's float32 backend: kPanels512 where it has AVX-512F, else kPanels where it has AVX2
 // and FMA, else kMkl where MKL is there and a packed product passed a check against an exact
