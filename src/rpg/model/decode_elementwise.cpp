@@ -152,6 +152,23 @@ RPG_CPU_CLONES void swiglu_span(const float* g, const float* u, float* y, int64_
 RPG_CPU_CLONES void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
   swiglu_t(g, u, y, n);
 }
+// out[r] = sum_k exp(z[r, k] - lse[r]) * z[r, k], each row's sum over 16 lanes. exp's argument
+// is at most 0 (lse is at least the row's maximum).
+RPG_CPU_CLONES void expected_logit_f32(const float* z, const float* lse, float* out, int64_t rows, int64_t V) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* zr = z + r * V;
+    const float l = lse[r];
+    float acc[kLanes] = {};
+    int64_t k = 0;
+    for (; k + kLanes <= V; k += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += exp_nonpositive(zr[k + j] - l) * zr[k + j];
+    float sum = 0.0f;
+    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
+    for (; k < V; ++k) sum += exp_nonpositive(zr[k] - l) * zr[k];
+    out[r] = sum;
+  }
+}
+
 namespace {
 
 // f(pointer) with x's data as float or as bf16 bits (uint16_t).
@@ -236,6 +253,22 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
     });
   });
   return y;
+}
+
+at::Tensor expected_logit_rows(const at::Tensor& z, const at::Tensor& lse) {
+  TORCH_CHECK(z.device().is_cpu() && z.scalar_type() == at::kFloat && z.dim() == 2 && z.is_contiguous() &&
+                  lse.scalar_type() == at::kFloat && lse.dim() == 1 && lse.size(0) == z.size(0) &&
+                  lse.is_contiguous(),
+              "expected_logit_rows: contiguous float32 CPU z [n, V] and lse [n]");
+  RECORD_FUNCTION("rpg::expected_logit_rows", std::vector<c10::IValue>());
+  at::Tensor out = at::empty({z.size(0)}, z.options());
+  const int64_t V = z.size(1);
+  const float *zp = z.data_ptr<float>(), *lp = lse.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, z.size(0), grain(V), [&](int64_t b, int64_t e) {
+    expected_logit_f32(zp + b * V, lp + b, op + b, e - b, V);
+  });
+  return out;
 }
 
 }  // namespace rpg::model::detail

@@ -27,4 +27,9 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up);
 void swiglu_span(const float* g, const float* u, float* y, int64_t n);
 void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n);
 
+// The scoring pass's entropy term (log_probs.cpp): sum_k softmax(z)_k * z_k of each row, as
+// sum_k exp(z_k - lse) * z_k in one pass over z (lse: the row's logsumexp) instead of softmax's
+// [n, V] temporary and a row-wise dot. fp32 CPU rows; exp is core/fast_exp.h's.
+at::Tensor expected_logit_rows(const at::Tensor& z, const at::Tensor& lse);
+
 }  // namespace rpg::model::detail

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "rpg/core/error.h"
+#include "rpg/model/decode_elementwise.h"
 #include "rpg/model/layer.h"
 
 namespace rpg::model {
@@ -30,6 +31,12 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
   // Row-wise sum_k a[r, k] * b[r, k] without an [n, V] temporary: [n, 1, V] @ [n, V, 1].
   static at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
     return at::bmm(a.unsqueeze(1), b.unsqueeze(2)).view({a.size(0)});
+  }
+  // sum_k p_k z_k of each row (p = softmax(z), lse = logsumexp(z)): the entropy's second term.
+  // fp32 CPU rows in one pass without an [n, V] temporary (decode_elementwise.h).
+  static at::Tensor expected_logits(const at::Tensor& z, const at::Tensor& lse) {
+    if (z.device().is_cpu() && z.is_contiguous()) return expected_logit_rows(z, lse);
+    return row_dot(at::softmax(z, -1), z);
   }
   // fp32 logits / tau of rows [s, s + n): [n, V].
   static at::Tensor scaled_logits(const at::Tensor& hidden, const at::Tensor& weight, int64_t s, int64_t n,
@@ -59,7 +66,7 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
       at::Tensor z = scaled_logits(hidden, weight, s, n, temperature);
       at::Tensor lse = at::logsumexp(z, -1);
       lp.narrow(0, s, n).copy_(z.gather(1, targets.narrow(0, s, n).unsqueeze(1)).squeeze(1) - lse);
-      if (with_entropy) ent.narrow(0, s, n).copy_(lse - row_dot(at::softmax(z, -1), z));
+      if (with_entropy) ent.narrow(0, s, n).copy_(lse - expected_logits(z, lse));
       if (keep) log_p_into(kept.narrow(0, s, n), z, lse, autograd_backward);
     }
     // An output the loss does not use (the entropy when entropy_coeff is 0, a metric only)
@@ -108,19 +115,19 @@ struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
         gs = at::empty_like(z);
         log_p_into(gs, z, autograd_backward ? at::logsumexp(z, -1) : at::Tensor(), autograd_backward);
       }
-      at::Tensor p = gs.exp();
       if (g_ent.defined()) {
+        at::Tensor p = gs.exp();
         at::Tensor H = -row_dot(p, gs).unsqueeze(1);                        // [n, 1]
         gs.add_(H).mul_(p).mul_(-g_ent.narrow(0, s, n).unsqueeze(1));     // dH/ds * g_ent
+        if (g_lp.defined()) gs.sub_(p.mul_(g_lp.narrow(0, s, n).unsqueeze(1)));  // - p * g
+      } else if (g_lp.defined()) {
+        // - p * g in place (no second [n, V] buffer): p * -g is -(p * g) exactly.
+        gs.exp_().mul_(-g_lp.narrow(0, s, n).unsqueeze(1));
       } else {
         gs.zero_();
       }
-      if (g_lp.defined()) {
-        at::Tensor g = g_lp.narrow(0, s, n).unsqueeze(1);
-        gs.sub_(p.mul_(g));                                                  // - p * g
-        gs.scatter_add_(1, targets.narrow(0, s, n).unsqueeze(1), g);         // + onehot * g
-      }
-      p.reset();
+      if (g_lp.defined())
+        gs.scatter_add_(1, targets.narrow(0, s, n).unsqueeze(1), g_lp.narrow(0, s, n).unsqueeze(1));  // + onehot * g
       if (temperature != 1.0) gs.div_(temperature);
       // The logits' gradient in the weight's dtype: what autograd hands both products of a
       // bf16 lm_head. grad_w sums its chunks in fp32 either way; with autograd_backward its
