@@ -169,6 +169,21 @@ RPG_CPU_CLONES void expected_logit_f32(const float* z, const float* lse, float* 
   }
 }
 
+// out[r] = sum_k a[r, k] * b[r, k], each row's sum over 16 lanes.
+RPG_CPU_CLONES void dot_f32(const float* a, const float* b, float* out, int64_t rows, int64_t V) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *ar = a + r * V, *br = b + r * V;
+    float acc[kLanes] = {};
+    int64_t k = 0;
+    for (; k + kLanes <= V; k += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += ar[k + j] * br[k + j];
+    float sum = 0.0f;
+    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
+    for (; k < V; ++k) sum += ar[k] * br[k];
+    out[r] = sum;
+  }
+}
+
 namespace {
 
 // f(pointer) with x's data as float or as bf16 bits (uint16_t).
@@ -255,20 +270,33 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
   return y;
 }
 
-at::Tensor expected_logit_rows(const at::Tensor& z, const at::Tensor& lse) {
-  TORCH_CHECK(z.device().is_cpu() && z.scalar_type() == at::kFloat && z.dim() == 2 && z.is_contiguous() &&
-                  lse.scalar_type() == at::kFloat && lse.dim() == 1 && lse.size(0) == z.size(0) &&
-                  lse.is_contiguous(),
-              "expected_logit_rows: contiguous float32 CPU z [n, V] and lse [n]");
-  RECORD_FUNCTION("rpg::expected_logit_rows", std::vector<c10::IValue>());
-  at::Tensor out = at::empty({z.size(0)}, z.options());
-  const int64_t V = z.size(1);
-  const float *zp = z.data_ptr<float>(), *lp = lse.data_ptr<float>();
+namespace {
+// out [n] from fp32 rows [n, V] of `a` (and `b`): kernel(a rows, b rows or n-vector, out, rows, V).
+template <typename Kernel>
+at::Tensor per_row(const char* name, const at::Tensor& a, const at::Tensor& b, bool b_is_rows, const Kernel& kernel) {
+  TORCH_CHECK(a.device().is_cpu() && a.scalar_type() == at::kFloat && a.dim() == 2 && a.is_contiguous() &&
+                  b.device().is_cpu() && b.scalar_type() == at::kFloat && b.is_contiguous() &&
+                  (b_is_rows ? b.sizes() == a.sizes() : b.dim() == 1 && b.size(0) == a.size(0)),
+              name, ": contiguous float32 CPU rows [n, V] and ", b_is_rows ? "[n, V]" : "[n]");
+  at::Tensor out = at::empty({a.size(0)}, a.options());
+  const int64_t V = a.size(1), stride = b_is_rows ? V : 1;
+  const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, z.size(0), grain(V), [&](int64_t b, int64_t e) {
-    expected_logit_f32(zp + b * V, lp + b, op + b, e - b, V);
+  at::parallel_for(0, a.size(0), grain(V), [&](int64_t r0, int64_t r1) {
+    kernel(ap + r0 * V, bp + r0 * stride, op + r0, r1 - r0, V);
   });
   return out;
+}
+}  // namespace
+
+at::Tensor expected_logit_rows(const at::Tensor& z, const at::Tensor& lse) {
+  RECORD_FUNCTION("rpg::expected_logit_rows", std::vector<c10::IValue>());
+  return per_row("expected_logit_rows", z, lse, false, expected_logit_f32);
+}
+
+at::Tensor dot_rows(const at::Tensor& a, const at::Tensor& b) {
+  RECORD_FUNCTION("rpg::dot_rows", std::vector<c10::IValue>());
+  return per_row("dot_rows", a, b, true, dot_f32);
 }
 
 }  // namespace rpg::model::detail

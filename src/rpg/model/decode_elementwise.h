@@ -31,5 +31,7 @@ void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t
 // sum_k exp(z_k - lse) * z_k in one pass over z (lse: the row's logsumexp) instead of softmax's
 // [n, V] temporary and a row-wise dot. fp32 CPU rows; exp is core/fast_exp.h's.
 at::Tensor expected_logit_rows(const at::Tensor& z, const at::Tensor& lse);
+// sum_k a_k * b_k of each fp32 CPU row [n, V] (the entropy gradient's sum_k p_k log p_k), in 16 lanes.
+at::Tensor dot_rows(const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace rpg::model::detail

@@ -23,13 +23,15 @@ using torch::autograd::variable_list;
 //   log p_t = s_t - lse(s),  s = z / tau,  H = lse(s) - sum_k p_k s_k
 //   d log p_t / ds = onehot_t - p,  dH/ds_k = -p_k (log p_k + H)
 // Each chunk works in at most two [n, V] fp32 buffers (updated in place; row-wise dot
-// products go through bmm instead of an elementwise temporary), so the peak is about
+// products go through row_dot instead of an elementwise temporary), so the peak is about
 // 2 * n * V * 4 bytes plus the [n, V] matmul output in the weight dtype. With `keep` the
 // forward also writes each chunk's log p (the backward's first value, computed the same way)
 // into one [N, V] fp32 tensor, and the backward starts from it instead of the lm_head GEMM.
 struct ChunkedLogProbs : public torch::autograd::Function<ChunkedLogProbs> {
-  // Row-wise sum_k a[r, k] * b[r, k] without an [n, V] temporary: [n, 1, V] @ [n, V, 1].
+  // Row-wise sum_k a[r, k] * b[r, k] without an [n, V] temporary: on the CPU one pass
+  // (decode_elementwise.h: bmm's [n, 1, V] @ [n, V, 1] ran at ~1 GFLOP/s there), else bmm.
   static at::Tensor row_dot(const at::Tensor& a, const at::Tensor& b) {
+    if (a.device().is_cpu() && a.is_contiguous() && b.is_contiguous()) return dot_rows(a, b);
     return at::bmm(a.unsqueeze(1), b.unsqueeze(2)).view({a.size(0)});
   }
   // sum_k p_k z_k of each row (p = softmax(z), lse = logsumexp(z)): the entropy's second term.
