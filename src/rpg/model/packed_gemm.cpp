@@ -392,7 +392,7 @@ struct AmxTiles {
   }
   RPG_AMX_TARGET static void end() { _tile_release(); }
   // t[R rows, 32] (fp32) = x[16 or 32 rows, K] . panel, the first R rows kept; x bf16 rows `ldx` apart.
-  // `next` is not requested: at AMX's rate the products ran no faster with it (64 rows: 763-820
+  // `next` is not requested: at AMX's rate the products ran no faster with it (64 rows: 723-843
   // GFLOP/s without, 782-795 with), nor with L1 requests of the panel's own next tiles.
   template <int R>
   static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t,
