@@ -33,6 +33,7 @@ constexpr int64_t kLanes = 16;
 // (Every helper here is always_inline: called, not inlined, from the CPU clones, it kept GCC
 // from vectorising their loops.)
 #define RPG_INLINE inline __attribute__((always_inline))
+#define RPG_INLINE_LAMBDA __attribute__((always_inline))
 RPG_INLINE float load(float x) { return x; }
 RPG_INLINE float load(uint16_t h) { return bf16_to_float(h); }
 RPG_INLINE void store(float* y, float v) { *y = v; }
@@ -152,35 +153,33 @@ RPG_CPU_CLONES void swiglu_span(const float* g, const float* u, float* y, int64_
 RPG_CPU_CLONES void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
   swiglu_t(g, u, y, n);
 }
-// out[r] = sum_k exp(z[r, k] - lse[r]) * z[r, k], each row's sum over 16 lanes. exp's argument
-// is at most 0 (lse is at least the row's maximum).
+// sum_k term(k) for k < n over 16 lane sums, then the tail: the row sums' one loop shape.
+template <typename Term>
+RPG_INLINE float lane_sum(int64_t n, const Term& term) {
+  float acc[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) acc[j] += term(k + j);
+  float sum = 0.0f;
+  for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
+  for (; k < n; ++k) sum += term(k);
+  return sum;
+}
+
+// out[r] = sum_k exp(z[r, k] - lse[r]) * z[r, k]. exp's argument is at most 0 (lse is at least
+// the row's maximum).
 RPG_CPU_CLONES void expected_logit_f32(const float* z, const float* lse, float* out, int64_t rows, int64_t V) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* zr = z + r * V;
-    const float l = lse[r];
-    float acc[kLanes] = {};
-    int64_t k = 0;
-    for (; k + kLanes <= V; k += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) acc[j] += exp_nonpositive(zr[k + j] - l) * zr[k + j];
-    float sum = 0.0f;
-    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
-    for (; k < V; ++k) sum += exp_nonpositive(zr[k] - l) * zr[k];
-    out[r] = sum;
+    const float *zr = z + r * V, l = lse[r];
+    out[r] = lane_sum(V, [&](int64_t k) RPG_INLINE_LAMBDA { return exp_nonpositive(zr[k] - l) * zr[k]; });
   }
 }
 
-// out[r] = sum_k a[r, k] * b[r, k], each row's sum over 16 lanes.
+// out[r] = sum_k a[r, k] * b[r, k].
 RPG_CPU_CLONES void dot_f32(const float* a, const float* b, float* out, int64_t rows, int64_t V) {
   for (int64_t r = 0; r < rows; ++r) {
     const float *ar = a + r * V, *br = b + r * V;
-    float acc[kLanes] = {};
-    int64_t k = 0;
-    for (; k + kLanes <= V; k += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) acc[j] += ar[k + j] * br[k + j];
-    float sum = 0.0f;
-    for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
-    for (; k < V; ++k) sum += ar[k] * br[k];
-    out[r] = sum;
+    out[r] = lane_sum(V, [&](int64_t k) RPG_INLINE_LAMBDA { return ar[k] * br[k]; });
   }
 }
 
