@@ -149,7 +149,8 @@ TEST(Sampler, FilteredSamplingInvertsTheCdfOfTheFloat64FilteredDistribution) {
   u[4] = 0.0;
   u[5] = std::nextafter(1.0, 0.0);
   const std::vector<Case> cases = {{1.0, 0.9, -1}, {0.7, 0.5, -1}, {1.0, 1e-9, -1}, {1.3, 1.0, 5},
-                                   {0.6, 0.95, 50}, {1.0, 0.999, 2000}, {1.0, 1.0, V - 1}, {2.0, 0.3, 1}};
+                                   {0.6, 0.95, 50}, {1.0, 0.999, 2000}, {1.0, 1.0, V - 1}, {2.0, 0.3, 1},
+                                   {1.0, 1 - 1e-12, -1}};  // the last: every e > 0 a candidate
   for (const Case& c : cases) {
     const SamplingParams p = params_of(c);
     const std::string what = str("T ", c.temperature, " top_p ", c.top_p, " top_k ", c.top_k);
