@@ -143,10 +143,18 @@ TEST(Sampler, FilteredSamplingInvertsTheCdfOfTheFloat64FilteredDistribution) {
   logits[1][V - 1] = 40;
   logits[2].narrow(0, 100, 12).fill_(9.0f);  // 12 tokens tied at the top: top-k 5 keeps all 12
   for (int64_t r = 3; r < 40; ++r) logits[r].narrow(0, 50 * r, 3).add_(12.0f + static_cast<float>(r % 5));
+  // Row 40, at top_p 0.9: most tokens' e (5.85e-5) within a factor 2 above top-p's cut-off
+  // (2^-15), the maximum last by id, and a block of 16 whose only live token (96) is kept: its
+  // block's sum is under twice the cut-off, and only the exact block skip reads it.
+  logits[40].fill_(std::log(5.85e-5f));
+  logits[40].narrow(0, 0, 40).fill_(-std::numeric_limits<float>::infinity());
+  logits[40].narrow(0, 97, 15).fill_(-std::numeric_limits<float>::infinity());
+  logits[40][V - 7] = 0;
   std::vector<double> u(static_cast<size_t>(rows));
   RandomStream rs(mix_key(5, 2, 7));
   for (auto& x : u) x = rs.uniform();
   u[4] = 0.0;
+  u[40] = 0.03;  // among row 40's small tokens, after token 96
   u[5] = std::nextafter(1.0, 0.0);
   const std::vector<Case> cases = {{1.0, 0.9, -1}, {0.7, 0.5, -1}, {1.0, 1e-9, -1}, {1.3, 1.0, 5},
                                    {0.6, 0.95, 50}, {1.0, 0.999, 2000}, {1.0, 1.0, V - 1}, {2.0, 0.3, 1},
