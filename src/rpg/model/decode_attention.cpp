@@ -689,20 +689,21 @@ void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor
   // memcpy of the run-time element size was a call into libc per element, 64 per key (2 % of
   // a SmolLM2 rollout's time).
   auto write = [&]<typename Element>(Element) {
+    auto* keys = reinterpret_cast<Element*>(kt);
+    const auto* new_keys = reinterpret_cast<const Element*>(kp);
     at::parallel_for(0, R * Hkv, 16, [&](int64_t b, int64_t e) {
       auto request = [&](int64_t it) {
         if (it >= e) return;
-        const int64_t at_key = key_of(it);
-        for (int64_t d = 0; d < D; ++d) __builtin_prefetch(kt + (at_key + d * kKeyBlock) * es, 1);
+        Element* key = keys + key_of(it);
+        for (int64_t d = 0; d < D; ++d) __builtin_prefetch(key + d * kKeyBlock, 1);
       };
       for (int64_t it = b; it < b + kAhead - 1; ++it) request(it);
       for (int64_t it = b; it < e; ++it) {
         request(it + kAhead - 1);
-        const int64_t at_key = key_of(it), row = it * D;
+        const int64_t row = it * D;
         std::memcpy(vc + ((slot[it / Hkv] * Hkv + it % Hkv) * cap + pos[it / Hkv]) * D * es, vp + row * es, bytes);
-        auto* key = reinterpret_cast<Element*>(kt) + at_key;
-        const auto* from = reinterpret_cast<const Element*>(kp) + row;
-        for (int64_t d = 0; d < D; ++d) key[d * kKeyBlock] = from[d];
+        Element* key = keys + key_of(it);
+        for (int64_t d = 0; d < D; ++d) key[d * kKeyBlock] = new_keys[row + d];
       }
     });
   };
