@@ -131,3 +131,45 @@ TEST(Launch, TorchrunEqualsRpgLaunch) {
 
 }  // namespace
 }  // namespace rpg::dist
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <set>
+
+namespace rpg::dist {
+namespace {
+
+// free_port's ports stay out of the kernel's ephemeral range (read here from /proc, not
+// through launch.cpp), where any process's connect() can take a port between the pick
+// and the store's bind; and a store can listen on every one of them.
+TEST(Launch, FreePortIsOutsideTheEphemeralRangeAndListens) {
+  int lo = 0, hi = 0;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> lo >> hi;
+  ASSERT_GT(lo, 0) << "cannot read /proc/sys/net/ipv4/ip_local_port_range";
+  ASSERT_TRUE(lo > 10000 || hi < 65535) << "this machine's ephemeral range leaves no room: " << lo << " " << hi;
+  std::set<int> seen;
+  for (int i = 0; i < 64; ++i) {
+    const int port = free_port();
+    EXPECT_TRUE(port < lo || port > hi) << port << " is in the ephemeral range [" << lo << ", " << hi << "]";
+    EXPECT_GE(port, 1024);
+    seen.insert(port);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << "port " << port;
+    EXPECT_EQ(listen(fd, 1), 0) << "port " << port;
+    close(fd);
+  }
+  // A random start: callers in parallel do not all probe the same first port.
+  EXPECT_GT(seen.size(), 32u);
+}
+
+}  // namespace
+}  // namespace rpg::dist

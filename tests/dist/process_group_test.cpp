@@ -80,7 +80,7 @@ TEST(ProcessGroup, ThreeRanksCollectives) {
 
 TEST(ProcessGroup, KilledRankIsNamed) {
   auto results = run_ranks({"kill", "1"});
-  EXPECT_EQ(results[1].exit_code, -9);
+  EXPECT_EQ(results[1].exit_code, -9) << results[1].err;
   EXPECT_EQ(results[0].exit_code, 1) << results[0].out;
   EXPECT_TRUE(contains(results[0].err, "rpg: error: dist: rank 1 is lost (its heartbeat stopped")) << results[0].err;
   EXPECT_TRUE(contains(results[0].err, "rank 0: all_reduce (collective #2) failed")) << results[0].err;
@@ -88,14 +88,14 @@ TEST(ProcessGroup, KilledRankIsNamed) {
 
 TEST(ProcessGroup, KilledStoreHostIsNamed) {
   auto results = run_ranks({"kill", "0"});
-  EXPECT_EQ(results[0].exit_code, -9);
+  EXPECT_EQ(results[0].exit_code, -9) << results[0].err;
   EXPECT_EQ(results[1].exit_code, 1) << results[1].out;
   EXPECT_TRUE(contains(results[1].err, "rank 0 is lost")) << results[1].err;
 }
 
 TEST(ProcessGroup, FailedRankIsNamed) {
   auto results = run_ranks({"fail", "1"}, 3);
-  EXPECT_EQ(results[1].exit_code, 1);
+  EXPECT_EQ(results[1].exit_code, 1) << results[1].err;
   EXPECT_TRUE(contains(results[1].err, "rpg: error: worker failed on purpose")) << results[1].err;
   for (int r : {0, 2}) {
     EXPECT_EQ(results[r].exit_code, 1) << results[r].out;

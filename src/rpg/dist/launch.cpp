@@ -17,7 +17,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "rpg/core/error.h"
 #include "rpg/core/signals.h"
@@ -139,22 +142,69 @@ std::string find_program(const std::string& program) {
   throw Error(str("launch: cannot run '", program, "': no executable of that name in PATH"));
 }
 
-int free_port() {
+namespace {
+
+// Binds a listening-style probe to every address at `port` (0: the kernel picks) and
+// returns the port bound, or -1 when it is taken. No SO_REUSEADDR: a port some socket
+// still holds (TIME_WAIT included) counts as taken.
+int probe_port(int port) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw IoError(str("launch: socket: ", std::strerror(errno)));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
   socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int e = errno;
-    close(fd);
-    throw IoError(str("launch: cannot find a free port: ", std::strerror(e)));
-  }
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  const int e = errno;
   close(fd);
-  return ntohs(addr.sin_port);
+  errno = e;
+  return ok ? ntohs(addr.sin_port) : -1;
+}
+
+}  // namespace
+
+std::pair<int, int> ephemeral_port_range() {
+  std::pair<int, int> range{32768, 60999};  // Linux's default
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int lo = 0, hi = 0;
+    if (std::fscanf(f, "%d %d", &lo, &hi) == 2 && 0 < lo && lo <= hi && hi <= 65535) range = {lo, hi};
+    std::fclose(f);
+  }
+  return range;
+}
+
+int free_port() {
+  // Not from the ephemeral range: the kernel hands those out as the local port of any
+  // outgoing connection, so one found free and released there can be taken by another
+  // process's connect() before the store binds it (EADDRINUSE; seen with tests in
+  // parallel). Ports from 10000 up to the range, and above it, are left to listeners.
+  const auto [lo, hi] = ephemeral_port_range();
+  std::vector<std::pair<int, int>> spans;  // [first, last]
+  if (lo - 1 >= 10000) spans.push_back({10000, lo - 1});
+  if (hi + 1 <= 65535) spans.push_back({hi + 1, 65535});
+  int total = 0;
+  for (auto [a, b] : spans) total += b - a + 1;
+  if (total > 0) {
+    // A random start, so that concurrent callers rarely probe the same port.
+    std::random_device device;
+    const int start = static_cast<int>(device() % static_cast<unsigned>(total));
+    for (int i = 0; i < std::min(total, 512); ++i) {
+      int k = (start + i) % total, port = 0;
+      for (auto [a, b] : spans) {
+        if (k <= b - a) {
+          port = a + k;
+          break;
+        }
+        k -= b - a + 1;
+      }
+      if (probe_port(port) == port) return port;
+    }
+  }
+  const int port = probe_port(0);
+  if (port < 0) throw IoError(str("launch: cannot find a free port: ", std::strerror(errno)));
+  return port;
 }
 
 void launch(const LaunchOptions& o) {

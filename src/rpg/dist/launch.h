@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace rpg::dist {
@@ -40,7 +41,11 @@ int64_t max_local_ranks(std::string* why = nullptr);
 // PATH entry of that name. Throws Error when there is none.
 std::string find_program(const std::string& program);
 
-// A TCP port that is free on 127.0.0.1 right now.
+// A TCP port that is free on every address right now, outside the kernel's ephemeral
+// range where it can (see launch.cpp).
 int free_port();
+
+// The kernel's ephemeral port range, [first, last] (Linux's default when unreadable).
+std::pair<int, int> ephemeral_port_range();
 
 }  // namespace rpg::dist
