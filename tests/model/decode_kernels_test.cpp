@@ -429,6 +429,74 @@ TEST(PackedGemm, FusedSwigluAndResidualEqualTheUnfusedFormsBitForBit) {
   EXPECT_FALSE(detail::swiglu_linear(g, u, at::randn({2, 16})).defined());
 }
 
+// A decode layer's q, k and v in one parallel region (linear_together): each result has the bits
+// of its own product (linear, with or without a bias), for every backend with panels, fp32 and
+// bf16, at row counts around the tiles and widths around the panels (a last panel partly full
+// in each product, so a product's panels never run into the next one's); refused (empty) where
+// it cannot run.
+TEST(PackedGemm, ProductsTogetherEqualEachProductBitForBit) {
+  c10::NoGradGuard no_grad;  // as decode runs
+  std::vector<std::pair<detail::PackedBackend, at::ScalarType>> kinds;
+  for (auto backend : usable_backends()) kinds.push_back({backend, at::kFloat});
+  for (auto backend : {detail::PackedBackend::kPanelsBf16, detail::PackedBackend::kAmxBf16})
+    if (detail::packed_backend_usable(backend)) kinds.push_back({backend, at::kBFloat16});
+  if (kinds.empty()) GTEST_FAIL() << "no packed GEMM on this CPU (see ChoosesThePanelKernelWhereTheCpuHasAvx2AndFma)";
+  for (auto [backend, dtype] : kinds) {
+    SCOPED_TRACE(detail::packed_backend_name(backend));
+    const bool panels = backend != detail::PackedBackend::kMkl;
+    for (auto [K, widths] : {std::pair<int64_t, std::vector<int64_t>>{45, {53, 37, 24}},
+                             {64, {576, 192, 192}},
+                             {130, {8, 33, 70}},
+                             {29, {96}}}) {
+      at::manual_seed(K);
+      std::vector<at::Tensor> ws, bs;
+      std::vector<detail::PackedWeight> packed;
+      for (int64_t n : widths) {
+        ws.push_back(at::randn({n, K}).to(dtype));
+        bs.push_back(at::randn({n}).to(dtype));
+        packed.push_back(detail::PackedWeight::pack(ws.back(), backend));
+        ASSERT_TRUE(packed.back().defined());
+      }
+      std::vector<const detail::PackedWeight*> ptrs;
+      for (const auto& p : packed) ptrs.push_back(&p);
+      for (int64_t M : {1, 2, 3, 5, 8, 9, 13, 17, 64}) {
+        const at::Tensor x = at::randn({M, 1, K}).to(dtype);
+        for (bool with_bias : {false, true}) {
+          std::vector<at::Tensor> biases = bs;
+          if (!with_bias) biases.assign(bs.size(), at::Tensor());
+          if (with_bias && biases.size() > 1) biases[1] = at::Tensor();  // k without a bias, as a mix
+          const std::vector<at::Tensor> together = detail::linear_together(ptrs, x, biases);
+          if (!panels) {
+            EXPECT_TRUE(together.empty()) << "linear_together is the panel kernels' only";
+            continue;
+          }
+          ASSERT_EQ(together.size(), widths.size());
+          for (size_t j = 0; j < widths.size(); ++j) {
+            ASSERT_EQ(together[j].sizes(), (std::vector<int64_t>{M, 1, widths[j]}));
+            EXPECT_TRUE(at::equal(together[j], packed[j].linear(x, biases[j])))
+                << "product " << j << " of " << M << " rows x " << K << " -> " << widths[j]
+                << (with_bias ? " with bias" : "");
+          }
+        }
+      }
+      // Refused: another K, a bias of another length, x of another width or dtype.
+      const detail::PackedWeight other = detail::PackedWeight::pack(at::randn({16, K + 1}).to(dtype), backend);
+      const at::Tensor x = at::randn({2, K}).to(dtype);
+      EXPECT_TRUE(detail::linear_together({ptrs[0], &other}, x, {{}, {}}).empty());
+      EXPECT_TRUE(detail::linear_together({ptrs[0]}, x, {at::randn({widths[0] + 1}).to(dtype)}).empty());
+      EXPECT_TRUE(detail::linear_together({ptrs[0]}, at::randn({2, K + 1}).to(dtype), {{}}).empty());
+      EXPECT_TRUE(detail::linear_together({ptrs[0]}, x.to(dtype == at::kFloat ? at::kDouble : at::kFloat), {{}}).empty());
+      EXPECT_TRUE(detail::linear_together({ptrs[0]}, x, {}).empty());
+    }
+  }
+  // A stale weight (changed in place since it was packed) is never multiplied.
+  at::Tensor qw = at::randn({32, 16}), kw = at::randn({8, 16});
+  const detail::PackedWeight q = detail::PackedWeight::pack(qw), k = detail::PackedWeight::pack(kw);
+  if (!q.defined()) GTEST_FAIL() << "no packed GEMM in this libtorch";
+  kw.mul_(2);
+  EXPECT_TRUE(detail::linear_together({&q, &k}, at::randn({2, 16}), {{}, {}}).empty());
+}
+
 TEST(PackedGemm, PacksOnlyWhatItCanMultiplyAndNeverAStaleWeight) {
   at::Tensor w = at::randn({16, 8});
   // bf16 only where the bf16 panel kernel runs (PackedGemm.Bf16PanelsRound...); fp16 nowhere.

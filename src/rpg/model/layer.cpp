@@ -154,9 +154,24 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
   const int64_t B = x.size(0), T = x.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim;
   Qkv r;
-  if (with_q) r.q = project(x, w.q_w, w.q_b, w.q_lora, w.lora_scale).view({B, T, H, D});
-  r.k = project(x, w.k_w, w.k_b, w.k_lora, w.lora_scale).view({B, T, Hkv, D});
-  r.v = project(x, w.v_w, w.v_b, w.v_lora, w.lora_scale).view({B, T, Hkv, D});
+  // Decode's packed q, k and v: one product over the threads, not three (linear_together).
+  const double s = w.lora_scale;
+  if (with_q && without_adapter(w.q_lora, s) && without_adapter(w.k_lora, s) && without_adapter(w.v_lora, s)) {
+    const PackedWeight *q = decode_pack(x, w.q_w), *k = decode_pack(x, w.k_w), *v = decode_pack(x, w.v_w);
+    if (q && k && v) {
+      std::vector<at::Tensor> qkv = linear_together({q, k, v}, x, {w.q_b, w.k_b, w.v_b});
+      if (!qkv.empty()) {
+        r.q = qkv[0].view({B, T, H, D});
+        r.k = qkv[1].view({B, T, Hkv, D});
+        r.v = qkv[2].view({B, T, Hkv, D});
+      }
+    }
+  }
+  if (!r.k.defined()) {
+    if (with_q) r.q = project(x, w.q_w, w.q_b, w.q_lora, s).view({B, T, H, D});
+    r.k = project(x, w.k_w, w.k_b, w.k_lora, s).view({B, T, Hkv, D});
+    r.v = project(x, w.v_w, w.v_b, w.v_lora, s).view({B, T, Hkv, D});
+  }
   if (c.qk_norm) {
     if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);

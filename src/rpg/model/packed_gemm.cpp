@@ -496,13 +496,13 @@ const T* next_panel(const T* panels, int64_t p, int64_t r, int64_t n, int64_t k)
   return r == 0 && (p + 1) * Tiles::kWidth < n ? panel_at<Tiles>(panels, p + 1, k) : nullptr;
 }
 
-// Every tile of an [m, n] product over panels of Tiles::kWidth columns, the threads splitting
-// the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
+// Every tile of an [m, n] product over `panels` panels of Tiles::kWidth columns, the threads
+// splitting the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
 // integral_constant, at most Tiles::kRows).
 // Tiles with begin() / end() (AMX's tile configuration) have them called around each thread's share.
 template <class Tiles, typename Block>
-void for_each_tile(int64_t m, int64_t n, const Block& block) {
-  at::parallel_for(0, (n + Tiles::kWidth - 1) / Tiles::kWidth, 1, [&](int64_t p0, int64_t p1) {
+void for_each_tile(int64_t m, int64_t panels, const Block& block) {
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
     if constexpr (requires { Tiles::begin(); }) Tiles::begin();
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t r = 0; r < m; r += Tiles::kRows)
@@ -511,23 +511,44 @@ void for_each_tile(int64_t m, int64_t n, const Block& block) {
   });
 }
 
-// y [m, n] = x [m, k] W^T (+ bias [n]) (+ residual [m, n]), the additions made as each tile is
-// stored: ((x W^T) + b) + residual, in the order at::linear's result + residual rounds them
-// (T: float, or bf16 with x W^T + b rounded to bf16 once and the residual added as bf16 tensors add).
-// x's rows are ldx apart.
+template <class Tiles>
+constexpr int64_t panel_count(int64_t n) {
+  return (n + Tiles::kWidth - 1) / Tiles::kWidth;
+}
+
+// One product of x [m, k]: y [m, n] = x W^T (+ bias [n]) (+ residual [m, n]), W in panels.
+template <class T>
+struct PanelProduct {
+  const T* panels;
+  int64_t n;
+  const T* bias;      // or null
+  const T* residual;  // or null
+  T* y;
+};
+
+// Each product's y = x W^T (+ bias) (+ residual), the additions made as each tile is stored:
+// ((x W^T) + b) + residual, in the order at::linear's result + residual rounds them (T: float,
+// or bf16 with x W^T + b rounded to bf16 once and the residual added as bf16 tensors add).
+// Several products of one x (a layer's q, k and v) share one parallel region, the threads
+// splitting all their panels. x's rows are ldx apart.
 template <class Tiles, class T>
-void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* panels, const T* bias,
-                   const T* residual, T* y) {
+void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelProduct<T>* products, int count) {
   constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
+  int64_t panels = 0;
+  for (int j = 0; j < count; ++j) panels += panel_count<Tiles>(products[j].n);
+  for_each_tile<Tiles>(m, panels, [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
+    const PanelProduct<T>* product = products;
+    for (; p >= panel_count<Tiles>(product->n); ++product) p -= panel_count<Tiles>(product->n);
+    const int64_t n = product->n;
+    const T *bias = product->bias, *residual = product->residual;
     alignas(64) float t[R * W];
-    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(panels, p, k), k, t,
-                            next_panel<Tiles>(panels, p, r, n, k));
+    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(product->panels, p, k), k, t,
+                            next_panel<Tiles>(product->panels, p, r, n, k));
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i) {
       const float* ti = t + i * W;
-      T* yi = y + (r + i) * n + c0;
+      T* yi = product->y + (r + i) * n + c0;
       const T* res = residual ? residual + (r + i) * n + c0 : nullptr;
       if constexpr (std::is_same_v<T, float>) {
         if (!bias && !residual) {
@@ -555,7 +576,7 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, con
 template <class Tiles, class T>
 void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* gate, const T* up, T* y) {
   constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, n, [&](int64_t p, int64_t r, auto rows) {
+  for_each_tile<Tiles>(m, panel_count<Tiles>(n), [&](int64_t p, int64_t r, auto rows) {
     constexpr int R = decltype(rows)::value;
     alignas(64) float g[R * W], u[R * W];
     alignas(64) T a[R * W];
@@ -702,10 +723,10 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
     const at::Tensor xs = backend_ == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
     with_tiles(backend_, [&](auto tiles, auto* elem) {
       using T = std::remove_pointer_t<decltype(elem)>;
-      panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, n_, k_,
-                                        reinterpret_cast<const T*>(buffer_.data_ptr()),
-                                        b.defined() ? b.data_ptr<T>() : nullptr,
-                                        res.defined() ? res.data_ptr<T>() : nullptr, y.data_ptr<T>());
+      const PanelProduct<T> product{reinterpret_cast<const T*>(buffer_.data_ptr()), n_,
+                                    b.defined() ? b.data_ptr<T>() : nullptr, res.defined() ? res.data_ptr<T>() : nullptr,
+                                    y.data_ptr<T>()};
+      panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, k_, &product, 1);
     });
     return y.view(out);
   }
@@ -717,6 +738,41 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
   if (bias.defined()) y.add_(bias.reshape({n_}));
   y = y.view(out);
   return residual.defined() ? residual + y : y;
+}
+
+std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& weights, const at::Tensor& x,
+                                        const std::vector<at::Tensor>& biases) {
+  if (weights.empty() || biases.size() != weights.size() || !x.device().is_cpu()) return {};
+  const PackedWeight& first = *weights[0];
+  for (size_t j = 0; j < weights.size(); ++j) {
+    const PackedWeight& w = *weights[j];
+    const at::Tensor& b = biases[j];
+    if (!w.current() || w.backend() != first.backend() || w.backend() == PackedBackend::kMkl || w.k_ != first.k_ ||
+        (b.defined() && (b.numel() != w.n_ || b.scalar_type() != w.source_.scalar_type())))
+      return {};
+  }
+  if (x.size(-1) != first.k_ || x.scalar_type() != first.source_.scalar_type()) return {};
+  RECORD_FUNCTION("rpg::packed_linear_together", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
+  const at::Tensor x2 = x.reshape({-1, first.k_}).contiguous();
+  const int64_t m = x2.size(0);
+  std::vector<at::Tensor> ys, bs;
+  for (size_t j = 0; j < weights.size(); ++j) {
+    ys.push_back(at::empty({m, weights[j]->n_}, x.options()));
+    bs.push_back(biases[j].defined() ? biases[j].reshape({weights[j]->n_}).contiguous() : at::Tensor());
+  }
+  const at::Tensor xs = first.backend() == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
+  if (m > 0)
+    with_tiles(first.backend(), [&](auto tiles, auto* elem) {
+      using T = std::remove_pointer_t<decltype(elem)>;
+      std::vector<PanelProduct<T>> products;
+      for (size_t j = 0; j < weights.size(); ++j)
+        products.push_back({reinterpret_cast<const T*>(weights[j]->buffer_.data_ptr()), weights[j]->n_,
+                            bs[j].defined() ? bs[j].data_ptr<T>() : nullptr, nullptr, ys[j].data_ptr<T>()});
+      panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, first.k_, products.data(),
+                                        static_cast<int>(products.size()));
+    });
+  for (size_t j = 0; j < weights.size(); ++j) ys[j] = ys[j].view(product_shape(x, weights[j]->n_));
+  return ys;
 }
 
 at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x) {

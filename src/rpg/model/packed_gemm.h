@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <unordered_map>
+#include <vector>
 
 namespace rpg::model::detail {
 
@@ -62,6 +63,8 @@ class PackedWeight {
 
  private:
   friend at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
+  friend std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& weights,
+                                                 const at::Tensor& x, const std::vector<at::Tensor>& biases);
   at::Tensor source_;  // kept alive: its address keys PackedWeights and cannot be reused
   at::Tensor buffer_;  // the packed copy (MKL's layout depends on its address: never copied)
   PackedBackend backend_ = PackedBackend::kNone;
@@ -75,6 +78,15 @@ class PackedWeight {
 // two are not current panel packings (kPanels, kPanels512, kPanelsBf16, kAmxBf16) of one backend and
 // shape, or x is not on the CPU in their dtype.
 at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
+
+// x W_j^T (+ b_j) for several weights of one x [..., K] (a layer's q, k and v projections): the
+// products in one parallel region, the threads splitting all their panels, where separate calls
+// make one region each (a fork and a join per product; at one row the k and v products are a few
+// panels each). Result j has the bits of weights[j]->linear(x, biases[j]). Empty where it does
+// not apply: the weights are not all current panel packings of one backend and K, a bias is not
+// [N_j] in their dtype, or x is not on the CPU in their dtype with K columns.
+std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& weights, const at::Tensor& x,
+                                        const std::vector<at::Tensor>& biases);
 
 // The packed weights of one model, by the weight tensor they were made from.
 class PackedWeights {
