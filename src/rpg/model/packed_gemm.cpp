@@ -144,14 +144,59 @@ constexpr int64_t kPanel = 24, kPanel512 = 32;
 // faster at 1-64 rows. Results are unchanged: prefetching moves no value.
 inline void prefetch_l2(const void* line) { _mm_prefetch(static_cast<const char*>(line), _MM_HINT_T1); }
 
-// The packings below go through K in spans of kPackSpan: a span's piece of the panel is built in
-// a tile on the stack (64 x 32 floats, 8 KB, in L1), then copied into the panel, where it is
-// contiguous, whole lines at a time. Written in place a column at a time, each value went to
-// another line of the new buffer, every line read for ownership by many scattered stores.
+// The packings below go through K in spans of kPackSpan. The fp32 packing moves each span's
+// piece of a panel (kPackSpan x width floats, contiguous in the panel) as 8 x 8 blocks
+// transposed in registers: 8 loads of 8 consecutive K values from 8 weight rows, 8 stores of
+// 8 columns into 8 panel rows. Written a value at a time, each value went to another line of
+// the new buffer (and later, through a tile on the stack, a scalar load and store each).
 constexpr int64_t kPackSpan = 64;
 
+// dst[r * ld + c] = rows[c][r] for r, c in [0, 8): 8 rows of 8 floats transposed.
+__attribute__((target("avx2"))) inline void transpose8x8(const float* const rows[8], float* dst, int64_t ld) {
+  const __m256 r0 = _mm256_loadu_ps(rows[0]), r1 = _mm256_loadu_ps(rows[1]), r2 = _mm256_loadu_ps(rows[2]),
+               r3 = _mm256_loadu_ps(rows[3]), r4 = _mm256_loadu_ps(rows[4]), r5 = _mm256_loadu_ps(rows[5]),
+               r6 = _mm256_loadu_ps(rows[6]), r7 = _mm256_loadu_ps(rows[7]);
+  // Pairs interleaved (a0 b0 a1 b1 | a4 b4 a5 b5), then quadruples (a0 b0 c0 d0 | a4 b4 c4 d4),
+  // then the 128-bit halves of the two quadruples joined into whole columns.
+  const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+               t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+               t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0)), s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2)),
+               s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0)), s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2)),
+               s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0)), s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2)),
+               s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0)), s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+  _mm256_storeu_ps(dst + 0 * ld, _mm256_permute2f128_ps(s0, s4, 0x20));
+  _mm256_storeu_ps(dst + 1 * ld, _mm256_permute2f128_ps(s1, s5, 0x20));
+  _mm256_storeu_ps(dst + 2 * ld, _mm256_permute2f128_ps(s2, s6, 0x20));
+  _mm256_storeu_ps(dst + 3 * ld, _mm256_permute2f128_ps(s3, s7, 0x20));
+  _mm256_storeu_ps(dst + 4 * ld, _mm256_permute2f128_ps(s0, s4, 0x31));
+  _mm256_storeu_ps(dst + 5 * ld, _mm256_permute2f128_ps(s1, s5, 0x31));
+  _mm256_storeu_ps(dst + 6 * ld, _mm256_permute2f128_ps(s2, s6, 0x31));
+  _mm256_storeu_ps(dst + 7 * ld, _mm256_permute2f128_ps(s3, s7, 0x31));
+}
+
+// One span of one panel: dst[r * width + j] = src[j][r] for r < span, j < width (width a
+// multiple of 8; columns from `cols` on are zero). src[j]: weight row j at the span's start.
+__attribute__((target("avx2"))) void pack_span(const float* const* src, int64_t cols, int64_t width, int64_t span,
+                                               float* dst) {
+  alignas(32) static const float kZeros[kPackSpan] = {};
+  const int64_t whole = span / 8 * 8;
+  for (int64_t j = 0; j < width; j += 8) {
+    const float* rows[8];
+    for (int64_t c = 0; c < 8; ++c) rows[c] = j + c < cols ? src[j + c] : kZeros;
+    for (int64_t r = 0; r < whole; r += 8) {
+      const float* at[8];
+      for (int64_t c = 0; c < 8; ++c) at[c] = rows[c] + r;
+      transpose8x8(at, dst + r * width + j, width);
+    }
+    for (int64_t r = whole; r < span; ++r)
+      for (int64_t c = 0; c < 8; ++c) dst[r * width + j + c] = rows[c][r];
+  }
+}
+
 at::Tensor panel_pack(const float* w, int64_t n, int64_t k, int64_t width) {
-  TORCH_CHECK(width <= kPanel512, "panel_pack: panels of at most ", kPanel512, " columns");
+  TORCH_CHECK(width <= kPanel512 && width % 8 == 0, "panel_pack: panels of at most ", kPanel512,
+              " columns, a multiple of 8");
   const int64_t panels = (n + width - 1) / width;
   at::Tensor buf = page_aligned_buffer(static_cast<size_t>(panels * k * width) * sizeof(float));
   if (!buf.defined()) return buf;
@@ -162,15 +207,14 @@ at::Tensor panel_pack(const float* w, int64_t n, int64_t k, int64_t width) {
       const int64_t cols = std::min(width, n - p * width);
       for (int64_t i0 = 0; i0 < k; i0 += kPackSpan) {
         const int64_t i1 = std::min(k, i0 + kPackSpan);
-        alignas(64) float tile[kPackSpan * kPanel512];
-        for (int64_t j = 0; j < width; ++j) {
-          const float* src = w + (p * width + j) * k;
-          if (j < cols)  // the column's next span, requested while this one is read
-            for (int64_t i = i1; i < std::min(k, i1 + kPackSpan); i += 16)
-              _mm_prefetch(reinterpret_cast<const char*>(src + i), _MM_HINT_T0);
-          for (int64_t i = i0; i < i1; ++i) tile[(i - i0) * width + j] = j < cols ? src[i] : 0.0f;
+        const float* src[kPanel512];
+        for (int64_t j = 0; j < cols; ++j) {
+          src[j] = w + (p * width + j) * k + i0;
+          // The column's next span, requested while this one is read.
+          for (int64_t i = i1; i < std::min(k, i1 + kPackSpan); i += 16)
+            _mm_prefetch(reinterpret_cast<const char*>(w + (p * width + j) * k + i), _MM_HINT_T0);
         }
-        std::memcpy(panel + i0 * width, tile, static_cast<size_t>((i1 - i0) * width) * sizeof(float));
+        pack_span(src, cols, width, i1 - i0, panel + i0 * width);
       }
     }
   });
