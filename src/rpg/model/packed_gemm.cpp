@@ -189,8 +189,8 @@ __attribute__((target("avx2"))) void pack_span(const float* const* src, int64_t 
       for (int64_t c = 0; c < 8; ++c) at[c] = rows[c] + r;
       transpose8x8(at, dst + r * width + j, width);
     }
-    for (int64_t r = whole; r < span; ++r)
-      for (int64_t c = 0; c < 8; ++c) dst[r * width + j + c] = rows[c][r];
+    for (int64_t r = whole; r < span; ++r)  // memcpy: rows may be bf16 pairs at 2-byte offsets
+      for (int64_t c = 0; c < 8; ++c) std::memcpy(dst + r * width + j + c, rows[c] + r, sizeof(float));
   }
 }
 
@@ -339,15 +339,22 @@ at::Tensor panel_pack_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t pair
     for (int64_t p = p0; p < p1; ++p) {
       uint16_t* panel = out + p * pairs * 2 * kPanelBf16;
       const int64_t cols = std::min(kPanelBf16, n - p * kPanelBf16);
-      for (int64_t i0 = 0; i0 < 2 * pairs; i0 += 2 * kPackSpan) {  // spans of whole pairs (see panel_pack)
-        const int64_t i1 = std::min(2 * pairs, i0 + 2 * kPackSpan);
-        alignas(64) uint16_t tile[2 * kPackSpan * kPanelBf16];
-        for (int64_t j = 0; j < kPanelBf16; ++j) {
-          const uint16_t* src = w + (p * kPanelBf16 + j) * k;
-          for (int64_t i = i0; i < i1; ++i)
-            tile[((i - i0) / 2) * 2 * kPanelBf16 + 2 * j + i % 2] = j < cols && i < k ? src[i] : uint16_t{0};
-        }
-        std::memcpy(panel + i0 * kPanelBf16, tile, static_cast<size_t>((i1 - i0) * kPanelBf16) * sizeof(uint16_t));
+      // A pair of K values is one 32-bit lane of the panel (the lower address the lower half),
+      // so the fp32 packing's transposes move the pairs that K holds whole. The last pair of
+      // an odd K (its upper half zero) and the pairs beyond K (to pair_multiple) are written here.
+      const int64_t whole_pairs = k / 2;
+      for (int64_t q0 = 0; q0 < pairs; q0 += kPackSpan) {
+        const int64_t q1 = std::min(pairs, q0 + kPackSpan);
+        const int64_t full = std::clamp<int64_t>(whole_pairs - q0, 0, q1 - q0);
+        const float* src[kPanelBf16];
+        for (int64_t j = 0; j < cols; ++j)
+          src[j] = reinterpret_cast<const float*>(w + (p * kPanelBf16 + j) * k + 2 * q0);
+        if (full > 0) pack_span(src, cols, kPanelBf16, full, reinterpret_cast<float*>(panel + q0 * 2 * kPanelBf16));
+        for (int64_t q = q0 + full; q < q1; ++q)
+          for (int64_t j = 0; j < kPanelBf16; ++j)
+            for (int64_t h = 0; h < 2; ++h)
+              panel[q * 2 * kPanelBf16 + 2 * j + h] =
+                  j < cols && 2 * q + h < k ? w[(p * kPanelBf16 + j) * k + 2 * q + h] : uint16_t{0};
       }
     }
   });
