@@ -163,8 +163,7 @@ int probe_port(int port) {
   return ok ? ntohs(addr.sin_port) : -1;
 }
 
-}  // namespace
-
+// The kernel's ephemeral port range, [first, last] (Linux's default when unreadable).
 std::pair<int, int> ephemeral_port_range() {
   std::pair<int, int> range{32768, 60999};  // Linux's default
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
@@ -174,6 +173,8 @@ std::pair<int, int> ephemeral_port_range() {
   }
   return range;
 }
+
+}  // namespace
 
 int free_port() {
   // Not from the ephemeral range: the kernel hands those out as the local port of any

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
 namespace rpg::dist {
@@ -44,8 +43,5 @@ std::string find_program(const std::string& program);
 // A TCP port that is free on every address right now, outside the kernel's ephemeral
 // range where it can (see launch.cpp).
 int free_port();
-
-// The kernel's ephemeral port range, [first, last] (Linux's default when unreadable).
-std::pair<int, int> ephemeral_port_range();
 
 }  // namespace rpg::dist
