@@ -144,11 +144,11 @@ constexpr int64_t kPanel = 24, kPanel512 = 32;
 // faster at 1-64 rows. Results are unchanged: prefetching moves no value.
 inline void prefetch_l2(const void* line) { _mm_prefetch(static_cast<const char*>(line), _MM_HINT_T1); }
 
-// The packings below go through K in spans of kPackSpan. The fp32 packing moves each span's
-// piece of a panel (kPackSpan x width floats, contiguous in the panel) as 8 x 8 blocks
-// transposed in registers: 8 loads of 8 consecutive K values from 8 weight rows, 8 stores of
-// 8 columns into 8 panel rows. Written a value at a time, each value went to another line of
-// the new buffer (and later, through a tile on the stack, a scalar load and store each).
+// The packings below go through K in spans of kPackSpan and move each span's piece of a panel
+// (kPackSpan x width 32-bit lanes, contiguous in the panel: fp32 values, or pairs of bf16) as
+// 8 x 8 blocks transposed in registers: 8 loads of 8 consecutive lanes from 8 weight rows, 8
+// stores of 8 columns into 8 panel rows. A scalar load and store per value made the packing
+// 1.6x as long (docs/benchmarks.md).
 constexpr int64_t kPackSpan = 64;
 
 // dst[r * ld + c] = rows[c][r] for r, c in [0, 8): 8 rows of 8 floats transposed.
@@ -346,10 +346,12 @@ at::Tensor panel_pack_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t pair
       for (int64_t q0 = 0; q0 < pairs; q0 += kPackSpan) {
         const int64_t q1 = std::min(pairs, q0 + kPackSpan);
         const int64_t full = std::clamp<int64_t>(whole_pairs - q0, 0, q1 - q0);
-        const float* src[kPanelBf16];
-        for (int64_t j = 0; j < cols; ++j)
-          src[j] = reinterpret_cast<const float*>(w + (p * kPanelBf16 + j) * k + 2 * q0);
-        if (full > 0) pack_span(src, cols, kPanelBf16, full, reinterpret_cast<float*>(panel + q0 * 2 * kPanelBf16));
+        if (full > 0) {
+          const float* src[kPanelBf16];
+          for (int64_t j = 0; j < cols; ++j)
+            src[j] = reinterpret_cast<const float*>(w + (p * kPanelBf16 + j) * k + 2 * q0);
+          pack_span(src, cols, kPanelBf16, full, reinterpret_cast<float*>(panel + q0 * 2 * kPanelBf16));
+        }
         for (int64_t q = q0 + full; q < q1; ++q)
           for (int64_t j = 0; j < kPanelBf16; ++j)
             for (int64_t h = 0; h < 2; ++h)
