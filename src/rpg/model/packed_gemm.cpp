@@ -135,14 +135,24 @@ bool mkl_usable() {
 // full-width FMA units it has twice the AVX2 form's peak.
 constexpr int64_t kPanel = 24, kPanel512 = 32;
 
-// Every tile kernel takes `next`: a panel to request into L2 while it reads its own, one row of
-// the next panel per row of this one (null: none). The first row block of each panel passes the
-// thread's next panel, so the next panel's first pass reads L2 instead of waiting on DRAM at each
-// page (the hardware prefetchers stop at page boundaries), and its transfer overlaps this panel's
-// arithmetic. Measured on the Xeon VM (SmolLM2's decode, 2 threads, docs/benchmarks.md): fp32
+// Every tile kernel takes `next` (NextPanel below): rows of the thread's next panel to request
+// into L2 while it reads its own, so the next panel's first pass reads L2 instead of waiting on
+// DRAM at each page (the hardware prefetchers stop at page boundaries), and its transfer
+// overlaps this panel's arithmetic. Measured on the Xeon VM (SmolLM2's decode, 2 threads, docs/benchmarks.md): fp32
 // decode x8 2.58-2.66 -> 2.02-2.20 s, x64 6.88 -> 6.50-6.86 s; the VDPBF16PS products 15-30 %
 // faster at 1-64 rows. Results are unchanged: prefetching moves no value.
 inline void prefetch_l2(const void* line) { _mm_prefetch(static_cast<const char*>(line), _MM_HINT_T1); }
+
+// The rows of the next panel a tile requests into L2 (prefetch_l2) while it multiplies: rows
+// first, first + step, ... (by K index; none without a panel). The row tiles of one panel take
+// turns (tile i of n: first i, step n), so the next panel is requested once, spread over all of
+// them. Requested by the first tile alone, the whole panel's lines queued behind the fill
+// buffers and that tile waited on memory while the others ran from L2.
+template <class T>
+struct NextPanel {
+  const T* panel = nullptr;
+  int64_t first = 0, step = 1;
+};
 
 // The packings below go through K in spans of kPackSpan and move each span's piece of a panel
 // (kPackSpan x width 32-bit lanes, contiguous in the panel: fp32 values, or pairs of bf16) as
@@ -226,7 +236,7 @@ at::Tensor panel_pack(const float* w, int64_t n, int64_t k, int64_t width) {
 template <int R>
 __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, int64_t ldx,
                                                      const float* __restrict panel, int64_t K, float* __restrict t,
-                                                     const float* next) {
+                                                     NextPanel<float> next) {
   // Named accumulators, not an array: GCC kept an array's tile on the stack and stored it
   // every iteration (half the speed).
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
@@ -235,9 +245,12 @@ __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, i
   const float* x1 = x + (R > 1 ? ldx : 0);
   const float* x2 = x + (R > 2 ? 2 * ldx : 0);
   const float* x3 = x + (R > 3 ? 3 * ldx : 0);
-  for (int64_t k = 0; k < K; ++k) {
+  for (int64_t k = 0, want = next.panel ? next.first : K; k < K; ++k) {
     const float* b = panel + k * kPanel;
-    if (next) prefetch_l2(next + k * kPanel), prefetch_l2(next + k * kPanel + 16);  // 96 bytes a row
+    if (k == want) {  // 96 bytes a row
+      prefetch_l2(next.panel + k * kPanel), prefetch_l2(next.panel + k * kPanel + 16);
+      want += next.step;
+    }
     const __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8), b2 = _mm256_load_ps(b + 16);
     __m256 a = _mm256_broadcast_ss(x0 + k);
     c00 = _mm256_fmadd_ps(a, b0, c00), c01 = _mm256_fmadd_ps(a, b1, c01), c02 = _mm256_fmadd_ps(a, b2, c02);
@@ -276,12 +289,15 @@ __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, i
 template <int R>
 __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x, int64_t ldx,
                                                        const float* __restrict panel, int64_t K, float* __restrict t,
-                                                       const float* next) {
+                                                       NextPanel<float> next) {
   static_assert(kPanel512 == 32, "RPG_TILE8: rows of 32 columns");
   RPG_TILE8_DECLARE()
-  for (int64_t k = 0; k < K; ++k) {
+  for (int64_t k = 0, want = next.panel ? next.first : K; k < K; ++k) {
     const float* b = panel + k * kPanel512;
-    if (next) prefetch_l2(next + k * kPanel512), prefetch_l2(next + k * kPanel512 + 16);
+    if (k == want) {
+      prefetch_l2(next.panel + k * kPanel512), prefetch_l2(next.panel + k * kPanel512 + 16);
+      want += next.step;
+    }
     const __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
 #define RPG_TILE_ROW_FMA(r)                                \
   if constexpr (R > r) {                                   \
@@ -300,14 +316,14 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
 struct Avx2Tiles {
   static constexpr int64_t kWidth = kPanel, kRows = 4;
   template <int R>
-  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, const float* next) {
+  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, NextPanel<float> next) {
     panel_tile<R>(x, ldx, panel, K, t, next);
   }
 };
 struct Avx512Tiles {
   static constexpr int64_t kWidth = kPanel512, kRows = 8;
   template <int R>
-  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, const float* next) {
+  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, NextPanel<float> next) {
     panel_tile512<R>(x, ldx, panel, K, t, next);
   }
 };
@@ -366,7 +382,7 @@ at::Tensor panel_pack_bf16(const uint16_t* w, int64_t n, int64_t k, int64_t pair
 // t[R rows, 32] (fp32) = x[R rows, K] . panel, R <= 8, x bf16 rows `ldx` apart (t: 64-byte aligned).
 template <int R>
 RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx, const uint16_t* __restrict panel,
-                                     int64_t K, float* __restrict t, const uint16_t* next) {
+                                     int64_t K, float* __restrict t, NextPanel<uint16_t> next) {
   static_assert(kPanelBf16 == 32, "RPG_TILE8: rows of 32 columns");
   RPG_TILE8_DECLARE()
   // The row's pair q of x as one 32-bit lane, broadcast (the last pair of an odd K with a zero).
@@ -375,9 +391,12 @@ RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx, 
     return static_cast<int32_t>(static_cast<uint32_t>(lo) | static_cast<uint32_t>(hi) << 16);
   };
   const int64_t full = K / 2, pairs = (K + 1) / 2;
-  for (int64_t q = 0; q < pairs; ++q) {
+  for (int64_t q = 0, want = next.panel ? next.first : pairs; q < pairs; ++q) {
     const uint16_t* b = panel + q * 2 * kPanelBf16;
-    if (next) prefetch_l2(next + q * 2 * kPanelBf16), prefetch_l2(next + q * 2 * kPanelBf16 + 32);
+    if (q == want) {
+      prefetch_l2(next.panel + q * 2 * kPanelBf16), prefetch_l2(next.panel + q * 2 * kPanelBf16 + 32);
+      want += next.step;
+    }
     const __m512bh b0 = (__m512bh)_mm512_load_si512(b), b1 = (__m512bh)_mm512_load_si512(b + 32);
 #define RPG_TILE_ROW_DOT(r)                                                                    \
   if constexpr (R > r) {                                                                       \
@@ -422,9 +441,9 @@ struct Bf16Tiles {
   static constexpr int64_t kWidth = kPanelBf16, kRows = 8, kPairMultiple = 1;
   template <int R>
   static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t,
-                   const c10::BFloat16* next) {
+                   NextPanel<c10::BFloat16> next) {
     panel_tile_bf16<R>(reinterpret_cast<const uint16_t*>(x), ldx, reinterpret_cast<const uint16_t*>(panel), K, t,
-                       reinterpret_cast<const uint16_t*>(next));
+                       {reinterpret_cast<const uint16_t*>(next.panel), next.first, next.step});
   }
 };
 
@@ -469,7 +488,7 @@ struct AmxTiles {
   // GFLOP/s without, 782-795 with), nor with L1 requests of the panel's own next tiles.
   template <int R>
   static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t,
-                   const c10::BFloat16* /*next*/) {
+                   NextPanel<c10::BFloat16> /*next*/) {
     const auto* b = reinterpret_cast<const uint16_t*>(panel);
     if constexpr (R <= 16) one_block(reinterpret_cast<const uint16_t*>(x), ldx, b, K, t, R);
     else two_blocks(reinterpret_cast<const uint16_t*>(x), ldx, b, K, t, R);
@@ -542,11 +561,12 @@ const T* panel_at(const T* panels, int64_t p, int64_t k) {
   else return panels + p * panel_pairs(k, Tiles::kPairMultiple) * 2 * Tiles::kWidth;
 }
 
-// The panel the tile at rows r of panel p requests into L2 (prefetch_l2): the next one, from the
-// first row block (null for the others and for the last panel).
+// What the tile at rows [r, r + Tiles::kRows) of panel p (of an m-row product) requests into L2:
+// its turn of the next panel's rows (none after the last panel).
 template <class Tiles, class T>
-const T* next_panel(const T* panels, int64_t p, int64_t r, int64_t n, int64_t k) {
-  return r == 0 && (p + 1) * Tiles::kWidth < n ? panel_at<Tiles>(panels, p + 1, k) : nullptr;
+NextPanel<T> next_panel(const T* panels, int64_t p, int64_t r, int64_t m, int64_t n, int64_t k) {
+  if ((p + 1) * Tiles::kWidth >= n) return {};
+  return {panel_at<Tiles>(panels, p + 1, k), r / Tiles::kRows, (m + Tiles::kRows - 1) / Tiles::kRows};
 }
 
 // Every tile of an [m, n] product over `panels` panels of Tiles::kWidth columns, the threads
@@ -597,7 +617,7 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelPro
     const T *bias = product->bias, *residual = product->residual;
     alignas(64) float t[R * W];
     Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(product->panels, p, k), k, t,
-                            next_panel<Tiles>(product->panels, p, r, n, k));
+                            next_panel<Tiles>(product->panels, p, r, m, n, k));
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i) {
       const float* ti = t + i * W;
@@ -633,8 +653,8 @@ void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, con
     constexpr int R = decltype(rows)::value;
     alignas(64) float g[R * W], u[R * W];
     alignas(64) T a[R * W];
-    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(gate, p, k), k, g, next_panel<Tiles>(gate, p, r, n, k));
-    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(up, p, k), k, u, next_panel<Tiles>(up, p, r, n, k));
+    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(gate, p, k), k, g, next_panel<Tiles>(gate, p, r, m, n, k));
+    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(up, p, k), k, u, next_panel<Tiles>(up, p, r, m, n, k));
     if constexpr (std::is_same_v<T, float>) {
       swiglu_span(g, u, a, R * W);
     } else {
