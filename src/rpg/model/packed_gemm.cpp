@@ -138,16 +138,16 @@ constexpr int64_t kPanel = 24, kPanel512 = 32;
 // Every tile kernel takes `next` (NextPanel below): rows of the thread's next panel to request
 // into L2 while it reads its own, so the next panel's first pass reads L2 instead of waiting on
 // DRAM at each page (the hardware prefetchers stop at page boundaries), and its transfer
-// overlaps this panel's arithmetic. Measured on the Xeon VM (SmolLM2's decode, 2 threads, docs/benchmarks.md): fp32
-// decode x8 2.58-2.66 -> 2.02-2.20 s, x64 6.88 -> 6.50-6.86 s; the VDPBF16PS products 15-30 %
-// faster at 1-64 rows. Results are unchanged: prefetching moves no value.
+// overlaps this panel's arithmetic. Measured on the Xeon VM (SmolLM2's decode, 2 threads,
+// docs/benchmarks.md): fp32 decode x8 2.58-2.66 -> 2.02-2.20 s, x64 6.88 -> 6.50-6.86 s; the
+// VDPBF16PS products 15-30 % faster at 1-64 rows. Results are unchanged: prefetching moves no value.
 inline void prefetch_l2(const void* line) { _mm_prefetch(static_cast<const char*>(line), _MM_HINT_T1); }
 
 // The rows of the next panel a tile requests into L2 (prefetch_l2) while it multiplies: rows
 // first, first + step, ... (by K index; none without a panel). The row tiles of one panel take
 // turns (tile i of n: first i, step n), so the next panel is requested once, spread over all of
-// them. Requested by the first tile alone, the whole panel's lines queued behind the fill
-// buffers and that tile waited on memory while the others ran from L2.
+// them. Requested by the first tile alone, in one pass, the fp32 decode at 16-64 rows took
+// 9-10 % longer (docs/benchmarks.md, 2026-12-07).
 template <class T>
 struct NextPanel {
   const T* panel = nullptr;
