@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
+#include <c10/util/SmallVector.h>
 #include <immintrin.h>
 
 #include <sys/mman.h>
@@ -791,16 +792,7 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
               " must be ", dtype, " ", at::IntArrayRef(out), " on the CPU");
   at::Tensor y = at::empty({m, n_}, x.options());
   if (m > 0 && backend_ != PackedBackend::kMkl) {
-    const at::Tensor b = bias.defined() ? bias.reshape({n_}).contiguous() : at::Tensor();
-    const at::Tensor res = residual.defined() ? residual.reshape({m, n_}).contiguous() : at::Tensor();
-    const at::Tensor xs = backend_ == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
-    with_tiles(backend_, [&](auto tiles, auto* elem) {
-      using T = std::remove_pointer_t<decltype(elem)>;
-      const PanelProduct<T> product{reinterpret_cast<const T*>(buffer_.data_ptr()), n_,
-                                    b.defined() ? b.data_ptr<T>() : nullptr, res.defined() ? res.data_ptr<T>() : nullptr,
-                                    y.data_ptr<T>()};
-      panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, k_, &product, 1);
-    });
+    multiply_panels({this}, x2, {bias}, {residual}, {y});
     return y.view(out);
   }
   // MKL: the bias and the residual are added after. Its packed product of one row ignores a C
@@ -811,6 +803,30 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
   if (bias.defined()) y.add_(bias.reshape({n_}));
   y = y.view(out);
   return residual.defined() ? residual + y : y;
+}
+
+void PackedWeight::multiply_panels(c10::ArrayRef<const PackedWeight*> weights, const at::Tensor& x2,
+                                   at::TensorList biases, at::TensorList residuals, at::TensorList ys) {
+  const int64_t m = x2.size(0);
+  // Small vectors: a decode step makes ~10 products per layer, one weight each.
+  c10::SmallVector<at::Tensor, 4> bs, rs;
+  for (size_t j = 0; j < weights.size(); ++j) {
+    const int64_t n = weights[j]->n_;
+    bs.push_back(biases[j].defined() ? biases[j].reshape({n}).contiguous() : at::Tensor());
+    rs.push_back(residuals[j].defined() ? residuals[j].reshape({m, n}).contiguous() : at::Tensor());
+  }
+  const PackedBackend backend = weights[0]->backend_;
+  const at::Tensor xs = backend == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
+  with_tiles(backend, [&](auto tiles, auto* elem) {
+    using T = std::remove_pointer_t<decltype(elem)>;
+    auto ptr = [](const at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; };
+    c10::SmallVector<PanelProduct<T>, 4> products;
+    for (size_t j = 0; j < weights.size(); ++j)
+      products.push_back({reinterpret_cast<const T*>(weights[j]->buffer_.data_ptr()), weights[j]->n_, ptr(bs[j]),
+                          ptr(rs[j]), ys[j].data_ptr<T>()});
+    panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, weights[0]->k_, products.data(),
+                                      static_cast<int>(products.size()));
+  });
 }
 
 std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& weights, const at::Tensor& x,
@@ -828,22 +844,9 @@ std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& 
   RECORD_FUNCTION("rpg::packed_linear_together", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x2 = x.reshape({-1, first.k_}).contiguous();
   const int64_t m = x2.size(0);
-  std::vector<at::Tensor> ys, bs;
-  for (size_t j = 0; j < weights.size(); ++j) {
-    ys.push_back(at::empty({m, weights[j]->n_}, x.options()));
-    bs.push_back(biases[j].defined() ? biases[j].reshape({weights[j]->n_}).contiguous() : at::Tensor());
-  }
-  const at::Tensor xs = first.backend() == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
-  if (m > 0)
-    with_tiles(first.backend(), [&](auto tiles, auto* elem) {
-      using T = std::remove_pointer_t<decltype(elem)>;
-      std::vector<PanelProduct<T>> products;
-      for (size_t j = 0; j < weights.size(); ++j)
-        products.push_back({reinterpret_cast<const T*>(weights[j]->buffer_.data_ptr()), weights[j]->n_,
-                            bs[j].defined() ? bs[j].data_ptr<T>() : nullptr, nullptr, ys[j].data_ptr<T>()});
-      panels_linear<decltype(tiles), T>(xs.data_ptr<T>(), xs.size(1), m, first.k_, products.data(),
-                                        static_cast<int>(products.size()));
-    });
+  std::vector<at::Tensor> ys;
+  for (const PackedWeight* w : weights) ys.push_back(at::empty({m, w->n_}, x.options()));
+  if (m > 0) PackedWeight::multiply_panels(weights, x2, biases, std::vector<at::Tensor>(weights.size()), ys);
   for (size_t j = 0; j < weights.size(); ++j) ys[j] = ys[j].view(product_shape(x, weights[j]->n_));
   return ys;
 }

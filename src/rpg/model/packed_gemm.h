@@ -62,6 +62,10 @@ class PackedWeight {
   at::Tensor linear(const at::Tensor& x, const at::Tensor& bias, const at::Tensor& residual = {}) const;
 
  private:
+  // ys[j] [m, N_j] = x2 [m, K] W_j^T (+ biases[j]) (+ residuals[j]; either undefined: none) for
+  // current panel packings of one backend and K, m > 0: one parallel region for all of them.
+  static void multiply_panels(c10::ArrayRef<const PackedWeight*> weights, const at::Tensor& x2,
+                              at::TensorList biases, at::TensorList residuals, at::TensorList ys);
   friend at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const at::Tensor& x);
   friend std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& weights,
                                                  const at::Tensor& x, const std::vector<at::Tensor>& biases);
