@@ -373,6 +373,44 @@ TEST(PackedGemm, PanelRowsDoNotDependOnTheRowsBesideThem) {
   }
 }
 
+// The fp32 panel kernels' contract, at the sizes where a panel is read by several row tiles and
+// K is taken in blocks (for_each_tile in packed_gemm.cpp): each output is x[i] . w[c] summed as
+// one FMA chain over k in order from zero, then + bias[c] (one rounding), then residual + that,
+// bit for bit. The chain is computed here with std::fma. K below, at and across the blocks
+// (128 values for AVX-512, 256 for AVX2) with a remainder; M from one tile to more than a group
+// of them (64 rows), with partial tiles.
+TEST(PackedGemm, Fp32PanelsAreOneFmaChainOverKInOrder) {
+  if (!detail::packed_backend_usable(detail::PackedBackend::kPanels)) GTEST_FAIL() << "no AVX2/FMA on this CPU";
+  for (auto backend : {detail::PackedBackend::kPanels, detail::PackedBackend::kPanels512}) {
+    if (!detail::packed_backend_usable(backend)) continue;  // AVX-512: where the CPU has it
+    SCOPED_TRACE(detail::packed_backend_name(backend));
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{37, 45}, {70, 128}, {33, 300}, {7, 576}, {40, 1000}}) {
+      at::manual_seed(N * 7 + K);
+      const at::Tensor w = at::randn({N, K}), b = at::randn({N});
+      const detail::PackedWeight p = detail::PackedWeight::pack(w, backend);
+      ASSERT_TRUE(p.defined());
+      for (int64_t M : {1, 5, 8, 9, 16, 31, 40, 64, 65, 130}) {
+        const at::Tensor x = at::randn({M, K}), residual = at::randn({M, N});
+        at::Tensor chain = at::empty({M, N}), with_bias = at::empty({M, N}), with_residual = at::empty({M, N});
+        const auto xa = x.accessor<float, 2>(), wa = w.accessor<float, 2>(), ra = residual.accessor<float, 2>();
+        const auto ba = b.accessor<float, 1>();
+        auto ca = chain.accessor<float, 2>(), cb = with_bias.accessor<float, 2>(), cr = with_residual.accessor<float, 2>();
+        for (int64_t i = 0; i < M; ++i)
+          for (int64_t c = 0; c < N; ++c) {
+            float sum = 0;
+            for (int64_t k = 0; k < K; ++k) sum = std::fma(xa[i][k], wa[c][k], sum);
+            ca[i][c] = sum;
+            cb[i][c] = sum + ba[c];
+            cr[i][c] = ra[i][c] + cb[i][c];
+          }
+        EXPECT_TRUE(at::equal(p.linear(x, {}), chain)) << M << " x " << K << " by " << N;
+        EXPECT_TRUE(at::equal(p.linear(x, b), with_bias)) << M << " x " << K << " by " << N;
+        EXPECT_TRUE(at::equal(p.linear(x, b, residual), with_residual)) << M << " x " << K << " by " << N;
+      }
+    }
+  }
+}
+
 // The fused forms a decode layer uses (layer.cpp): gate, up and SwiGLU in one pass
 // (swiglu_linear), and o_proj / down_proj adding the residual as they store (linear with a
 // residual). Both give the same bits as the unfused forms they replace (two products and
@@ -387,7 +425,7 @@ TEST(PackedGemm, FusedSwigluAndResidualEqualTheUnfusedFormsBitForBit) {
   for (auto backend : backends) {
     SCOPED_TRACE(detail::packed_backend_name(backend));
     const bool panels = backend != detail::PackedBackend::kMkl;
-    for (auto [N, K] : {std::pair<int64_t, int64_t>{53, 45}, {80, 64}, {37, 29}, {96, 130}, {24, 8}}) {
+    for (auto [N, K] : {std::pair<int64_t, int64_t>{53, 45}, {80, 64}, {37, 29}, {96, 130}, {24, 8}, {40, 300}}) {
       at::manual_seed(N * 17 + K);
       const at::Tensor gw = at::randn({N, K}), uw = at::randn({N, K}), b = at::randn({N});
       const detail::PackedWeight g = detail::PackedWeight::pack(gw, backend), u = detail::PackedWeight::pack(uw, backend);

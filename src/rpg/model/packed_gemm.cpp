@@ -237,11 +237,17 @@ at::Tensor panel_pack(const float* w, int64_t n, int64_t k, int64_t width) {
 template <int R>
 __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, int64_t ldx,
                                                      const float* __restrict panel, int64_t K, float* __restrict t,
-                                                     NextPanel<float> next) {
+                                                     NextPanel<float> next, bool accumulate) {
   // Named accumulators, not an array: GCC kept an array's tile on the stack and stored it
   // every iteration (half the speed).
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c02 = c00, c10 = c00, c11 = c00, c12 = c00;
   __m256 c20 = c00, c21 = c00, c22 = c00, c30 = c00, c31 = c00, c32 = c00;
+  if (accumulate) {
+    c00 = _mm256_load_ps(t), c01 = _mm256_load_ps(t + 8), c02 = _mm256_load_ps(t + 16);
+    if constexpr (R > 1) c10 = _mm256_load_ps(t + 24), c11 = _mm256_load_ps(t + 32), c12 = _mm256_load_ps(t + 40);
+    if constexpr (R > 2) c20 = _mm256_load_ps(t + 48), c21 = _mm256_load_ps(t + 56), c22 = _mm256_load_ps(t + 64);
+    if constexpr (R > 3) c30 = _mm256_load_ps(t + 72), c31 = _mm256_load_ps(t + 80), c32 = _mm256_load_ps(t + 88);
+  }
   const float* x0 = x;
   const float* x1 = x + (R > 1 ? ldx : 0);
   const float* x2 = x + (R > 2 ? 2 * ldx : 0);
@@ -280,19 +286,26 @@ __attribute__((target("avx2,fma"))) void panel_tile(const float* __restrict x, i
 #define RPG_TILE8_DECLARE()                                                                         \
   RPG_TILE8_ROW_DECLARE(0) RPG_TILE8_ROW_DECLARE(1) RPG_TILE8_ROW_DECLARE(2) RPG_TILE8_ROW_DECLARE(3) \
   RPG_TILE8_ROW_DECLARE(4) RPG_TILE8_ROW_DECLARE(5) RPG_TILE8_ROW_DECLARE(6) RPG_TILE8_ROW_DECLARE(7)
+#define RPG_TILE8_ROW_LOAD(t, r) \
+  if constexpr (R > r) c##r##0 = _mm512_load_ps((t) + r * 32), c##r##1 = _mm512_load_ps((t) + r * 32 + 16);
+#define RPG_TILE8_LOAD(t)                                                                          \
+  RPG_TILE8_ROW_LOAD(t, 0) RPG_TILE8_ROW_LOAD(t, 1) RPG_TILE8_ROW_LOAD(t, 2) RPG_TILE8_ROW_LOAD(t, 3) \
+  RPG_TILE8_ROW_LOAD(t, 4) RPG_TILE8_ROW_LOAD(t, 5) RPG_TILE8_ROW_LOAD(t, 6) RPG_TILE8_ROW_LOAD(t, 7)
 #define RPG_TILE8_ROW_STORE(t, r) \
   if constexpr (R > r) _mm512_store_ps((t) + r * 32, c##r##0), _mm512_store_ps((t) + r * 32 + 16, c##r##1);
 #define RPG_TILE8_STORE(t)                                                                          \
   RPG_TILE8_ROW_STORE(t, 0) RPG_TILE8_ROW_STORE(t, 1) RPG_TILE8_ROW_STORE(t, 2) RPG_TILE8_ROW_STORE(t, 3) \
   RPG_TILE8_ROW_STORE(t, 4) RPG_TILE8_ROW_STORE(t, 5) RPG_TILE8_ROW_STORE(t, 6) RPG_TILE8_ROW_STORE(t, 7)
 
-// The AVX-512 tile: t[R rows, 32] = x[R rows, K] . panel (32 columns), R <= 8 (t: 64-byte aligned).
+// The AVX-512 tile: t[R rows, 32] = x[R rows, K] . panel (32 columns), R <= 8 (t: 64-byte aligned),
+// or t += that, continuing t's sums (accumulate).
 template <int R>
 __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x, int64_t ldx,
                                                        const float* __restrict panel, int64_t K, float* __restrict t,
-                                                       NextPanel<float> next) {
+                                                       NextPanel<float> next, bool accumulate) {
   static_assert(kPanel512 == 32, "RPG_TILE8: rows of 32 columns");
   RPG_TILE8_DECLARE()
+  if (accumulate) { RPG_TILE8_LOAD(t) }
   for (int64_t k = 0, want = next.panel ? next.first : K; k < K; ++k) {
     const float* b = panel + k * kPanel512;
     if (k == want) {
@@ -313,19 +326,22 @@ __attribute__((target("avx512f"))) void panel_tile512(const float* __restrict x,
   RPG_TILE8_STORE(t)
 }
 
-// A panel backend's tile kernel: kWidth columns per panel, up to kRows rows per tile.
+// A panel backend's tile kernel: kWidth columns per panel, up to kRows rows per tile; a panel
+// read by several row tiles is taken in blocks of kBlockK values of K (for_each_tile).
 struct Avx2Tiles {
-  static constexpr int64_t kWidth = kPanel, kRows = 4;
+  static constexpr int64_t kWidth = kPanel, kRows = 4, kBlockK = 256;
   template <int R>
-  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, NextPanel<float> next) {
-    panel_tile<R>(x, ldx, panel, K, t, next);
+  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, NextPanel<float> next,
+                   bool accumulate) {
+    panel_tile<R>(x, ldx, panel, K, t, next, accumulate);
   }
 };
 struct Avx512Tiles {
-  static constexpr int64_t kWidth = kPanel512, kRows = 8;
+  static constexpr int64_t kWidth = kPanel512, kRows = 8, kBlockK = 128;
   template <int R>
-  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, NextPanel<float> next) {
-    panel_tile512<R>(x, ldx, panel, K, t, next);
+  static void tile(const float* x, int64_t ldx, const float* panel, int64_t K, float* t, NextPanel<float> next,
+                   bool accumulate) {
+    panel_tile512<R>(x, ldx, panel, K, t, next, accumulate);
   }
 };
 
@@ -419,6 +435,8 @@ RPG_BF16_TARGET void panel_tile_bf16(const uint16_t* __restrict x, int64_t ldx, 
 #undef RPG_TILE8_DECLARE
 #undef RPG_TILE8_ROW_STORE
 #undef RPG_TILE8_STORE
+#undef RPG_TILE8_ROW_LOAD
+#undef RPG_TILE8_LOAD
 
 // y[0, cols) = bf16(t + bias) (+ residual, added in fp32 and rounded again): the bf16 tile's
 // store, 16 lanes at a time (VCVTNEPS2BF16 rounds to nearest even, as c10 does).
@@ -440,9 +458,11 @@ RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t
 
 struct Bf16Tiles {
   static constexpr int64_t kWidth = kPanelBf16, kRows = 8, kPairMultiple = 1;
+  // No kBlockK: a tile takes all of K at once (accumulate is never set). In K blocks the products
+  // of 16-512 rows ran no faster (docs/benchmarks.md, 2026-12-07 fourth session).
   template <int R>
   static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t,
-                   NextPanel<c10::BFloat16> next) {
+                   NextPanel<c10::BFloat16> next, bool /*accumulate*/) {
     panel_tile_bf16<R>(reinterpret_cast<const uint16_t*>(x), ldx, reinterpret_cast<const uint16_t*>(panel), K, t,
                        {reinterpret_cast<const uint16_t*>(next.panel), next.first, next.step});
   }
@@ -487,9 +507,10 @@ struct AmxTiles {
   // t[R rows, 32] (fp32) = x[16 or 32 rows, K] . panel, the first R rows kept; x bf16 rows `ldx` apart.
   // `next` is not requested: at AMX's rate the products ran no faster with it (64 rows: 723-843
   // GFLOP/s without, 782-795 with), nor with L1 requests of the panel's own next tiles.
+  // No kBlockK: a tile takes all of K at once (accumulate is never set).
   template <int R>
   static void tile(const c10::BFloat16* x, int64_t ldx, const c10::BFloat16* panel, int64_t K, float* t,
-                   NextPanel<c10::BFloat16> /*next*/) {
+                   NextPanel<c10::BFloat16> /*next*/, bool /*accumulate*/) {
     const auto* b = reinterpret_cast<const uint16_t*>(panel);
     if constexpr (R <= 16) one_block(reinterpret_cast<const uint16_t*>(x), ldx, b, K, t, R);
     else two_blocks(reinterpret_cast<const uint16_t*>(x), ldx, b, K, t, R);
@@ -562,25 +583,85 @@ const T* panel_at(const T* panels, int64_t p, int64_t k) {
   else return panels + p * panel_pairs(k, Tiles::kPairMultiple) * 2 * Tiles::kWidth;
 }
 
-// What the tile at rows [r, r + Tiles::kRows) of panel p (of an m-row product) requests into L2:
-// its turn of the next panel's rows (none after the last panel).
+// Where values [k0, ...) of K start in a panel: k0 rows of kWidth fp32 values, or k0 / 2 pairs
+// of kWidth x 2 bf16 (k0 even).
 template <class Tiles, class T>
-NextPanel<T> next_panel(const T* panels, int64_t p, int64_t r, int64_t m, int64_t n, int64_t k) {
-  if ((p + 1) * Tiles::kWidth >= n) return {};
-  return {panel_at<Tiles>(panels, p + 1, k), r / Tiles::kRows, (m + Tiles::kRows - 1) / Tiles::kRows};
+const T* panel_from(const T* panel, int64_t k0) {
+  return panel + k0 * Tiles::kWidth;
 }
 
-// Every tile of an [m, n] product over `panels` panels of Tiles::kWidth columns, the threads
-// splitting the panels: block(p, r, rows) takes rows [r, r + rows) of panel p (rows: an
-// integral_constant, at most Tiles::kRows).
+// What the tile at rows [r, r + Tiles::kRows) of panel p (of an m-row product) requests into L2
+// while it multiplies values [k0, ...) of K: its turn of the next panel's rows (none after the
+// last panel), counted from k0 as the kernel's loop counts them (values; pairs for bf16).
+template <class Tiles, class T>
+NextPanel<T> next_panel(const T* panels, int64_t p, int64_t r, int64_t m, int64_t n, int64_t k, int64_t k0) {
+  if ((p + 1) * Tiles::kWidth >= n) return {};
+  const int64_t step = (m + Tiles::kRows - 1) / Tiles::kRows, skipped = std::is_same_v<T, float> ? k0 : k0 / 2;
+  return {panel_from<Tiles>(panel_at<Tiles>(panels, p + 1, k), k0), ((r / Tiles::kRows - skipped) % step + step) % step,
+          step};
+}
+
+// The row tiles of a panel that for_each_tile takes together: 64 rows' worth (1 without a kBlockK).
+template <class Tiles>
+constexpr int64_t tile_group() {
+  if constexpr (requires { Tiles::kBlockK; }) return 64 / Tiles::kRows;
+  else return 1;
+}
+
+// Every tile of a product y [m, n] = x [m, k] W^T over `panels` panels of Tiles::kWidth columns,
+// the threads splitting the panels. multiply(p, r, rows, k0, k1, acc) multiplies rows [r, r + rows)
+// of panel p (rows: an integral_constant, at most Tiles::kRows) over values [k0, k1) of K into
+// the tile's sums `acc` (kAcc floats, 64-byte aligned), continuing them where k0 > 0;
+// finish(p, r, rows, acc) stores them once all of K is in.
+//
+// A panel read by one row tile streams through L1 once. Read by several (m > kRows), each tile
+// read it from L2, and the fp32 kernels ran at 79 % of MKL's rate (2048 rows: 293 against 368
+// GFLOP/s). Where Tiles has a kBlockK, the row tiles are taken in groups of tile_group() (64
+// rows), and
+// - a product of up to 64 rows takes K in blocks of kBlockK values, each block multiplied by
+//   every tile in turn while it stays in L1, the tiles' sums kept in `acc` between blocks;
+// - more rows: each group's tiles are all multiplied, then all stored (in blocks they ran slower).
+// Measured on the Xeon VM (SmolLM2's 211 products, AVX-512, four interleaved rounds; docs/
+// benchmarks.md, 2026-12-07 fourth session): 64 rows 275 -> 298 GFLOP/s, 512 rows 314 -> 331.
+// A sum stored and loaded again is the same float: each output is still one chain over K in
+// order, with the bits it has without blocks.
 // Tiles with begin() / end() (AMX's tile configuration) have them called around each thread's share.
-template <class Tiles, typename Block>
-void for_each_tile(int64_t m, int64_t panels, const Block& block) {
+template <class Tiles, int64_t kAcc, typename Multiply, typename Finish>
+void for_each_tile(int64_t m, int64_t panels, int64_t k, const Multiply& multiply, const Finish& finish) {
+  constexpr int64_t kGroup = tile_group<Tiles>();
+  const int64_t tiles = (m + Tiles::kRows - 1) / Tiles::kRows;
+  int64_t block = k;
+  if constexpr (kGroup > 1)
+    if (tiles > 1 && tiles <= kGroup) block = Tiles::kBlockK;
   at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    alignas(64) float acc[kGroup * kAcc];
+    auto each_tile = [&](int64_t g0, int64_t g1, const auto& f) {
+      for (int64_t i = g0; i < g1; ++i) {
+        const int64_t r = i * Tiles::kRows;
+        with_count<Tiles::kRows>(std::min<int64_t>(Tiles::kRows, m - r),
+                                 [&](auto rows) { f(r, rows, acc + (i - g0) * kAcc); });
+      }
+    };
     if constexpr (requires { Tiles::begin(); }) Tiles::begin();
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t r = 0; r < m; r += Tiles::kRows)
-        with_count<Tiles::kRows>(std::min<int64_t>(Tiles::kRows, m - r), [&](auto rows) { block(p, r, rows); });
+    for (int64_t p = p0; p < p1; ++p) {
+      if (tiles == 1) {  // m <= kRows: the tile multiplied and stored in one call
+        each_tile(0, 1, [&](int64_t r, auto rows, float* sums) {
+          multiply(p, r, rows, 0, k, sums);
+          finish(p, r, rows, sums);
+        });
+        continue;
+      }
+      for (int64_t g0 = 0; g0 < tiles; g0 += kGroup) {
+        const int64_t g1 = std::min(tiles, g0 + kGroup);
+        for (int64_t k0 = 0;;) {  // once where k = 0: the sums start at zero
+          const int64_t k1 = std::min(k, k0 + block);
+          each_tile(g0, g1, [&](int64_t r, auto rows, float* sums) { multiply(p, r, rows, k0, k1, sums); });
+          if (k1 >= k) break;
+          k0 = k1;
+        }
+        each_tile(g0, g1, [&](int64_t r, auto rows, float* sums) { finish(p, r, rows, sums); });
+      }
+    }
     if constexpr (requires { Tiles::end(); }) Tiles::end();
   });
 }
@@ -610,15 +691,23 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelPro
   constexpr int64_t W = Tiles::kWidth;
   int64_t panels = 0;
   for (int j = 0; j < count; ++j) panels += panel_count<Tiles>(products[j].n);
-  for_each_tile<Tiles>(m, panels, [&](int64_t p, int64_t r, auto rows) {
-    constexpr int R = decltype(rows)::value;
+  // The product panel p belongs to, p made its panel index there.
+  auto product_of = [products](int64_t& p) {
     const PanelProduct<T>* product = products;
     for (; p >= panel_count<Tiles>(product->n); ++product) p -= panel_count<Tiles>(product->n);
+    return product;
+  };
+  auto multiply = [&](int64_t p, int64_t r, auto rows, int64_t k0, int64_t k1, float* t) {
+    const PanelProduct<T>* product = product_of(p);
+    Tiles::template tile<decltype(rows)::value>(
+        x + r * ldx + k0, ldx, panel_from<Tiles>(panel_at<Tiles>(product->panels, p, k), k0), k1 - k0, t,
+        next_panel<Tiles>(product->panels, p, r, m, product->n, k, k0), k0 > 0);
+  };
+  for_each_tile<Tiles, Tiles::kRows * W>(m, panels, k, multiply, [&](int64_t p, int64_t r, auto rows, const float* t) {
+    constexpr int R = decltype(rows)::value;
+    const PanelProduct<T>* product = product_of(p);
     const int64_t n = product->n;
     const T *bias = product->bias, *residual = product->residual;
-    alignas(64) float t[R * W];
-    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(product->panels, p, k), k, t,
-                            next_panel<Tiles>(product->panels, p, r, m, n, k));
     const int64_t c0 = p * W, cols = std::min(W, n - c0);
     for (int64_t i = 0; i < R; ++i) {
       const float* ti = t + i * W;
@@ -649,13 +738,21 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelPro
 // bf16 swiglu_rows' arithmetic (the same bits as those three steps).
 template <class Tiles, class T>
 void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, const T* gate, const T* up, T* y) {
-  constexpr int64_t W = Tiles::kWidth;
-  for_each_tile<Tiles>(m, panel_count<Tiles>(n), [&](int64_t p, int64_t r, auto rows) {
+  constexpr int64_t W = Tiles::kWidth, kTile = Tiles::kRows * W;
+  // A tile's sums: the gate's, then the up's.
+  auto multiply = [&](int64_t p, int64_t r, auto rows, int64_t k0, int64_t k1, float* sums) {
     constexpr int R = decltype(rows)::value;
-    alignas(64) float g[R * W], u[R * W];
+    for (int j = 0; j < 2; ++j) {
+      const T* panels = j == 0 ? gate : up;
+      Tiles::template tile<R>(x + r * ldx + k0, ldx, panel_from<Tiles>(panel_at<Tiles>(panels, p, k), k0), k1 - k0,
+                              sums + j * kTile, next_panel<Tiles>(panels, p, r, m, n, k, k0), k0 > 0);
+    }
+  };
+  for_each_tile<Tiles, 2 * kTile>(m, panel_count<Tiles>(n), k, multiply, [&](int64_t p, int64_t r, auto rows,
+                                                                              const float* sums) {
+    constexpr int R = decltype(rows)::value;
+    const float *g = sums, *u = sums + kTile;
     alignas(64) T a[R * W];
-    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(gate, p, k), k, g, next_panel<Tiles>(gate, p, r, m, n, k));
-    Tiles::template tile<R>(x + r * ldx, ldx, panel_at<Tiles>(up, p, k), k, u, next_panel<Tiles>(up, p, r, m, n, k));
     if constexpr (std::is_same_v<T, float>) {
       swiglu_span(g, u, a, R * W);
     } else {
