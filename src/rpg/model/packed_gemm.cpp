@@ -575,19 +575,13 @@ at::Tensor amx_rows(const at::Tensor& x2) {
   return padded;
 }
 
-// Where tile p's panel starts: kWidth columns x K (fp32), x K rounded up to pairs (bf16), or to
-// whole 16-pair tiles (AMX).
+// Where values [k0, ...) of K start in tile p's panel. A panel is kWidth columns x K (fp32), x K
+// rounded up to pairs (bf16), or to whole 16-pair tiles (AMX); in it, k0 rows of kWidth fp32
+// values, or k0 / 2 pairs of kWidth x 2 bf16 (k0 even), come first.
 template <class Tiles, class T>
-const T* panel_at(const T* panels, int64_t p, int64_t k) {
-  if constexpr (std::is_same_v<T, float>) return panels + p * k * Tiles::kWidth;
-  else return panels + p * panel_pairs(k, Tiles::kPairMultiple) * 2 * Tiles::kWidth;
-}
-
-// Where values [k0, ...) of K start in a panel: k0 rows of kWidth fp32 values, or k0 / 2 pairs
-// of kWidth x 2 bf16 (k0 even).
-template <class Tiles, class T>
-const T* panel_from(const T* panel, int64_t k0) {
-  return panel + k0 * Tiles::kWidth;
+const T* panel_at(const T* panels, int64_t p, int64_t k, int64_t k0 = 0) {
+  if constexpr (std::is_same_v<T, float>) return panels + (p * k + k0) * Tiles::kWidth;
+  else return panels + (p * panel_pairs(k, Tiles::kPairMultiple) * 2 + k0) * Tiles::kWidth;
 }
 
 // What the tile at rows [r, r + Tiles::kRows) of panel p (of an m-row product) requests into L2
@@ -597,8 +591,7 @@ template <class Tiles, class T>
 NextPanel<T> next_panel(const T* panels, int64_t p, int64_t r, int64_t m, int64_t n, int64_t k, int64_t k0) {
   if ((p + 1) * Tiles::kWidth >= n) return {};
   const int64_t step = (m + Tiles::kRows - 1) / Tiles::kRows, skipped = std::is_same_v<T, float> ? k0 : k0 / 2;
-  return {panel_from<Tiles>(panel_at<Tiles>(panels, p + 1, k), k0), ((r / Tiles::kRows - skipped) % step + step) % step,
-          step};
+  return {panel_at<Tiles>(panels, p + 1, k, k0), ((r / Tiles::kRows - skipped) % step + step) % step, step};
 }
 
 // The row tiles of a panel that for_each_tile takes together: 64 rows' worth (1 without a kBlockK).
@@ -607,6 +600,8 @@ constexpr int64_t tile_group() {
   if constexpr (requires { Tiles::kBlockK; }) return 64 / Tiles::kRows;
   else return 1;
 }
+// The bf16 tiles ignore `accumulate`: given K blocks, they would restart each block's sums.
+static_assert(tile_group<Bf16Tiles>() == 1 && tile_group<AmxTiles>() == 1, "bf16 tiles take all of K at once");
 
 // Every tile of a product y [m, n] = x [m, k] W^T over `panels` panels of Tiles::kWidth columns,
 // the threads splitting the panels. multiply(p, r, rows, k0, k1, acc) multiplies rows [r, r + rows)
@@ -700,7 +695,7 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelPro
   auto multiply = [&](int64_t p, int64_t r, auto rows, int64_t k0, int64_t k1, float* t) {
     const PanelProduct<T>* product = product_of(p);
     Tiles::template tile<decltype(rows)::value>(
-        x + r * ldx + k0, ldx, panel_from<Tiles>(panel_at<Tiles>(product->panels, p, k), k0), k1 - k0, t,
+        x + r * ldx + k0, ldx, panel_at<Tiles>(product->panels, p, k, k0), k1 - k0, t,
         next_panel<Tiles>(product->panels, p, r, m, product->n, k, k0), k0 > 0);
   };
   for_each_tile<Tiles, Tiles::kRows * W>(m, panels, k, multiply, [&](int64_t p, int64_t r, auto rows, const float* t) {
@@ -744,8 +739,8 @@ void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, con
     constexpr int R = decltype(rows)::value;
     for (int j = 0; j < 2; ++j) {
       const T* panels = j == 0 ? gate : up;
-      Tiles::template tile<R>(x + r * ldx + k0, ldx, panel_from<Tiles>(panel_at<Tiles>(panels, p, k), k0), k1 - k0,
-                              sums + j * kTile, next_panel<Tiles>(panels, p, r, m, n, k, k0), k0 > 0);
+      Tiles::template tile<R>(x + r * ldx + k0, ldx, panel_at<Tiles>(panels, p, k, k0), k1 - k0, sums + j * kTile,
+                              next_panel<Tiles>(panels, p, r, m, n, k, k0), k0 > 0);
     }
   };
   for_each_tile<Tiles, 2 * kTile>(m, panel_count<Tiles>(n), k, multiply, [&](int64_t p, int64_t r, auto rows,
