@@ -149,10 +149,12 @@ inline void prefetch_l2(const void* line) { _mm_prefetch(static_cast<const char*
 // turns (tile i of n: first i, step n), so the next panel is requested once, spread over all of
 // them. Requested by the first tile alone, in one pass, the fp32 decode at 16-64 rows took
 // 9-10 % longer (docs/benchmarks.md, 2026-12-07).
+// 16 bytes, so that it is passed in two registers: as 24 (64-bit first and step) it went
+// through the stack, and the kernel's 16-byte load of it waited on the caller's two stores.
 template <class T>
 struct NextPanel {
   const T* panel = nullptr;
-  int64_t first = 0, step = 1;
+  int32_t first = 0, step = 1;
 };
 
 // The packings below go through K in spans of kPackSpan and move each span's piece of a panel
@@ -456,6 +458,34 @@ RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t
   }
 }
 
+// y[0, cols) = (t + bias) + residual (either optional), the fp32 tile's store: the additions
+// at::linear's result + residual makes, one float at a time, 16 lanes at once. A scalar loop
+// and a libc memcpy per row of 128 bytes took 2-3 % of the fp32 decode at 64 rows.
+__attribute__((target("avx512f"))) void store_row_f32_512(const float* t, int64_t cols, const float* bias,
+                                                          const float* residual, float* y) {
+  for (int64_t c = 0; c < cols; c += 16) {
+    const __mmask16 m =
+        cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - c)) - 1);
+    __m512 v = _mm512_maskz_loadu_ps(m, t + c);
+    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
+    if (residual) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, residual + c), v);
+    _mm512_mask_storeu_ps(y + c, m, v);
+  }
+}
+// The same for the AVX2 tiles (the compiler vectorises each branch's loop).
+__attribute__((target("avx2"))) void store_row_f32_256(const float* __restrict t, int64_t cols,
+                                                       const float* __restrict bias, const float* __restrict residual,
+                                                       float* __restrict y) {
+  if (bias && residual)
+    for (int64_t c = 0; c < cols; ++c) y[c] = residual[c] + (t[c] + bias[c]);
+  else if (bias)
+    for (int64_t c = 0; c < cols; ++c) y[c] = t[c] + bias[c];
+  else if (residual)
+    for (int64_t c = 0; c < cols; ++c) y[c] = residual[c] + t[c];
+  else
+    for (int64_t c = 0; c < cols; ++c) y[c] = t[c];
+}
+
 struct Bf16Tiles {
   static constexpr int64_t kWidth = kPanelBf16, kRows = 8, kPairMultiple = 1;
   // No kBlockK: a tile takes all of K at once (accumulate is never set). In K blocks the products
@@ -587,11 +617,15 @@ const T* panel_at(const T* panels, int64_t p, int64_t k, int64_t k0 = 0) {
 // What the tile at rows [r, r + Tiles::kRows) of panel p (of an m-row product) requests into L2
 // while it multiplies values [k0, ...) of K: its turn of the next panel's rows (none after the
 // last panel), counted from k0 as the kernel's loop counts them (values; pairs for bf16).
+// One division at most (a tile's call, 64-1024 FMA rows, once paid two).
 template <class Tiles, class T>
 NextPanel<T> next_panel(const T* panels, int64_t p, int64_t r, int64_t m, int64_t n, int64_t k, int64_t k0) {
   if ((p + 1) * Tiles::kWidth >= n) return {};
   const int64_t step = (m + Tiles::kRows - 1) / Tiles::kRows, skipped = std::is_same_v<T, float> ? k0 : k0 / 2;
-  return {panel_at<Tiles>(panels, p + 1, k, k0), ((r / Tiles::kRows - skipped) % step + step) % step, step};
+  int64_t first = r / Tiles::kRows;  // in [0, step)
+  if (step > 1 && skipped > 0) first -= skipped % step;
+  if (first < 0) first += step;
+  return {panel_at<Tiles>(panels, p + 1, k, k0), static_cast<int32_t>(first), static_cast<int32_t>(step)};
 }
 
 // The row tiles of a panel that for_each_tile takes together: 64 rows' worth (1 without a kBlockK).
@@ -709,15 +743,8 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelPro
       T* yi = product->y + (r + i) * n + c0;
       const T* res = residual ? residual + (r + i) * n + c0 : nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        if (!bias && !residual) {
-          std::memcpy(yi, ti, static_cast<size_t>(cols) * sizeof(float));
-          continue;
-        }
-        for (int64_t c = 0; c < cols; ++c) {
-          float v = ti[c];
-          if (bias) v += bias[c0 + c];
-          yi[c] = res ? res[c] + v : v;
-        }
+        if constexpr (W == kPanel512) store_row_f32_512(ti, cols, bias ? bias + c0 : nullptr, res, yi);
+        else store_row_f32_256(ti, cols, bias ? bias + c0 : nullptr, res, yi);
       } else {
         auto bits = [](const T* a) { return reinterpret_cast<const uint16_t*>(a); };
         store_row_bf16(ti, cols, bias ? bits(bias + c0) : nullptr, res ? bits(res) : nullptr,
@@ -747,18 +774,18 @@ void panels_swiglu(const T* x, int64_t ldx, int64_t m, int64_t n, int64_t k, con
                                                                               const float* sums) {
     constexpr int R = decltype(rows)::value;
     const float *g = sums, *u = sums + kTile;
-    alignas(64) T a[R * W];
-    if constexpr (std::is_same_v<T, float>) {
-      swiglu_span(g, u, a, R * W);
+    const int64_t c0 = p * W, cols = std::min(W, n - c0);
+    if constexpr (std::is_same_v<T, float>) {  // into y's rows directly
+      for (int64_t i = 0; i < R; ++i) swiglu_span(g + i * W, u + i * W, y + (r + i) * n + c0, cols);
     } else {
+      alignas(64) T a[R * W];
       alignas(64) uint16_t gb[R * W], ub[R * W];
       store_row_bf16(g, R * W, nullptr, nullptr, gb);
       store_row_bf16(u, R * W, nullptr, nullptr, ub);
       swiglu_span_bf16(gb, ub, reinterpret_cast<uint16_t*>(a), R * W);
+      for (int64_t i = 0; i < R; ++i)
+        std::memcpy(y + (r + i) * n + c0, a + i * W, static_cast<size_t>(cols) * sizeof(T));
     }
-    const int64_t c0 = p * W, cols = std::min(W, n - c0);
-    for (int64_t i = 0; i < R; ++i)
-      std::memcpy(y + (r + i) * n + c0, a + i * W, static_cast<size_t>(cols) * sizeof(T));
   });
 }
 
