@@ -458,9 +458,10 @@ RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t
   }
 }
 
-// y[0, cols) = (t + bias) + residual (either optional), the fp32 tile's store: the additions
-// at::linear's result + residual makes, one float at a time, 16 lanes at once. A scalar loop
-// and a libc memcpy per row of 128 bytes took 2-3 % of the fp32 decode at 64 rows.
+// y[0, cols) = residual + (t + bias) (either optional), the fp32 tile's store: the additions
+// at::linear's result + residual makes, in that order, 16 lanes at once (it was a scalar loop
+// with both tests inside, or a libc memcpy per row of 128 bytes; its time, ~2 % of decode at 64
+// rows, is the residual's reads and y's first writes either way).
 __attribute__((target("avx512f"))) void store_row_f32_512(const float* t, int64_t cols, const float* bias,
                                                           const float* residual, float* y) {
   for (int64_t c = 0; c < cols; c += 16) {
@@ -617,7 +618,8 @@ const T* panel_at(const T* panels, int64_t p, int64_t k, int64_t k0 = 0) {
 // What the tile at rows [r, r + Tiles::kRows) of panel p (of an m-row product) requests into L2
 // while it multiplies values [k0, ...) of K: its turn of the next panel's rows (none after the
 // last panel), counted from k0 as the kernel's loop counts them (values; pairs for bf16).
-// One division at most (a tile's call, 64-1024 FMA rows, once paid two).
+// Called per tile and K block (~1000 cycles of FMAs at 64 rows): at most one division here,
+// where two were part of the 5 % the driver took (docs/benchmarks.md, 2026-12-07 fifth session).
 template <class Tiles, class T>
 NextPanel<T> next_panel(const T* panels, int64_t p, int64_t r, int64_t m, int64_t n, int64_t k, int64_t k0) {
   if ((p + 1) * Tiles::kWidth >= n) return {};
