@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "rpg/core/cpu_clones.h"
 #include "rpg/core/log.h"
 #include "rpg/model/cpu_kernels.h"
 #include "rpg/model/decode_elementwise.h"
@@ -459,24 +460,11 @@ RPG_BF16_TARGET void store_row_bf16(const float* t, int64_t cols, const uint16_t
 }
 
 // y[0, cols) = residual + (t + bias) (either optional), the fp32 tile's store: the additions
-// at::linear's result + residual makes, in that order, 16 lanes at once (it was a scalar loop
-// with both tests inside, or a libc memcpy per row of 128 bytes; its time, ~2 % of decode at 64
-// rows, is the residual's reads and y's first writes either way).
-__attribute__((target("avx512f"))) void store_row_f32_512(const float* t, int64_t cols, const float* bias,
-                                                          const float* residual, float* y) {
-  for (int64_t c = 0; c < cols; c += 16) {
-    const __mmask16 m =
-        cols - c >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (cols - c)) - 1);
-    __m512 v = _mm512_maskz_loadu_ps(m, t + c);
-    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, bias + c));
-    if (residual) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, residual + c), v);
-    _mm512_mask_storeu_ps(y + c, m, v);
-  }
-}
-// The same for the AVX2 tiles (the compiler vectorises each branch's loop).
-__attribute__((target("avx2"))) void store_row_f32_256(const float* __restrict t, int64_t cols,
-                                                       const float* __restrict bias, const float* __restrict residual,
-                                                       float* __restrict y) {
+// at::linear's result + residual makes, in that order, each case one vectorised loop (GCC makes
+// the plain copy a memcpy). Its time, ~2-3 % of decode at 64 rows, is the residual's reads and
+// y's first writes: hand-written AVX-512 stores took the same share of the samples.
+RPG_CPU_CLONES void store_row_f32(const float* __restrict t, int64_t cols, const float* __restrict bias,
+                                  const float* __restrict residual, float* __restrict y) {
   if (bias && residual)
     for (int64_t c = 0; c < cols; ++c) y[c] = residual[c] + (t[c] + bias[c]);
   else if (bias)
@@ -745,8 +733,7 @@ void panels_linear(const T* x, int64_t ldx, int64_t m, int64_t k, const PanelPro
       T* yi = product->y + (r + i) * n + c0;
       const T* res = residual ? residual + (r + i) * n + c0 : nullptr;
       if constexpr (std::is_same_v<T, float>) {
-        if constexpr (W == kPanel512) store_row_f32_512(ti, cols, bias ? bias + c0 : nullptr, res, yi);
-        else store_row_f32_256(ti, cols, bias ? bias + c0 : nullptr, res, yi);
+        store_row_f32(ti, cols, bias ? bias + c0 : nullptr, res, yi);
       } else {
         auto bits = [](const T* a) { return reinterpret_cast<const uint16_t*>(a); };
         store_row_bf16(ti, cols, bias ? bits(bias + c0) : nullptr, res ? bits(res) : nullptr,
