@@ -178,26 +178,93 @@ TEST(DecodePath, RpgDecodeAttentionSdpaTakesTheDevicePath) {
   EXPECT_EQ(m.kv_cache_bytes_per_sequence(40), per_position * (40 + (sdpa ? 40 : 64)));
 }
 
-TEST(DecodeAttention, WritingATokenEqualsIndexPut) {
-  // write_decode_kv against the general path: index_put_ through [S, capacity, Hkv, D] views of
-  // position-major keys, then blocked. Positions in the first block, the second and the last
-  // (partial) one of a capacity of 71.
+// Random RoPE tables for R rows in rope_tables' form: cos [R, 1, 1, D] = [cos f, cos f],
+// sin = [-sin f, sin f] (the sign of rotate_half folded in).
+std::pair<at::Tensor, at::Tensor> random_rope_tables(int64_t R, int64_t D, at::ScalarType dtype) {
+  const at::Tensor f = at::randn({R, 1, 1, D / 2}) * 10;
+  return {at::cat({f.cos(), f.cos()}, -1).to(dtype), at::cat({-f.sin(), f.sin()}, -1).to(dtype)};
+}
+
+TEST(DecodeAttention, ANewTokenRotatedWrittenAndAttendedInOnePassEqualsTheSeparateOps) {
+  // decode_attention with fresh tokens against the ops it replaces: rope_rows on the queries
+  // and keys, the keys and values put at their positions with index_put_ on position-major
+  // caches (then blocked), and decode_attention on the rotated queries. The same bits in the
+  // output and in both caches. Positions in the first block, on block edges and in the last
+  // (partial) one; rows on their own slots and rows reading a prompt from another slot (4
+  // of them: the AVX-512 form's chunk); shapes as in the shared-prefix test.
+  at::NoGradGuard no_grad;  // rope_rows is decode's (decode_elementwise.h)
+  const int64_t S = 7, cap = 71, P = 29, R = 6;
+  for (auto [H, Hkv, D] : {std::array<int64_t, 3>{9, 3, 64}, {14, 2, 40}, {4, 4, 16}})
+    for (auto dtype : {at::kFloat, at::kBFloat16})
+      for (bool shared : {false, true}) {
+        at::manual_seed(17);
+        const auto opt = at::TensorOptions().dtype(dtype);
+        at::Tensor k = at::randn({S, Hkv, cap, D}, opt), v = at::randn({S, Hkv, cap, D}, opt);
+        for (int64_t s : {3, 4, 5}) {
+          k[s].narrow(1, 0, P).copy_(k[1].narrow(1, 0, P));
+          v[s].narrow(1, 0, P).copy_(v[1].narrow(1, 0, P));
+        }
+        const at::Tensor q = at::randn({R, H, D}, opt), k_new = at::randn({R, Hkv, D}, opt),
+                         v_new = at::randn({R, Hkv, D}, opt);
+        const auto [cos, sin] = random_rope_tables(R, D, dtype);
+        const at::Tensor slots = at::tensor({4, 1, 0, 3, 2, 5}, at::kLong),
+                         pos = at::tensor({63, 31, 0, 32, 70, 64}, at::kLong);
+        const SharedPrefix prefix =
+            shared ? SharedPrefix{at::tensor({1, 1, 0, 1, 2, 1}, at::kLong),
+                                  at::tensor(std::vector<int64_t>{P, P, 0, 20, 0, P}, at::kLong)}
+                   : SharedPrefix{};
+        // The separate ops.
+        const at::Tensor q_rot = detail::rope_rows(q.view({R, 1, H, D}), cos, sin).view({R, H, D});
+        const at::Tensor k_rot = detail::rope_rows(k_new.view({R, 1, Hkv, D}), cos, sin);
+        at::Tensor k_ref = k.clone(), v_ref = v.clone();
+        k_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, k_rot);
+        v_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, v_new.view({R, 1, Hkv, D}));
+        const at::Tensor kt_ref = block_keys(k_ref);
+        for (auto kernel : kernels()) {
+          const std::string what = c10::str(c10::toString(dtype), " kernel ", static_cast<int>(kernel), " H ", H,
+                                            " Hkv ", Hkv, " D ", D, " shared ", shared);
+          const at::Tensor expected = detail::decode_attention(q_rot, kt_ref, v_ref, slots, pos, prefix, kernel);
+          at::Tensor kt = block_keys(k), vc = v.clone();
+          const at::Tensor out =
+              detail::decode_attention(q, kt, vc, slots, pos, prefix, kernel, NewTokens{k_new, v_new, cos, sin});
+          EXPECT_TRUE(at::equal(out, expected)) << what;
+          EXPECT_TRUE(at::equal(kt, kt_ref)) << what;
+          EXPECT_TRUE(at::equal(vc, v_ref)) << what;
+        }
+      }
+}
+
+TEST(DecodeAttention, RefusesFreshTokensItWouldRaceOn) {
+  // Fresh tokens are written while other rows read: a slot twice, or a prefix read reaching the
+  // position another row writes, would be a race; tables or tokens of the wrong size a misread.
+  const int64_t S = 3, Hkv = 1, D = 8, cap = 8;
+  at::Tensor kt = block_keys(at::zeros({S, Hkv, cap, D})), v = at::zeros({S, Hkv, cap, D});
+  const at::Tensor q = at::zeros({2, 2, D}), kv = at::zeros({2, Hkv, D});
+  const auto [cos, sin] = random_rope_tables(2, D, at::kFloat);
+  const NewTokens fresh{kv, kv, cos, sin};
+  const at::Tensor pos = at::tensor({4, 5}, at::kLong);
+  EXPECT_NO_THROW(decode_attention(q, kt, v, at::tensor({0, 1}, at::kLong), pos, {}, fresh));
+  EXPECT_THROW(decode_attention(q, kt, v, at::tensor({1, 1}, at::kLong), pos, {}, fresh), c10::Error);
+  // Row 1 reads 5 keys of slot 0, whose row writes position 4.
+  const SharedPrefix reaching{at::tensor({0, 0}, at::kLong), at::tensor({0, 5}, at::kLong)};
+  EXPECT_THROW(decode_attention(q, kt, v, at::tensor({0, 1}, at::kLong), pos, reaching, fresh), c10::Error);
+  const SharedPrefix before{at::tensor({0, 0}, at::kLong), at::tensor({0, 4}, at::kLong)};
+  EXPECT_NO_THROW(decode_attention(q, kt, v, at::tensor({0, 1}, at::kLong), pos, before, fresh));
+  EXPECT_THROW(decode_attention(q, kt, v, at::tensor({0, 1}, at::kLong), pos, {},
+                                NewTokens{kv, kv, cos.narrow(0, 0, 1), sin}),
+               c10::Error);
+  EXPECT_THROW(decode_attention(q, kt, v, at::tensor({0, 1}, at::kLong), pos, {}, NewTokens{kv, {}, cos, sin}),
+               c10::Error);
+}
+
+TEST(DecodeAttention, PrefillWritesBlockedKeysAsIndexPut) {
+  // The prefill's path (several positions per row, index_put_ on the blocked cache), read back
+  // position-major; positions on both sides of block edges.
   const int64_t S = 5, Hkv = 3, D = 40, cap = 71;
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     at::manual_seed(7);
     const auto opt = at::TensorOptions().dtype(dtype);
-    at::Tensor k = at::randn({S, Hkv, cap, D}, opt), v = at::randn({S, Hkv, cap, D}, opt), kt = block_keys(k);
-    at::Tensor k_new = at::randn({3, 1, Hkv, D}, opt), v_new = at::randn({3, 1, Hkv, D}, opt);
-    const at::Tensor slots = at::tensor({3, 0, 4}, at::kLong), pos = at::tensor({70, 0, 33}, at::kLong);
-    at::Tensor k_ref = k.clone(), v_ref = v.clone();
-    k_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, k_new);
-    v_ref.transpose(1, 2).index_put_({slots.unsqueeze(1), pos.unsqueeze(1)}, v_new);
-    write_decode_kv(kt, v, k_new, v_new, slots, pos);
-    EXPECT_TRUE(at::equal(kt, block_keys(k_ref))) << c10::toString(dtype);
-    EXPECT_TRUE(at::equal(v, v_ref)) << c10::toString(dtype);
-    EXPECT_THROW(write_decode_kv(kt, v, k_new, v_new, slots, at::tensor({16, 0, 71}, at::kLong)), c10::Error);
-    // The same keys through the prefill's path (several positions per row, index_put_ on the
-    // blocked cache), read back position-major.
+    at::Tensor k = at::randn({S, Hkv, cap, D}, opt);
     at::Tensor kt2 = block_keys(k);
     const at::Tensor rows = at::tensor({1, 4}, at::kLong).unsqueeze(1), at_pos = at::tensor({30, 31, 32, 33, 66, 67, 68, 69}, at::kLong).view({2, 4});
     const at::Tensor k_put = at::randn({2, 4, Hkv, D}, opt);

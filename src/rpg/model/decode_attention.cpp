@@ -21,6 +21,7 @@
 #include "rpg/core/fast_exp.h"
 #include "rpg/core/log.h"
 #include "rpg/model/cpu_kernels.h"
+#include "rpg/model/decode_elementwise.h"
 
 // at::parallel_for's OpenMP region is compiled into this file: without -fopenmp it runs on one
 // thread, silently (src/rpg/model/CMakeLists.txt).
@@ -445,12 +446,25 @@ struct KeyRun {
   int64_t j0 = 0, j1 = 0;
 };
 
+// RoPE of n positions of H heads each (rope_rows's arithmetic), on T's elements.
+template <class T>
+void rope(const T* x, const T* cos, const T* sin, T* y, int64_t n, int64_t H, int64_t D) {
+  if constexpr (std::is_same_v<T, float>)
+    detail::rope_span(x, cos, sin, y, n, H, D);
+  else
+    detail::rope_span_bf16(reinterpret_cast<const uint16_t*>(x), reinterpret_cast<const uint16_t*>(cos),
+                           reinterpret_cast<const uint16_t*>(sin), reinterpret_cast<uint16_t*>(y), n, H, D);
+}
+
 template <class T>
 at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache, const at::Tensor& slots,
-               const at::Tensor& positions, const SharedPrefix& prefix, bool avx512) {
+               const at::Tensor& positions, const SharedPrefix& prefix, bool avx512, const NewTokens& fresh) {
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), Hkv = v_cache.size(1), cap = v_cache.size(2);
   const int64_t rep = H / Hkv;
-  const at::Tensor qf = q.to(at::kFloat).contiguous();
+  const bool rotate = fresh.k.defined();
+  // Without fresh tokens the queries are read as they are (widened to fp32 once); with them each
+  // task rotates its rows' queries into a buffer of its own.
+  const at::Tensor qf = rotate ? q.contiguous() : q.to(at::kFloat).contiguous();
   const at::Tensor slot_c = slots.to(at::kCPU, at::kLong).contiguous(), pos_c = positions.to(at::kCPU, at::kLong).contiguous();
   const int64_t* slot = slot_c.data_ptr<int64_t>();
   const int64_t* pos = pos_c.data_ptr<int64_t>();
@@ -471,6 +485,21 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
                 shared ? pslot[r] : 0, " outside the cache or past the row's keys");
     L = std::max(L, pos[r] + 1);
   }
+  if (rotate) {
+    // The tasks write while others read: each slot written once, and no prefix read reaching a
+    // position written in this call (the row holding that slot writes at its position).
+    std::vector<int64_t> writer(static_cast<size_t>(v_cache.size(0)), -1);
+    for (int64_t r = 0; r < R; ++r) {
+      TORCH_CHECK(writer[static_cast<size_t>(slot[r])] < 0, "decode_attention: slot ", slot[r],
+                  " given twice with fresh tokens");
+      writer[static_cast<size_t>(slot[r])] = r;
+    }
+    for (int64_t r = 0; r < R && shared; ++r) {
+      const int64_t w = writer[static_cast<size_t>(pslot[r])];
+      TORCH_CHECK(plen[r] <= pos[r] && (w < 0 || plen[r] <= pos[w]), "decode_attention: row ", r, " reads ",
+                  plen[r], " prefix keys of slot ", pslot[r], ", past a position this call writes");
+    }
+  }
   // Rows reading one prefix slot are taken one after another (a stable order by that slot), so
   // the prefix comes from memory once and from the caches for the others.
   std::vector<int64_t> order(static_cast<size_t>(R));
@@ -480,9 +509,9 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
       return (plen[a] > 0 ? pslot[a] : -1) < (plen[b] > 0 ? pslot[b] : -1);
     });
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const float* qp = qf.data_ptr<float>();
-  const T* kp = kt_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const float* qp = rotate ? nullptr : qf.data_ptr<float>();
+  T* const kp = kt_cache.data_ptr<T>();
+  T* const vp = v_cache.data_ptr<T>();
   at::Tensor out = at::empty({R, H * D}, q.options());
   T* op = out.data_ptr<T>();
   const int64_t key_stride = key_span(0, cap, D).size, value_stride = cap * D;  // per (slot, KV head)
@@ -496,11 +525,31 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     return std::array<KeyRun<T>, 2>{at_slot(p > 0 ? pslot[r] : slot[r], 0, p), at_slot(slot[r], p, n)};
   };
   constexpr int64_t es = static_cast<int64_t>(sizeof(T));
+  const T* raw_q = rotate ? qf.data_ptr<T>() : nullptr;
+  const T* new_k = rotate ? fresh.k.data_ptr<T>() : nullptr;
+  const T* new_v = rotate ? fresh.v.data_ptr<T>() : nullptr;
+  const T* cos = rotate ? fresh.cos.data_ptr<T>() : nullptr;
+  const T* sin = rotate ? fresh.sin.data_ptr<T>() : nullptr;
+  // Row r's queries for KV head g as fp32 (rep * D). With fresh tokens: rotated into `buf`
+  // (rounded to T first, as rope_rows's T tensor holds them), and the row's key (rotated) and
+  // value for head g written into the caches; `tmp` holds rep * D elements of T.
+  auto queries = [&](int64_t r, int64_t g, float* buf, T* tmp) -> const float* {
+    if (!rotate) return qp + (r * H + g * rep) * D;
+    const T *c = cos + r * D, *sn = sin + r * D;
+    rope(raw_q + (r * H + g * rep) * D, c, sn, tmp, 1, rep, D);
+    for (int64_t i = 0; i < rep * D; ++i) buf[i] = to_float(tmp[i]);
+    const int64_t p = pos[r], own = slot[r] * Hkv + g;
+    rope(new_k + (r * Hkv + g) * D, c, sn, tmp, 1, 1, D);
+    T* key = kp + own * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
+    for (int64_t d = 0; d < D; ++d) key[d * kKeyBlock] = tmp[d];
+    std::memcpy(vp + (own * cap + p) * D, new_v + (r * Hkv + g) * D, static_cast<size_t>(D) * sizeof(T));
+    return buf;
+  };
 
   // One (row, KV head) item in one pass while its scores are in L1: scores, softmax, weighted
   // values. `next`: the first run of the next item, whose first kAheadKeys keys and values are
   // requested meanwhile.
-  auto one_item = [&](int64_t it, const KeyRun<T>& next, float* s, float* qs, float* acc) {
+  auto one_item = [&](int64_t it, const float* qi, const KeyRun<T>& next, float* s, float* qs, float* acc) {
     const int64_t r = it / Hkv, g = it % Hkv, n = pos[r] + 1;
     const int64_t ahead_end = std::min(next.j1, next.j0 + kAheadKeys);
     const bool any_next = next.j1 > next.j0;
@@ -508,7 +557,6 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     const void* next_k = any_next ? next.k + next_keys.offset : nullptr;
     const void* next_v = any_next ? next.v + next.j0 * D : nullptr;
     const int64_t next_k_bytes = next_keys.size * es, next_v_bytes = (ahead_end - next.j0) * D * es;
-    const float* qi = qp + (r * H + g * rep) * D;
     const auto item_runs = runs(it);
     if (avx512) scaled_copy(qi, scale, qs, rep * D);
     for (const KeyRun<T>& run : item_runs) {
@@ -550,24 +598,47 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     chunks.emplace_back(k, e);
     k = e;
   }
-  const int64_t tasks = static_cast<int64_t>(chunks.size()) * Hkv;
+  // Task t is KV head t / chunks of chunk t % chunks: the threads' contiguous shares of the
+  // tasks then hold whole heads where they can, so a prompt's keys and values for a head come
+  // from memory into one thread's caches (both threads read every head when the tasks go chunk
+  // by chunk, as they did: at 8 rows of one prompt, two chunks, each thread one chunk).
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size()), tasks = num_chunks * Hkv;
+  auto chunk_of = [&](int64_t t) { return chunks[static_cast<size_t>(t % num_chunks)]; };
+  // With fresh tokens: the lines of task t's new keys (one per dimension: keys are dimension-
+  // major in their block) requested for writing. Each task requests the next one's, so that
+  // these misses overlap a task's work (the write pass this replaced, at 64 rows on one thread:
+  // 274 ms per 63 steps without requests, 148 with four (row, KV head)s ahead).
+  auto request_keys = [&](int64_t t) {
+    if (!rotate) return;
+    const auto [c0, c1] = chunk_of(t);
+    for (int64_t k = c0; k < c1; ++k) {
+      const int64_t r = order[static_cast<size_t>(k)], p = pos[r];
+      const T* key = kp + (slot[r] * Hkv + t / num_chunks) * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
+      for (int64_t d = 0; d < D; ++d) __builtin_prefetch(key + d * kKeyBlock, 1);
+    }
+  };
   at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
     const size_t per_row = static_cast<size_t>(rep * D);
     std::vector<float> qs(kChunk * per_row), acc(kChunk * per_row), scores(static_cast<size_t>(kChunk * rep * L));
     std::vector<const float*> qv(static_cast<size_t>(kChunk * rep));
     std::vector<float*> sv(static_cast<size_t>(kChunk * rep)), av(static_cast<size_t>(kChunk * rep));
+    std::vector<float> qr(rotate ? kChunk * per_row : 0);  // rotated queries (fresh tokens)
+    std::vector<T> tmp(rotate ? per_row : 0);
     for (int64_t t = b; t < e; ++t) {
-      const auto [c0, c1] = chunks[static_cast<size_t>(t / Hkv)];
-      const int64_t g = t % Hkv, nr = c1 - c0;
+      const auto [c0, c1] = chunk_of(t);
+      const int64_t g = t / num_chunks, nr = c1 - c0;
+      if (t == b) request_keys(t);
+      if (t + 1 < e) request_keys(t + 1);
       if (nr == 1) {
         const int64_t it = order[static_cast<size_t>(c0)] * Hkv + g;
+        const float* qi = queries(order[static_cast<size_t>(c0)], g, qr.data(), tmp.data());
         KeyRun<T> next{};
         if (t + 1 < e) {
-          const int64_t d0 = chunks[static_cast<size_t>((t + 1) / Hkv)].first;
-          const auto r = runs(order[static_cast<size_t>(d0)] * Hkv + (t + 1) % Hkv);
+          const int64_t d0 = chunk_of(t + 1).first;
+          const auto r = runs(order[static_cast<size_t>(d0)] * Hkv + (t + 1) / num_chunks);
           next = r[1].j1 > r[1].j0 ? r[1] : r[0];
         }
-        one_item(it, next, scores.data(), qs.data(), acc.data());
+        one_item(it, qi, next, scores.data(), qs.data(), acc.data());
         continue;
       }
       {
@@ -578,7 +649,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
         const int64_t ps = pslot[order[static_cast<size_t>(c0)]], nq = nr * rep;
         for (int64_t i = 0; i < nr; ++i) {
           const int64_t r = order[static_cast<size_t>(c0 + i)];
-          const float* qi = qp + (r * H + g * rep) * D;
+          const float* qi = queries(r, g, qr.data() + i * rep * D, tmp.data());
           scaled_copy(qi, scale, qs.data() + i * rep * D, rep * D);
           for (int64_t h = 0; h < rep; ++h) {
             qv[static_cast<size_t>(i * rep + h)] = qs.data() + (i * rep + h) * D;
@@ -654,63 +725,6 @@ void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const KeyPla
   kt.permute({0, 2, 4, 1, 3}).index_put_({slot_index, at.block, at.lane}, k);
 }
 
-void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& slots, const at::Tensor& positions) {
-  const int64_t R = slots.numel(), Hkv = v_cache.size(1), cap = v_cache.size(2), D = v_cache.size(3);
-  TORCH_CHECK(blocked_keys_for(kt_cache, v_cache) && v_cache.is_contiguous() && k.is_contiguous() && v.is_contiguous() &&
-                  k.numel() == R * Hkv * D && v.numel() == R * Hkv * D && positions.numel() == R &&
-                  k.scalar_type() == v_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
-                  kt_cache.scalar_type() == v_cache.scalar_type() && kernel_takes(k),
-              "write_decode_kv: contiguous k and v [R, Hkv, D] in the caches' dtype");
-  RECORD_FUNCTION("rpg::write_decode_kv", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
-  const at::Tensor slot_c = slots.to(at::kCPU, at::kLong).contiguous(), pos_c = positions.to(at::kCPU, at::kLong).contiguous();
-  const int64_t* slot = slot_c.data_ptr<int64_t>();
-  const int64_t* pos = pos_c.data_ptr<int64_t>();
-  for (int64_t r = 0; r < R; ++r)
-    TORCH_CHECK(pos[r] >= 0 && pos[r] < cap && slot[r] >= 0 && slot[r] < v_cache.size(0), "write_decode_kv: row ", r,
-                " slot ", slot[r], " position ", pos[r], " outside the cache");
-  const size_t bytes = static_cast<size_t>(D) * v_cache.element_size();
-  auto* kt = static_cast<char*>(kt_cache.data_ptr());
-  auto* vc = static_cast<char*>(v_cache.data_ptr());
-  const auto* kp = static_cast<const char*>(k.data_ptr());
-  const auto* vp = static_cast<const char*>(v.data_ptr());
-  const int64_t es = v_cache.element_size();
-  // A key is D scattered elements (one cache line each, dimension-major in its block): the lines
-  // of the next few (row, KV head)s are requested for writing while this one's are written, and
-  // the threads split the rows, so that many of these misses are in flight at once (at 64 rows,
-  // 274 ms per 63 steps on one thread without requests, 189 with one ahead, 148 with four).
-  const int64_t key_stride = key_span(0, cap, D).size;
-  auto key_of = [&](int64_t it) {  // the key's element 0: its block's first row, its lane
-    const int64_t p = pos[it / Hkv];
-    return (slot[it / Hkv] * Hkv + it % Hkv) * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
-  };
-  constexpr int64_t kAhead = 4;  // (row, KV head)s requested ahead of the one written
-  // The key's elements as typed stores (Element: float, or uint16_t for bf16's bits): a
-  // memcpy of the run-time element size was a call into libc per element, 64 per key (2 % of
-  // a SmolLM2 rollout's time).
-  auto write = [&]<typename Element>(Element) {
-    auto* keys = reinterpret_cast<Element*>(kt);
-    const auto* new_keys = reinterpret_cast<const Element*>(kp);
-    at::parallel_for(0, R * Hkv, 16, [&](int64_t b, int64_t e) {
-      auto request = [&](int64_t it) {
-        if (it >= e) return;
-        Element* key = keys + key_of(it);
-        for (int64_t d = 0; d < D; ++d) __builtin_prefetch(key + d * kKeyBlock, 1);
-      };
-      for (int64_t it = b; it < b + kAhead - 1; ++it) request(it);
-      for (int64_t it = b; it < e; ++it) {
-        request(it + kAhead - 1);
-        const int64_t row = it * D;
-        std::memcpy(vc + ((slot[it / Hkv] * Hkv + it % Hkv) * cap + pos[it / Hkv]) * D * es, vp + row * es, bytes);
-        Element* key = keys + key_of(it);
-        for (int64_t d = 0; d < D; ++d) key[d * kKeyBlock] = new_keys[row + d];
-      }
-    });
-  };
-  if (es == 4) write(float{});
-  else write(uint16_t{});
-}
-
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device) {
   return kernel_takes(dtype, device) && decode_attention_env() != "sdpa";
 }
@@ -723,7 +737,7 @@ bool attention_kernel_available(AttentionKernel kernel) {
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
                             const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix,
-                            AttentionKernel kernel) {
+                            AttentionKernel kernel, const NewTokens& fresh) {
   TORCH_CHECK(q.dim() == 3 && blocked_keys_for(kt_cache, v_cache) && v_cache.is_contiguous() &&
                   q.size(2) == v_cache.size(3) && q.size(1) % v_cache.size(1) == 0 && slots.numel() == q.size(0) &&
                   positions.numel() == q.size(0),
@@ -736,6 +750,16 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
   TORCH_CHECK(q.scalar_type() == kt_cache.scalar_type() && kt_cache.scalar_type() == v_cache.scalar_type() &&
                   kernel_takes(q),
               "decode_attention: CPU float32 or bfloat16, the same for q and the caches");
+  if (fresh.k.defined() || fresh.v.defined() || fresh.cos.defined() || fresh.sin.defined()) {
+    const int64_t R = q.size(0), Hkv = v_cache.size(1), D = v_cache.size(3);
+    auto holds = [&](const at::Tensor& t, int64_t n) {
+      return t.defined() && t.is_contiguous() && t.numel() == n && t.scalar_type() == q.scalar_type() && t.is_cpu();
+    };
+    TORCH_CHECK(q.is_contiguous() && D % 2 == 0 && holds(fresh.k, R * Hkv * D) && holds(fresh.v, R * Hkv * D) &&
+                    holds(fresh.cos, R * D) && holds(fresh.sin, R * D),
+                "decode_attention: fresh tokens need contiguous q, k and v [R, Hkv, D] and cos, sin [R, D] "
+                "in q's dtype (D even)");
+  }
   RECORD_FUNCTION("rpg::decode_attention", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   TORCH_CHECK(attention_kernel_available(kernel), "decode_attention: this CPU has no AVX-512 F, BW and VL");
   // kAuto: the register-blocked form where a KV head serves 3 or more query heads (the two forms
@@ -747,15 +771,16 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, con
   const int64_t rep = q.size(1) / v_cache.size(1);
   const bool avx512 =
       kernel == AttentionKernel::kAvx512 || (kernel == AttentionKernel::kAuto && rep >= 3 && auto_uses_avx512());
-  if (q.scalar_type() == at::kFloat) return run<float>(q, kt_cache, v_cache, slots, positions, prefix, avx512);
-  return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, prefix, avx512);
+  if (q.scalar_type() == at::kFloat) return run<float>(q, kt_cache, v_cache, slots, positions, prefix, avx512, fresh);
+  return run<c10::BFloat16>(q, kt_cache, v_cache, slots, positions, prefix, avx512, fresh);
 }
 
 }  // namespace detail
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
-                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix) {
-  return detail::decode_attention(q, kt_cache, v_cache, slots, positions, prefix, detail::AttentionKernel::kAuto);
+                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix,
+                            const NewTokens& fresh) {
+  return detail::decode_attention(q, kt_cache, v_cache, slots, positions, prefix, detail::AttentionKernel::kAuto, fresh);
 }
 
 }  // namespace rpg::model

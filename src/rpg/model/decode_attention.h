@@ -47,16 +47,20 @@ void put_blocked_keys(at::Tensor& kt, const at::Tensor& slot_index, const KeyPla
 struct SharedPrefix {
   at::Tensor slots, lengths;
 };
+// fresh (optional): the step's own token per row, not yet rotated nor in the caches. q is then
+// the rows' queries before RoPE; each row's queries and key are rotated (x * cos + swap_halves(x)
+// * sin with rope_tables' sign-folded sine, rope_rows' arithmetic: the same bits), and its key
+// and value written to position positions[r] of slot slots[r], inside the pass that attends:
+// the same results and caches as rope_rows on q and k, then the writes, then the attention,
+// without their separate ops (two allocations, three passes and a parallel region per layer).
+// k and v: R x Hkv x D elements, contiguous; cos and sin: R x D (rope_tables' [R, 1, 1, D]),
+// contiguous; all in q's dtype.
+struct NewTokens {
+  at::Tensor k, v, cos, sin;
+};
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
-                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix = {});
-
-// Appends one token per row to the caches decode_attention() reads: k and v [R, Hkv, D] (or
-// any shape of R x Hkv x D elements, contiguous) go to position positions[r] of slot slots[r]
-// (keys blocked). A plain copy per row, for index_put_'s general path (50 us a call at
-// 64 rows on the Zen 4 VM, ~3 % of a decode step).
-void write_decode_kv(at::Tensor& kt_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& slots, const at::Tensor& positions);
-
+                            const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix = {},
+                            const NewTokens& fresh = {});
 // Whether decode_attention() serves a decode step in this dtype on this device (CPU fp32 and
 // bf16, unless RPG_DECODE_ATTENTION=sdpa asks for the device-generic path a GPU takes).
 bool decode_attention_supports(at::ScalarType dtype, c10::Device device);
@@ -72,7 +76,7 @@ enum class AttentionKernel { kAuto, kGeneric, kAvx512 };
 bool attention_kernel_available(AttentionKernel kernel);
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor& v_cache,
                             const at::Tensor& slots, const at::Tensor& positions, const SharedPrefix& prefix,
-                            AttentionKernel kernel);
+                            AttentionKernel kernel, const NewTokens& fresh = {});
 }  // namespace detail
 
 }  // namespace rpg::model

@@ -110,14 +110,6 @@ inline __attribute__((always_inline)) void rope_rows_t(const T* __restrict x, co
     }
   }
 }
-RPG_CPU_CLONES void rope_f32(const float* x, const float* cos, const float* sin, float* y, int64_t positions,
-                             int64_t H, int64_t D) {
-  rope_rows_t(x, cos, sin, y, positions, H, D);
-}
-RPG_CPU_CLONES void rope_bf16(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
-                              int64_t positions, int64_t H, int64_t D) {
-  rope_rows_t(x, cos, sin, y, positions, H, D);
-}
 
 // Rows (of `width` elements) per task: below ~16k elements a step's kernel runs on the calling
 // thread (the threads' start costs more than the pass). Above, both threads take a share, so
@@ -148,6 +140,14 @@ RPG_INLINE void swiglu_t(const T* __restrict g, const T* __restrict u, T* __rest
     for (int64_t j = 0; j < kLanes; ++j) store(y + i + j, round_to<T>(sg[j]) * load(u[i + j]));
   }
   for (; i < n; ++i) store(y + i, round_to<T>(silu(load(g[i]))) * load(u[i]));
+}
+RPG_CPU_CLONES void rope_span(const float* x, const float* cos, const float* sin, float* y, int64_t positions,
+                              int64_t H, int64_t D) {
+  rope_rows_t(x, cos, sin, y, positions, H, D);
+}
+RPG_CPU_CLONES void rope_span_bf16(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, uint16_t* y,
+                                   int64_t positions, int64_t H, int64_t D) {
+  rope_rows_t(x, cos, sin, y, positions, H, D);
 }
 RPG_CPU_CLONES void swiglu_span(const float* g, const float* u, float* y, int64_t n) { swiglu_t(g, u, y, n); }
 RPG_CPU_CLONES void swiglu_span_bf16(const uint16_t* g, const uint16_t* u, uint16_t* y, int64_t n) {
@@ -239,9 +239,9 @@ at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
     const T *xp = elements<T>(x), *cp = elements<T>(cos), *sp = elements<T>(sin);
     at::parallel_for(0, x.size(0) * x.size(1), grain(H * D), [&](int64_t b, int64_t e) {
       if constexpr (std::is_same_v<T, float>)
-        rope_f32(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+        rope_span(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
       else
-        rope_bf16(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
+        rope_span_bf16(xp + b * H * D, cp + b * D, sp + b * D, yp + b * H * D, e - b, H, D);
     });
   });
   return y;

@@ -20,6 +20,11 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
 // x * cos + swap_halves(x) * sin (rope_tables' sign-folded sine) for x [B, T, H, D] and
 // cos, sin [B, T, 1, D].
 at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+// rope_rows's arithmetic on `positions` positions of H heads each, x and y [positions, H, D],
+// cos and sin [positions, D]; the bf16 form on bf16 bits (decode_attention's fresh tokens).
+void rope_span(const float* x, const float* cos, const float* sin, float* y, int64_t positions, int64_t H, int64_t D);
+void rope_span_bf16(const uint16_t* x, const uint16_t* cos, const uint16_t* sin, uint16_t* y, int64_t positions,
+                    int64_t H, int64_t D);
 // silu(gate) * up, elementwise (the MLP's SwiGLU), one pass instead of silu's and mul's.
 at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up);
 // y[0, n) = silu(g) * u: swiglu_rows's arithmetic on one run (the fused products use it); the

@@ -150,7 +150,7 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, const 
 }
 
 Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
-                const at::Tensor& sin, bool with_q) {
+                const at::Tensor& sin, bool with_q, bool rope) {
   const int64_t B = x.size(0), T = x.size(1), H = c.num_attention_heads, Hkv = c.num_key_value_heads,
                 D = c.head_dim;
   Qkv r;
@@ -176,15 +176,16 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
     if (with_q) r.q = rms_norm(r.q, w.q_norm, c.rms_norm_eps);
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
   }
+  if (!rope) return r;
   // Decode's fp32 and bf16 rows: the fused pass (decode_elementwise.h), the same formula.
-  auto rope = [&](const at::Tensor& t) {
+  auto rotate = [&](const at::Tensor& t) {
     if (t_decoding && decode_elementwise_applies(t) && cos.scalar_type() == t.scalar_type() &&
         sin.scalar_type() == t.scalar_type() && cos.is_contiguous() && sin.is_contiguous())
       return rope_rows(t, cos, sin);
     return t * cos + swap_halves(t) * sin;
   };
-  if (with_q) r.q = rope(r.q);
-  r.k = rope(r.k);
+  if (with_q) r.q = rotate(r.q);
+  r.k = rotate(r.k);
   return r;
 }
 
@@ -192,19 +193,19 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
 at::Tensor attention(const LayerWeights& w, const ModelConfig& c, const at::Tensor& residual, const at::Tensor& x,
                      const AttnInputs& a, const CacheStep* cache) {
   const int64_t T = x.size(1), H = c.num_attention_heads, D = c.head_dim;
-  auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin);
+  // Decode's CPU kernel rotates q and k, writes k and v and attends in one pass (NewTokens).
+  const bool kernel = cache && cache->kernel_slots.defined();
+  auto [q, k, v] = project_qkv(w, c, x, a.cos, a.sin, /*with_q=*/true, /*rope=*/!kernel);
+  if (kernel) {
+    const int64_t R = q.size(0);
+    const at::Tensor o = rpg::model::decode_attention(
+        q.contiguous().view({R, H, D}), *cache->k, *cache->v, cache->kernel_slots, cache->kernel_positions,
+        {cache->kernel_prefix_slots, cache->kernel_prefix_lengths},
+        {k.contiguous(), v.contiguous(), a.cos.contiguous(), a.sin.contiguous()});
+    return project_add(residual, o.view({R, 1, H * D}), w.o_w, w.o_lora, w.lora_scale);
+  }
   if (cache) {
     // The cache is heads-major; written through [S, capacity, Hkv, D] views.
-    if (cache->kernel_slots.defined()) {
-      rpg::model::write_decode_kv(*cache->k, *cache->v, k.contiguous(), v.contiguous(), cache->kernel_slots,
-                                  cache->kernel_positions);
-      return project_add(residual,
-                         rpg::model::decode_attention(q.view({q.size(0), H, D}), *cache->k, *cache->v,
-                                                      cache->kernel_slots, cache->kernel_positions,
-                                                      {cache->kernel_prefix_slots, cache->kernel_prefix_lengths})
-                             .view({q.size(0), 1, H * D}),
-                         w.o_w, w.o_lora, w.lora_scale);
-    }
     if (cache->keys_blocked) put_blocked_keys(*cache->k, cache->slot_index, cache->write_places, k);
     else cache->k->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, k);
     cache->v->transpose(1, 2).index_put_({cache->slot_index, cache->write_pos}, v);

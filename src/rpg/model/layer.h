@@ -73,8 +73,9 @@ struct CacheStep {
   //            cheaper than copying N rows of K/V out of it.
   //   kGather: few slots active: their K/V rows are gathered.
   enum class Read { kAll, kDense, kGather } read = Read::kGather;
-  // One token per row on the CPU: decode_attention() reads each row's slot in place (no
-  // gather, no dense scatter). Host int64 [N]: each row's slot and query position.
+  // One token per row on the CPU: decode_attention() rotates the rows' queries and keys, writes
+  // their keys and values and reads each row's slot in place (no gather, no dense scatter).
+  // Host int64 [N]: each row's slot and query position.
   at::Tensor kernel_slots, kernel_positions;
   // Rows sharing a prompt with others (decode_attention.h, SharedPrefix), or undefined.
   at::Tensor kernel_prefix_slots, kernel_prefix_lengths;
@@ -136,8 +137,10 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // RoPE tables for positions [B, T] -> cos, sin [B, T, 1, D] in `dtype`.
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq, const at::Tensor& positions,
                                               at::ScalarType dtype);
+// q, k and v of x [B, T, C] as [B, T, heads, D], q and k rotated (rope = false: not; decode's
+// kernel rotates them as it attends).
 Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x, const at::Tensor& cos,
-                const at::Tensor& sin, bool with_q = true);
+                const at::Tensor& sin, bool with_q = true, bool rope = true);
 // softmax(q k^T / sqrt(D) + mask) v for q [B, T, H, D], k and v [B, S, Hkv, D] -> [B, T, H*D].
 at::Tensor attend(const ModelConfig& c, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const AttnInputs& a);
