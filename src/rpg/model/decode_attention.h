@@ -52,7 +52,8 @@ struct SharedPrefix {
 // * sin with rope_tables' sign-folded sine, rope_rows' arithmetic: the same bits), and its key
 // and value written to position positions[r] of slot slots[r], inside the pass that attends:
 // the same results and caches as rope_rows on q and k, then the writes, then the attention,
-// without their separate ops (two allocations, three passes and a parallel region per layer).
+// without their separate ops (per layer two allocations, three passes and the write's parallel
+// region).
 // k and v: R x Hkv x D elements, contiguous; cos and sin: R x D (rope_tables' [R, 1, 1, D]),
 // contiguous; all in q's dtype.
 struct NewTokens {
