@@ -512,7 +512,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   const float* qp = rotate ? nullptr : qf.data_ptr<float>();
   T* const kp = kt_cache.data_ptr<T>();
   T* const vp = v_cache.data_ptr<T>();
-  at::Tensor out = at::empty({R, H * D}, q.options());
+  at::Tensor out = detail::new_cpu_tensor({R, H * D}, q.scalar_type());
   T* op = out.data_ptr<T>();
   const int64_t key_stride = key_span(0, cap, D).size, value_stride = cap * D;  // per (slot, KV head)
   // An item's (a row's and a KV head's, at it = r * Hkv + g) runs of keys: the shared prefix,

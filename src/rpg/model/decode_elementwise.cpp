@@ -1,6 +1,7 @@
 #include "rpg/model/decode_elementwise.h"
 
 #include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
@@ -198,6 +199,10 @@ const T* elements(const at::Tensor& x) {
 }
 }  // namespace
 
+at::Tensor new_cpu_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
+  return at::Tensor(at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, std::nullopt));
+}
+
 bool decode_elementwise_applies(const at::Tensor& x) {
   return x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
          x.is_contiguous() && !c10::GradMode::is_enabled();
@@ -208,7 +213,7 @@ at::Tensor rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double e
                   weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0),
               "rms_norm_rows: contiguous float32 or bfloat16 CPU x [..., C] and weight [C] of its dtype");
   RECORD_FUNCTION("rpg::rms_norm_rows", std::vector<c10::IValue>());
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = new_cpu_tensor(x.sizes(), x.scalar_type());
   const int64_t C = x.size(-1);
   with_elements(y, [&](auto* yp) {
     using T = std::remove_pointer_t<decltype(yp)>;
@@ -232,7 +237,7 @@ at::Tensor rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tenso
               "rope_rows: contiguous float32 or bfloat16 CPU x [B, T, H, D] and cos, sin [B, T, 1, D] "
               "of its dtype");
   RECORD_FUNCTION("rpg::rope_rows", std::vector<c10::IValue>());
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = new_cpu_tensor(x.sizes(), x.scalar_type());
   const int64_t H = x.size(2), D = x.size(3);
   with_elements(y, [&](auto* yp) {
     using T = std::remove_pointer_t<decltype(yp)>;
@@ -252,7 +257,7 @@ at::Tensor swiglu_rows(const at::Tensor& gate, const at::Tensor& up) {
                   gate.scalar_type() == up.scalar_type(),
               "swiglu_rows: contiguous float32 or bfloat16 CPU gate and up of one shape and dtype");
   RECORD_FUNCTION("rpg::swiglu_rows", std::vector<c10::IValue>());
-  at::Tensor y = at::empty_like(gate);
+  at::Tensor y = new_cpu_tensor(gate.sizes(), gate.scalar_type());
   with_elements(y, [&](auto* yp) {
     using T = std::remove_pointer_t<decltype(yp)>;
     const T *g = elements<T>(gate), *u = elements<T>(up);
@@ -277,7 +282,7 @@ at::Tensor per_row(const char* name, const at::Tensor& a, const at::Tensor& b, b
                   b.device().is_cpu() && b.scalar_type() == at::kFloat && b.is_contiguous() &&
                   (b_is_rows ? b.sizes() == a.sizes() : b.dim() == 1 && b.size(0) == a.size(0)),
               name, ": contiguous float32 CPU rows [n, V] and ", b_is_rows ? "[n, V]" : "[n]");
-  at::Tensor out = at::empty({a.size(0)}, a.options());
+  at::Tensor out = new_cpu_tensor({a.size(0)}, a.scalar_type());
   const int64_t V = a.size(1), stride = b_is_rows ? V : 1;
   const float *ap = a.data_ptr<float>(), *bp = b.data_ptr<float>();
   float* op = out.data_ptr<float>();

@@ -898,7 +898,7 @@ at::Tensor PackedWeight::linear(const at::Tensor& x, const at::Tensor& bias, con
                                       residual.device().is_cpu()),
               "PackedWeight::linear: residual ", residual.defined() ? residual.sizes() : at::IntArrayRef{},
               " must be ", dtype, " ", at::IntArrayRef(out), " on the CPU");
-  at::Tensor y = at::empty({m, n_}, x.options());
+  at::Tensor y = new_cpu_tensor({m, n_}, x.scalar_type());
   if (m > 0 && backend_ != PackedBackend::kMkl) {
     multiply_panels({this}, x2, {bias}, {residual}, {y});
     return y.view(out);
@@ -953,7 +953,7 @@ std::vector<at::Tensor> linear_together(const std::vector<const PackedWeight*>& 
   const at::Tensor x2 = x.reshape({-1, first.k_}).contiguous();
   const int64_t m = x2.size(0);
   std::vector<at::Tensor> ys;
-  for (const PackedWeight* w : weights) ys.push_back(at::empty({m, w->n_}, x.options()));
+  for (const PackedWeight* w : weights) ys.push_back(new_cpu_tensor({m, w->n_}, x.scalar_type()));
   if (m > 0) PackedWeight::multiply_panels(weights, x2, biases, std::vector<at::Tensor>(weights.size()), ys);
   for (size_t j = 0; j < weights.size(); ++j) ys[j] = ys[j].view(product_shape(x, weights[j]->n_));
   return ys;
@@ -967,7 +967,7 @@ at::Tensor swiglu_linear(const PackedWeight& gate, const PackedWeight& up, const
   RECORD_FUNCTION("rpg::packed_swiglu", std::vector<c10::IValue>());  // a row of bench/roofline's --ops
   const at::Tensor x2 = x.reshape({-1, gate.k_}).contiguous();
   const int64_t m = x2.size(0), n = gate.n_, k = gate.k_;
-  at::Tensor y = at::empty({m, n}, x.options());
+  at::Tensor y = new_cpu_tensor({m, n}, x.scalar_type());
   const at::Tensor xs = gate.backend() == PackedBackend::kAmxBf16 ? amx_rows(x2) : x2;
   if (m > 0)
     with_tiles(gate.backend(), [&](auto tiles, auto* elem) {
