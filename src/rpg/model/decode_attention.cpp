@@ -530,6 +530,12 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
   const T* new_v = rotate ? fresh.v.data_ptr<T>() : nullptr;
   const T* cos = rotate ? fresh.cos.data_ptr<T>() : nullptr;
   const T* sin = rotate ? fresh.sin.data_ptr<T>() : nullptr;
+  // Element 0 of row r's new key for KV head g in the blocked cache (its other elements follow
+  // kKeyBlock apart: keys are dimension-major in their block).
+  auto new_key_at = [&](int64_t r, int64_t g) {
+    const int64_t p = pos[r];
+    return kp + (slot[r] * Hkv + g) * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
+  };
   // Row r's queries for KV head g as fp32 (rep * D). With fresh tokens: rotated into `buf`
   // (rounded to T first, as rope_rows's T tensor holds them), and the row's key (rotated) and
   // value for head g written into the caches; `tmp` holds rep * D elements of T.
@@ -538,11 +544,11 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     const T *c = cos + r * D, *sn = sin + r * D;
     rope(raw_q + (r * H + g * rep) * D, c, sn, tmp, 1, rep, D);
     for (int64_t i = 0; i < rep * D; ++i) buf[i] = to_float(tmp[i]);
-    const int64_t p = pos[r], own = slot[r] * Hkv + g;
     rope(new_k + (r * Hkv + g) * D, c, sn, tmp, 1, 1, D);
-    T* key = kp + own * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
+    T* key = new_key_at(r, g);
     for (int64_t d = 0; d < D; ++d) key[d * kKeyBlock] = tmp[d];
-    std::memcpy(vp + (own * cap + p) * D, new_v + (r * Hkv + g) * D, static_cast<size_t>(D) * sizeof(T));
+    std::memcpy(vp + ((slot[r] * Hkv + g) * cap + pos[r]) * D, new_v + (r * Hkv + g) * D,
+                static_cast<size_t>(D) * sizeof(T));
     return buf;
   };
 
@@ -612,8 +618,7 @@ at::Tensor run(const at::Tensor& q, const at::Tensor& kt_cache, const at::Tensor
     if (!rotate) return;
     const auto [c0, c1] = chunk_of(t);
     for (int64_t k = c0; k < c1; ++k) {
-      const int64_t r = order[static_cast<size_t>(k)], p = pos[r];
-      const T* key = kp + (slot[r] * Hkv + t / num_chunks) * key_stride + key_span(p, p + 1, D).offset + p % kKeyBlock;
+      const T* key = new_key_at(order[static_cast<size_t>(k)], t / num_chunks);
       for (int64_t d = 0; d < D; ++d) __builtin_prefetch(key + d * kKeyBlock, 1);
     }
   };

@@ -15,7 +15,7 @@ namespace rpg::model::detail {
 
 // A new uninitialised CPU tensor of `sizes` made without the dispatcher: the decode kernels'
 // outputs. After a product has streamed its weights through the caches the dispatcher's path to
-// at::empty runs cold: 6-7 us a call in a decode step, against ~2.4 for this (rms_norm_rows'
+// at::empty runs cold: 6-8 us a call in a decode step, against ~2.4 for this (rms_norm_rows'
 // output at 1 and 8 rows, SmolLM2, Intel Xeon VM); a decode layer makes about 8 such outputs.
 at::Tensor new_cpu_tensor(at::IntArrayRef sizes, at::ScalarType dtype);
 // True when the fused forms take these inputs: fp32 or bf16, CPU, contiguous, no autograd recording.
