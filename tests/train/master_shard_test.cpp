@@ -418,7 +418,8 @@ TEST_F(ShardMasterWeights, ShardedLayoutCheckpointIsRefusedWithTheModeOff) {
 // rpg plan's model of the mode, against the closed forms of docs/scaling.md's table (P
 // parameters, N ranks): bf16 weights 2P, fp32 masters 4P/N, fp32 gradients 4P (ZeRO-1) or
 // 4P/N + 2 buckets (ZeRO-2), moments 8P/N, no compute copy, a bf16 fixed reference 2P; the
-// default layout is unchanged (fp32 weights 4P + a bf16 compute copy 2P).
+// default layout is unchanged (fp32 weights 4P + a bf16 compute copy 2P). The fixed reference
+// is in the compute dtype: 2P with bf16 compute in either layout, 4P with fp32.
 TEST_F(ShardMasterWeights, PlanEstimatesTheLayout) {
   dist::PlanInput in;
   in.model.parameters = 1000000;
@@ -436,6 +437,12 @@ TEST_F(ShardMasterWeights, PlanEstimatesTheLayout) {
     EXPECT_EQ(d.weights, 4 * P);
     EXPECT_EQ(d.compute, 2 * P);
     EXPECT_EQ(d.master, 0);
+    EXPECT_EQ(d.reference, 2 * P);
+    in.bf16_compute = false;
+    EXPECT_EQ(dist::estimate(in).reference, 4 * P);
+    EXPECT_TRUE(dist::format_plan("m", in, dist::estimate(in)).find("fixed reference (fp32)") != std::string::npos);
+    in.bf16_compute = true;
+    EXPECT_TRUE(dist::format_plan("m", in, d).find("fixed reference (bf16)") != std::string::npos);
     in.shard_master = true;
     const auto p = dist::estimate(in);
     EXPECT_EQ(p.weights, 2 * P);
@@ -445,7 +452,7 @@ TEST_F(ShardMasterWeights, PlanEstimatesTheLayout) {
     EXPECT_EQ(p.grads, stage == 1 ? 4 * P : 4 * P / N + 2 * 4.0 * 1000 * 64);  // 2 buckets of the embedding (fp32)
     EXPECT_EQ(p.reference, 2 * P);
     EXPECT_EQ(p.states, p.weights + p.master + p.grads + p.optimizer + p.reference);
-    EXPECT_EQ(d.states - p.states, (4 - 2) * P + 2 * P + 2 * P - 4 * P / N);
+    EXPECT_EQ(d.states - p.states, (4 - 2) * P + 2 * P - 4 * P / N);
     const std::string text = dist::format_plan("m", in, p);
     EXPECT_TRUE(text.find("weights (bf16)") != std::string::npos) << text;
     EXPECT_TRUE(text.find("master weights (fp32)     0.5 MiB (1/N, in the optimizer state)") != std::string::npos) << text;

@@ -1415,11 +1415,16 @@ TEST_F(TrainerTest, UseKlLossIsHonouredForEveryPolicyLoss) {
 // Paper Section 5: the iterative reference is refreshed when the moving-average token KL to
 // it exceeds ref_kl_target (here never by step count). Step 1 is on the reference (KL 0);
 // after a refresh the next step's pi_old is the reference again (KL exactly 0), so a tiny
-// target refreshes every second step and a huge one never.
+// target refreshes every second step and a huge one never. The same with bf16 compute: the
+// reference computes in bf16 too, so pi_ref = pi_theta still gives KL 0 exactly (a reference
+// computing in fp32 would show the bf16 rounding as KL from step 1 on).
 TEST_F(TrainerTest, ReferenceRefreshedWhenTokenKlExceedsTarget) {
+  for (const std::string compute : {"float32", "bfloat16"})
   for (const double target : {1e-12, 1e9}) {
-    TrainConfig c = config("ref_kl_target_" + std::to_string(target));
+    SCOPED_TRACE(compute + " target " + std::to_string(target));
+    TrainConfig c = config("ref_kl_target_" + compute + std::to_string(target));
     auto& a = c.actor_rollout_ref.actor;
+    a.compute_dtype = compute;
     a.policy_loss = "grpo";
     a.kl_loss_coef = 0.01;
     a.use_iterative_ref_model = true;

@@ -155,7 +155,7 @@ MemoryPlan estimate(const PlanInput& in) {
   } else {
     p.grads = p.stage >= 2 ? std::min(4 * P, 4 * P / N + 2 * bucket) : 4 * P;
     p.optimizer = 8 * P / shard;
-    p.reference = in.fixed_reference ? (sm ? 2 : 4) * P : 0;
+    p.reference = in.fixed_reference ? (in.bf16_compute ? 2 : 4) * P : 0;  // in the compute dtype
   }
   p.states = p.weights + p.adapters + p.compute + p.master + p.grads + p.optimizer + p.reference;
   // One micro-batch of T tokens: each layer's input kept (checkpointing) plus one layer's
@@ -210,7 +210,7 @@ std::string format_plan(const fs::path& model_dir, const PlanInput& in, const Me
     << (p.stage >= 2 ? " (1/N shard + 2 buckets in flight)" : "") << "\n"
     << "  optimizer state (fp32)    " << gib(p.optimizer) << (p.stage >= 1 ? " (1/N)" : "") << "\n"
     << (in.lora_parameters > 0 ? (in.iterative_reference ? "  reference (adapter copy)  " : "  reference (the base)      ")
-        : in.shard_master       ? "  fixed reference (bf16)    "
+        : in.bf16_compute       ? "  fixed reference (bf16)    "
                                 : "  fixed reference (fp32)    ")
     << gib(p.reference) << "\n"
     << "  states                    " << gib(p.states) << "\n"

@@ -37,10 +37,10 @@ struct PlanInput {
   double bucket_bytes = 25.0 * 1024 * 1024;  // dist.reduce_bucket_mb (ZeRO-2)
   bool bf16_compute = false;    // a bf16 working copy next to the fp32 master weights
   // dist.shard_master_weights (with bf16_compute): the weights are bf16 (no separate compute
-  // copy), the fp32 masters live in the optimizer state (1/N with ZeRO-1/2), the fixed
-  // reference and the rollout's KV cache are bf16.
+  // copy), the fp32 masters live in the optimizer state (1/N with ZeRO-1/2), the rollout's KV
+  // cache is bf16.
   bool shard_master = false;
-  bool fixed_reference = false;  // a resident fp32 reference model
+  bool fixed_reference = false;  // a resident reference model, in the compute dtype
   // LoRA (actor_rollout_ref.model.lora_rank > 0): the adapters' parameter count, the only
   // trained ones -- gradients and optimizer state are theirs, the base is frozen (no
   // gradient, no state), the fixed reference is the base itself (no copy) and an iterative

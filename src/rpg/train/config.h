@@ -297,8 +297,8 @@ struct ActorConfig {
     v("on_policy_old_log_probs", on_policy_old_log_probs,
       "one mini-batch, one epoch: old log-probs = the update's own, detached (no separate pass)");
     v("compute_dtype", compute_dtype,
-      one_of(kComputeDtypeNames) + " forward/backward (master weights stay fp32); null: bfloat16 in fork semantics "
-      "(the fork's FSDP mixed precision), float32 in paper semantics");
+      one_of(kComputeDtypeNames) + " forward/backward (master weights stay fp32; a fixed reference computes in it too); "
+      "null: bfloat16 in fork semantics (the fork's FSDP mixed precision), float32 in paper semantics");
     v("policy_loss", policy_loss, "policy loss by registry name (docs/algorithms.md)");
     v("kl_form", kl_form, "rpg / rpg_reinforce regulariser: fkl | rkl | ufkl | urkl");
     v("rpg_style_clip", rpg_style_clip, "rpg / rpg_reinforce: RPG-Style Clip");

@@ -71,8 +71,8 @@ class Rules {
   // ---- reference and log-probs --------------------------------------------------------
   // A reference model is kept in memory (else pi_ref is pi_old, no second model).
   virtual bool reference_resident() const = 0;
-  // The resident reference holds the checkpoint's weights rounded to bf16 (and computes in
-  // the actor's compute dtype); else the weights as the checkpoint has them.
+  // The resident reference computes in the actor's compute dtype; with fp32 compute it holds
+  // the checkpoint's weights rounded to bf16 (true) or as the checkpoint has them (false).
   virtual bool reference_weights_bf16() const = 0;
   // How every trainer log-prob pass runs the model (no-grad passes and the update).
   virtual void set_log_prob_options(model::LogProbOptions& options) const = 0;

@@ -268,12 +268,14 @@ void Trainer::Impl::build_models() {
     } else if (lora) {
       reference = base_model_reference(policy.model);
     } else {
-      // dist.shard_master_weights: in the policy's dtype (bf16), as the policy it is compared with.
+      // In the dtype the policy computes in (dist.shard_master_weights implies bf16): a bf16
+      // policy is compared with a bf16 reference, so that pi_ref = pi_theta gives KL 0 exactly
+      // (at the start, and after each refresh, where the reference takes the masters' bf16
+      // rounding, the compute copy's values).
       const bool bf16_compute = cfg.choices.compute_dtype == ComputeDtype::kBFloat16;
-      const bool bf16_weights = rules->reference_weights_bf16();
-      auto ref = std::make_unique<model::CausalLM>(model::CausalLM::from_pretrained(
-          path, {shard_master || (bf16_weights && bf16_compute) ? at::kBFloat16 : at::kFloat, policy.model.device()}));
-      if (bf16_weights && ref->dtype() == at::kFloat) {  // bf16 values computed in fp32
+      auto ref = std::make_unique<model::CausalLM>(
+          model::CausalLM::from_pretrained(path, {bf16_compute ? at::kBFloat16 : at::kFloat, policy.model.device()}));
+      if (rules->reference_weights_bf16() && ref->dtype() == at::kFloat) {  // bf16 values computed in fp32
         c10::NoGradGuard no_grad;
         for (auto& [name, w] : ref->named_parameters()) w.copy_(w.to(at::kBFloat16));
       }
