@@ -313,7 +313,11 @@ rows = [json.loads(l) for l in open(raw) if l.strip()]
 # (embedding and lm_head counted) + 12 * sum(seqlen^2) * head_dim * heads * layers.
 SHAPES = {"0.5b": (151936, 896, 4864, 24, 14, 2), "1.5b": (151936, 1536, 8960, 28, 12, 2),
           "tiny": (512, 64, 128, 2, 4, 2)}
-PEAK = 989.4e12  # H200 SXM dense bf16 (datasheet); KINDS.md measured ~790 on random data
+# Dense bf16 peaks (datasheets) by the name nvidia-smi gives; the lent kinds are an H100 80GB
+# HBM3 (SXM) and an H200, both 989.4 (KINDS.md measured ~790-800 on random data there). A GPU
+# not named here gets no MFU column rather than a wrong one.
+PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989.4e12), ("H200", 989.4e12), ("H800", 989.4e12)]
+PEAK = next((v for k, v in PEAKS if k in gpu), None) if gpu != "none" else 989.4e12  # CPU dry run: any number
 def flops_per_step(shape, batch, seq):
     V, C, I, L, H, Hkv = SHAPES[shape]
     d = C // H
@@ -346,10 +350,11 @@ def side_by_side(title, columns, what, cells, dtype="bf16"):
             ratio = f"{r['tokens_per_second'] / o['tokens_per_second']:.2f}x" if impl == "rpg" and o else ""
             out.append(f"| {shape} | {impl} | {cells(r)} | {ratio} |")
 side_by_side("## Training step (forward + backward of token log-probs, bf16)",
-             ["tokens/step", "s/step", "tokens/s", "MFU (of 989 TFLOP/s; meaningless on a CPU)", "peak GiB allocated"],
+             ["tokens/step", "s/step", "tokens/s", f"MFU (of {PEAK / 1e12:.0f} TFLOP/s; meaningless on a CPU)" if PEAK else "MFU (unknown GPU peak)", "peak GiB allocated"],
              "train",
              lambda r: f"{r['batch'] * r['seq']} | {r['seconds_per_step']:.4f} | {r['tokens_per_second']:.0f} | "
-                       f"{100 * flops_per_step(r['shape'], r['batch'], r['seq']) / r['seconds_per_step'] / PEAK:.1f}% | "
+                       + (f"{100 * flops_per_step(r['shape'], r['batch'], r['seq']) / r['seconds_per_step'] / PEAK:.1f}% | "
+                          if PEAK else "- | ")
                        + (f"{r['max_memory_allocated_gb']:.2f}" if "max_memory_allocated_gb" in r else "-"))
 side_by_side("## Decode (sampling, no stop token, bf16)", ["prompts x new tokens", "s", "tokens/s"], "decode",
              lambda r: f"{r['batch']} x {r['new_tokens']} | {r['seconds']:.2f} | {r['tokens_per_second']:.0f}")
