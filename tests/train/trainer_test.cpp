@@ -148,11 +148,21 @@ std::vector<double> scores_in(const fs::path& metrics_jsonl) {
 // with bit-identical weights and the same per-step metrics as an uninterrupted run.
 // optim_type=schedulefree runs in fork semantics: eval()/train() interpolations every step
 // (old log-probs at x), the checkpoint holds y, z and the mode; the first step has LR 0.
+// "adamw_bf16": bf16 compute, GRPO's KL to a resident reference refreshed every 2 steps, which
+// the checkpoint holds in bf16.
 TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
-  for (const std::string optim : {"adamw", "schedule_free_adamw", "schedulefree"}) {
+  for (const std::string variant : {"adamw", "schedule_free_adamw", "schedulefree", "adamw_bf16"}) {
+    const std::string optim = variant == "adamw_bf16" ? "adamw" : variant;
     auto make = [&](const std::string& run, int64_t steps) {
       TrainConfig c = config(run);
       c.actor_rollout_ref.actor.optim.optim_type = optim;
+      if (variant == "adamw_bf16") {
+        c.actor_rollout_ref.actor.compute_dtype = "bfloat16";
+        c.actor_rollout_ref.actor.policy_loss = "grpo";  // a k3 KL to the reference
+        c.algorithm.adv_estimator = "grpo";
+        c.actor_rollout_ref.actor.use_iterative_ref_model = true;
+        c.actor_rollout_ref.actor.ref_update_freq = 2;
+      }
       if (optim == "schedulefree") {
         c.rpg.semantics = "fork";
         c.actor_rollout_ref.actor.policy_loss = "vanilla";
@@ -163,8 +173,9 @@ TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
       c.trainer.max_actor_ckpt_to_keep = 1;
       return c;
     };
-    const std::string whole = "whole_" + optim, parts = "parts_" + optim;
+    const std::string whole = "whole_" + variant, parts = "parts_" + variant;
     Trainer a(make(whole, 5), scorers());
+    if (variant == "adamw_bf16") EXPECT_TRUE(a.has_reference_model());
     a.fit();
     {
       Trainer b(make(parts, 3), scorers());
@@ -175,9 +186,9 @@ TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
     b2.fit();
     auto pa = a.model().named_parameters(), pb = b2.model().named_parameters();
     ASSERT_EQ(pa.size(), pb.size());
-    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i].second, pb[i].second)) << optim << " " << pa[i].first;
+    for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(at::equal(pa[i].second, pb[i].second)) << variant << " " << pa[i].first;
     const fs::path run_a = dir_->path() / whole, run_b = dir_->path() / parts;
-    EXPECT_EQ(scores_in(run_a / "metrics.jsonl"), scores_in(run_b / "metrics.jsonl")) << optim;
+    EXPECT_EQ(scores_in(run_a / "metrics.jsonl"), scores_in(run_b / "metrics.jsonl")) << variant;
     EXPECT_EQ(scores_in(run_b / "metrics.jsonl").size(), 5u);
     // Only the newest checkpoint is kept; it is a loadable Hugging Face model directory.
     EXPECT_FALSE(fs::exists(run_b / "global_step_2"));
