@@ -313,11 +313,11 @@ rows = [json.loads(l) for l in open(raw) if l.strip()]
 # (embedding and lm_head counted) + 12 * sum(seqlen^2) * head_dim * heads * layers.
 SHAPES = {"0.5b": (151936, 896, 4864, 24, 14, 2), "1.5b": (151936, 1536, 8960, 28, 12, 2),
           "tiny": (512, 64, 128, 2, 4, 2)}
-# Dense bf16 peaks (datasheets) by the name nvidia-smi gives; the lent kinds are an H100 80GB
-# HBM3 (SXM) and an H200, both 989.4 (KINDS.md measured ~790-800 on random data there). A GPU
-# not named here gets no MFU column rather than a wrong one.
-PEAKS = [("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989.4e12), ("H200", 989.4e12), ("H800", 989.4e12)]
-PEAK = next((v for k, v in PEAKS if k in gpu), None) if gpu != "none" else 989.4e12  # CPU dry run: any number
+# Dense bf16 peak by the name nvidia-smi gives, as the trainer's perf/mfu/actor takes it (verl's
+# table, src/rpg/train/perf_metrics.cpp): the lent kinds, an H100 80GB HBM3 and an H200, are
+# both 989 (KINDS.md measured ~790-800 on random data there). Another GPU gets no MFU column
+# rather than a wrong one; the CPU dry run any number.
+PEAK = 989.4e12 if gpu == "none" or any(k in gpu for k in ("H100", "H200", "H800")) else None
 def flops_per_step(shape, batch, seq):
     V, C, I, L, H, Hkv = SHAPES[shape]
     d = C // H

@@ -852,22 +852,22 @@ TEST(KlControl, AdaptiveCoefficientMatchesVerl) {
 // it the penalty is exactly 0 in either compute dtype (a bf16 policy has a bf16 reference).
 TEST_F(TrainerTest, KlInRewardUsesAReferenceModel) {
   for (const std::string compute : {"float32", "bfloat16"}) {
-  SCOPED_TRACE(compute);
-  TrainConfig c = config("kl_in_reward_" + compute);
-  c.actor_rollout_ref.actor.compute_dtype = compute;
-  c.actor_rollout_ref.actor.policy_loss = "rfpp";
-  c.algorithm.adv_estimator = "rfpp";
-  c.algorithm.use_kl_in_reward = true;
-  c.algorithm.kl_ctrl.type = "adaptive";
-  c.algorithm.kl_ctrl.kl_coef = 0.01;
-  c.actor_rollout_ref.actor.optim.lr = 1e-2;
-  c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
-  Trainer t(c, scorers());
-  auto first = t.train_step();
-  EXPECT_EQ(first.at("actor/reward_kl_penalty"), 0.0);  // the policy is still the reference
-  auto second = t.train_step();
-  EXPECT_GT(second.at("actor/reward_kl_penalty"), 1e-6);
-  EXPECT_NE(second.at("actor/reward_kl_penalty_coeff"), 0.01);
+    SCOPED_TRACE(compute);
+    TrainConfig c = config("kl_in_reward_" + compute);
+    c.actor_rollout_ref.actor.compute_dtype = compute;
+    c.actor_rollout_ref.actor.policy_loss = "rfpp";
+    c.algorithm.adv_estimator = "rfpp";
+    c.algorithm.use_kl_in_reward = true;
+    c.algorithm.kl_ctrl.type = "adaptive";
+    c.algorithm.kl_ctrl.kl_coef = 0.01;
+    c.actor_rollout_ref.actor.optim.lr = 1e-2;
+    c.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 8;
+    Trainer t(c, scorers());
+    auto first = t.train_step();
+    EXPECT_EQ(first.at("actor/reward_kl_penalty"), 0.0);  // the policy is still the reference
+    auto second = t.train_step();
+    EXPECT_GT(second.at("actor/reward_kl_penalty"), 1e-6);
+    EXPECT_NE(second.at("actor/reward_kl_penalty_coeff"), 0.01);
   }
 }
 
