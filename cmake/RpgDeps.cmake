@@ -71,6 +71,26 @@ target_include_directories(rpg_arrow SYSTEM INTERFACE "${arrow_include}")
 target_link_libraries(rpg_arrow INTERFACE "${parquet_lib}" "${arrow_lib}")
 add_library(rpg::arrow ALIAS rpg_arrow)
 
+# tcmalloc (gperftools' tcmalloc_minimal, Debian libgoogle-perftools-dev): the malloc of
+# rpg-torch and of the benches that time its phases (src/rpg/core/malloc_env.h says why).
+# -DRPG_MALLOC=glibc builds them on glibc's malloc, tuned by core/malloc_env instead.
+set(RPG_MALLOC "tcmalloc" CACHE STRING "malloc of rpg-torch and its benches: tcmalloc or glibc")
+set_property(CACHE RPG_MALLOC PROPERTY STRINGS tcmalloc glibc)
+add_library(rpg_malloc INTERFACE)
+if(RPG_MALLOC STREQUAL "tcmalloc")
+  find_library(RPG_TCMALLOC_LIB tcmalloc_minimal)
+  if(NOT RPG_TCMALLOC_LIB)
+    message(FATAL_ERROR "rpg: libtcmalloc_minimal not found (apt-get install libgoogle-perftools-dev), "
+                        "or configure with -DRPG_MALLOC=glibc")
+  endif()
+  # Linked for its malloc alone: nothing references its symbols, so a linker run with
+  # --as-needed (a distribution's default) would drop it.
+  target_link_libraries(rpg_malloc INTERFACE "-Wl,--push-state,--no-as-needed" "${RPG_TCMALLOC_LIB}" "-Wl,--pop-state")
+elseif(NOT RPG_MALLOC STREQUAL "glibc")
+  message(FATAL_ERROR "rpg: RPG_MALLOC=${RPG_MALLOC}: expected tcmalloc or glibc")
+endif()
+add_library(rpg::malloc ALIAS rpg_malloc)
+
 find_package(yaml-cpp REQUIRED)
 find_package(nlohmann_json 3 REQUIRED)
 find_package(Threads REQUIRED)

@@ -33,6 +33,8 @@ apt_packages=(
   clang-14 libclang-rt-14-dev libicu-dev
   # gloo's headers for c10d's ProcessGroupGloo.hpp (src/rpg/dist; the torch wheel lacks them)
   libgloo-dev
+  # tcmalloc: rpg-torch's malloc (src/rpg/core/malloc_env.h; cmake's RPG_MALLOC)
+  libgoogle-perftools-dev
   # libcurl: the reward service client (src/rpg/reward/http_scorer.cpp, reward_model.url)
   libcurl4-openssl-dev
   # The HTML report's render test (tests/eval/report_render_test.cpp): headless Chromium

@@ -111,23 +111,30 @@ std::string alias_bomb() {
 
 void write(const fs::path& dir, const std::string& name, const std::string& text) { test::write_text(dir / name, text); }
 
+// The launch cases' address-space limit. `rpg launch` runs in rpg-torch, which maps about
+// 500-520 MB before its first check (libtorch, Arrow's bundled jemalloc and mimalloc,
+// tcmalloc): at 512 MB the case sat on that edge (Arrow's mimalloc crashed in its exit
+// handler at 500 MB with glibc's malloc, at 512 with tcmalloc linked). 768 leaves ~250 MB,
+// still short of any per-rank state for 10^8 ranks (400 MB at 4 bytes a rank).
+constexpr int kLaunchMemoryMb = 768;
+
 std::vector<Case> cases() {
   std::vector<Case> v;
   // --- counts: launch ---
   for (const char* n : {"100000000", "2147483648", "9223372036854775807"})
     v.push_back({std::string("launch_nproc_") + n, {}, {"launch", "--nproc", n, "--exec", "--", "/bin/true"}, 2,
-                 std::string("--nproc ") + n, 30, 512});
+                 std::string("--nproc ") + n, 30, kLaunchMemoryMb});
   v.push_back({"launch_nproc_huge_forced", {}, {"launch", "--force", "--nproc", "2147483648", "--exec", "--", "/bin/true"},
-               2, "at most 2147483647", 30, 512});
+               2, "at most 2147483647", 30, kLaunchMemoryMb});
   for (const char* n : {"0", "-1", "-9223372036854775808"})
     v.push_back({std::string("launch_nproc_") + (n[0] == '-' ? std::string("minus") + (n + 1) : n), {},
-                 {"launch", "--nproc", n, "--", "version"}, 2, std::string("--nproc must be >= 1, got ") + n, 30, 512});
+                 {"launch", "--nproc", n, "--", "version"}, 2, std::string("--nproc must be >= 1, got ") + n, 30, kLaunchMemoryMb});
   v.push_back({"launch_nnodes_overflow", {}, {"launch", "--nnodes", "4294967297", "--master-port", "1", "--", "version"},
-               2, "--nnodes", 30, 512});
+               2, "--nnodes", 30, kLaunchMemoryMb});
   v.push_back({"launch_node_rank_negative", {}, {"launch", "--node-rank", "-1", "--", "version"}, 2, "--node-rank -1",
-               30, 512});
+               30, kLaunchMemoryMb});
   v.push_back({"launch_exec_not_in_path", {}, {"launch", "--exec", "--", "no-such-program-rpg34"}, 1,
-               "'no-such-program-rpg34'", 30, 512});
+               "'no-such-program-rpg34'", 30, kLaunchMemoryMb});
   // --- YAML ---
   v.push_back({"yaml_alias_bomb_config_show", [](auto& d, auto&) { write(d, "bomb.yaml", alias_bomb()); },
                {"config", "show", "bomb.yaml"}, 1, "bomb.yaml: expands to more than", 60, 1024});

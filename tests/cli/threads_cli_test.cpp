@@ -97,7 +97,8 @@ TEST(CliThreads, WaitPolicyIsPassiveOnlyWhenTheMachineIsBusyAndTheUserWins) {
   EXPECT_EQ(line(spin), "openmp wait policy default (GOMP_SPINCOUNT=1000 set by the user)") << spin.out;
 }
 
-// core/malloc_env.h: rpg-torch keeps freed memory for reuse unless the user tuned glibc's malloc.
+// core/malloc_env.h: rpg-torch runs on the tcmalloc it links (cmake's RPG_MALLOC), or on
+// glibc's malloc keeping freed memory for reuse unless the user tuned it.
 TEST(CliThreads, MallocKeepsFreedMemoryUnlessTheUserTunedIt) {
   auto line = [](const ProcessResult& r) {
     const size_t at = r.out.find("malloc ");
@@ -105,10 +106,16 @@ TEST(CliThreads, MallocKeepsFreedMemoryUnlessTheUserTunedIt) {
   };
   ProcessResult plain = rpg({"version"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
-  EXPECT_EQ(line(plain), "malloc freed memory kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)") << plain.out;
   ProcessResult user = rpg({"version"}, {"MALLOC_MMAP_THRESHOLD_=65536"});
   ASSERT_EQ(user.exit_code, 0) << user.err;
+#ifdef RPG_TEST_LINKS_TCMALLOC
+  // The dynamic linker binds malloc to the linked tcmalloc, and glibc's variables tune nothing.
+  EXPECT_EQ(line(plain).rfind("malloc tcmalloc's own settings (libtcmalloc_minimal.so", 0), 0u) << plain.out;
+  EXPECT_EQ(line(user), line(plain)) << user.out;
+#else
+  EXPECT_EQ(line(plain), "malloc freed memory kept for reuse (M_MMAP_MAX=0, M_TRIM_THRESHOLD=-1)") << plain.out;
   EXPECT_EQ(line(user), "malloc glibc's settings (MALLOC_MMAP_THRESHOLD_ set by the user)") << user.out;
+#endif
   // Another allocator in front of glibc's (as LD_PRELOAD puts tcmalloc): glibc's settings
   // would not be its own, whatever its mallopt answers, so none are claimed.
   const std::filesystem::path interposer = RPG_TEST_MALLOC_INTERPOSER;

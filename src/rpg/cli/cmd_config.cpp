@@ -49,8 +49,9 @@ int run_version(const std::string& full_name, const std::vector<std::string>& ar
                    "Prints the versions of rpg and of the libtorch it was built against, and the\n"
                    "intra-op thread count this process uses (rpg --threads N / RPG_NUM_THREADS) and its\n"
                    "OpenMP wait policy (passive when the machine was busy at start, else libgomp's default;\n"
-                   "OMP_WAIT_POLICY or GOMP_SPINCOUNT set by you win), and how glibc's malloc is set up\n"
-                   "(freed memory kept for reuse unless you set GLIBC_TUNABLES or MALLOC_*_ thresholds).");
+                   "OMP_WAIT_POLICY or GOMP_SPINCOUNT set by you win), and which malloc it runs on (the tcmalloc\n"
+                   "it links, one you preloaded, or glibc's: then freed memory is kept for reuse unless you\n"
+                   "set GLIBC_TUNABLES or MALLOC_*_ thresholds).");
   if (!parser.parse(args)) return 0;
   std::cout << "rpg " << RPG_VERSION_STRING << " (libtorch " << RPG_TORCH_VERSION_STRING << ")\n";
   std::cout << "threads " << at::get_num_threads() << " (libtorch intra-op)\n";

@@ -20,6 +20,13 @@ bool& keeping() {
   static bool kept = false;
   return kept;
 }
+// tcmalloc's MallocExtension_ReleaseFreeMemory (gperftools/malloc_extension_c.h) when tcmalloc
+// is the malloc in use. Looked up in the process, not linked: core does not depend on it, and
+// a preloaded tcmalloc is found the same way as the one rpg-torch links.
+void (*&tcmalloc_release())() {
+  static void (*release)() = nullptr;
+  return release;
+}
 // The heap's largest size (every arena) seen at a release. Measured before trimming: a step
 // that grows the heap back to where it was before the last release is not growth.
 size_t heap_high_water = 0;
@@ -49,11 +56,18 @@ std::string other_allocator() {
 }  // namespace
 
 std::string keep_freed_memory() {
-  if (const std::string user = user_setting(); !user.empty()) return chosen() = "glibc's settings (" + user + " set by the user)";
+  keeping() = false;
+  tcmalloc_release() = nullptr;
+  // Whose malloc first: with another allocator's, glibc's variables tune nothing in use.
   if (const std::string other = other_allocator(); !other.empty()) {
-    keeping() = false;  // glibc's heap is not the one in use: nothing for malloc_trim to hand back
+    if (other.starts_with("libtcmalloc"))
+      if (void* release = dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory")) {
+        tcmalloc_release() = reinterpret_cast<void (*)()>(release);
+        return chosen() = "tcmalloc's own settings (" + other + ")";
+      }
     return chosen() = "another allocator's own settings (" + other + ")";
   }
+  if (const std::string user = user_setting(); !user.empty()) return chosen() = "glibc's settings (" + user + " set by the user)";
   // mallopt returns 1 on success. Reached with glibc's malloc, or when the dynamic linker
   // could not say whose malloc is bound (then a 1 may still come from an allocator ignoring it).
   const bool ok = mallopt(M_MMAP_MAX, 0) == 1 && mallopt(M_TRIM_THRESHOLD, -1) == 1;
@@ -63,13 +77,17 @@ std::string keep_freed_memory() {
 
 const std::string& choice() { return chosen(); }
 
+bool glibc_heap_kept() { return keeping(); }
+
 void release_free_memory() {
+  if (tcmalloc_release()) return tcmalloc_release()();
   if (!keeping()) return;
   heap_high_water = std::max(heap_high_water, mallinfo2().arena);
   malloc_trim(0);
 }
 
 void release_if_heap_grew() {
+  // tcmalloc needs no such rule: it hands free spans back at its release rate as they are freed.
   if (!keeping()) return;
   const size_t heap = mallinfo2().arena;
   // The first step grows the heap to its working size: recorded, not released. Later, growth

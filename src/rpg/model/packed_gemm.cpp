@@ -19,6 +19,7 @@
 
 #include "rpg/core/cpu_clones.h"
 #include "rpg/core/log.h"
+#include "rpg/core/malloc_env.h"
 #include "rpg/model/cpu_kernels.h"
 #include "rpg/model/decode_elementwise.h"
 
@@ -49,21 +50,22 @@ constexpr int kPackRows = 64;
 
 // A page-aligned buffer of `bytes` for a packing. Undefined if the memory is not there.
 //
-// It comes from malloc. rpg-torch's heap keeps freed memory (core/malloc_env.h), so a
-// rollout's packed copy reuses what the previous update left free and costs no new memory.
-// Only where the heap had no room -- a run's first rollout -- does the buffer extend it; its
-// pages are handed back to the kernel when it is freed: kept, they stayed resident while the
-// first update's tensors were placed around them (+120 MB of peak RSS in a 32 M-parameter
-// model's first step, with MKL's packing, which asks for up to 4x the weight and writes about
-// 1x). Buffers mapped apart from the heap (mmap) could never reuse the update's free memory:
-// +0.8 GB of peak RSS over three SmolLM2 steps.
+// It comes from malloc, whose freed memory rpg-torch keeps for reuse (core/malloc_env.h), so
+// a rollout's packed copy reuses what the previous update left free and costs no new memory.
+// Buffers mapped apart from the heap (mmap) could never reuse the update's free memory:
+// +0.8 GB of peak RSS over three SmolLM2 steps. On glibc's kept heap, only where the heap had
+// no room -- a run's first rollout -- does the buffer extend it; its pages are handed back to
+// the kernel when it is freed: kept, they stayed resident while the first update's tensors
+// were placed around them (+120 MB of peak RSS in a 32 M-parameter model's first step, with
+// MKL's packing, which asks for up to 4x the weight and writes about 1x). tcmalloc hands free
+// spans back itself.
 at::Tensor page_aligned_buffer(size_t bytes) {
   constexpr size_t kPage = 4096;
   bytes = (bytes + kPage - 1) / kPage * kPage;
-  const char* heap_top = static_cast<const char*>(sbrk(0));
+  const char* heap_top = malloc_env::glibc_heap_kept() ? static_cast<const char*>(sbrk(0)) : nullptr;
   void* mem = nullptr;
   if (posix_memalign(&mem, kPage, bytes) != 0) return {};
-  const bool extended_heap = static_cast<const char*>(mem) + bytes > heap_top;
+  const bool extended_heap = heap_top && static_cast<const char*>(mem) + bytes > heap_top;
   return at::from_blob(
       mem, {static_cast<int64_t>(bytes / sizeof(float))},
       [bytes, extended_heap](void* p) {
