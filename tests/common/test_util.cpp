@@ -190,6 +190,11 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
+void touch_bytes(void* p, size_t n) {
+  std::memset(p, 1, n);
+  asm volatile("" : : "r"(p) : "memory");
+}
+
 long long resident_anonymous_kib() {
   std::ifstream in("/proc/self/smaps_rollup");
   for (std::string line; std::getline(in, line);)

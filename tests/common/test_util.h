@@ -2,6 +2,7 @@
 // directories, and the venv's Python for live oracles (transformers, verl, ...).
 #pragma once
 
+#include <cstddef>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -63,5 +64,8 @@ void write_text(const std::filesystem::path& path, const std::string& text);
 // This process's resident anonymous memory in KiB, read from its page tables
 // (/proc/self/smaps_rollup): /proc/self/status's counters are batched per CPU and lag by MiBs.
 long long resident_anonymous_kib();
+// Writes n bytes at p where the compiler cannot drop them: a malloc'd block that is only
+// written and freed may otherwise be optimised away, allocation and all.
+void touch_bytes(void* p, size_t n);
 
 }  // namespace rpg::test

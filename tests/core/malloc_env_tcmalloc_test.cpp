@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "rpg/core/malloc_env.h"
@@ -13,11 +12,6 @@
 
 namespace rpg {
 namespace {
-
-void touch(void* p, size_t n) {
-  std::memset(p, 1, n);
-  asm volatile("" : : "r"(p) : "memory");
-}
 
 TEST(MallocEnvTcmalloc, NamesTcmallocAndLeavesGlibcAlone) {
   const std::string chosen = malloc_env::keep_freed_memory();
@@ -39,7 +33,7 @@ TEST(MallocEnvTcmalloc, ReleaseHandsFreeSpansBack) {
   const size_t big = 64u << 20;
   void* block = std::malloc(big);
   ASSERT_NE(block, nullptr);
-  touch(block, big);
+  test::touch_bytes(block, big);
   std::free(block);
   const long long kept = test::resident_anonymous_kib();
   malloc_env::release_if_heap_grew();  // tcmalloc's own business: nothing released here

@@ -15,13 +15,6 @@
 namespace rpg {
 namespace {
 
-// Writes n bytes at p where the compiler cannot drop them: a malloc'd block that is only
-// written and freed may otherwise be optimised away, allocation and all.
-void touch(void* p, size_t n) {
-  std::memset(p, 1, n);
-  asm volatile("" : : "r"(p) : "memory");
-}
-
 TEST(MallocEnv, LargeBlocksComeFromTheHeapAndStayForReuse) {
   unsetenv("GLIBC_TUNABLES");
   const size_t big = 96u << 20;  // above glibc's largest mmap threshold (32 MiB on 64-bit)
@@ -57,9 +50,9 @@ TEST(MallocEnv, ReleaseHandsTheHeapsFreePagesBack) {
   const size_t big = 64u << 20;
   void* block = malloc(big);
   ASSERT_NE(block, nullptr);
-  touch(block, big);
+  test::touch_bytes(block, big);
   void* after = malloc(64);  // keeps the block off the heap's top: freed, it is a hole
-  touch(after, 64);
+  test::touch_bytes(after, 64);
   free(block);
   const long long kept = test::resident_anonymous_kib();
   malloc_env::release_free_memory();
@@ -79,7 +72,7 @@ TEST(MallocEnv, AStepHandsMemoryBackOnlyWhenTheHeapGrew) {
   for (int step = 0; step < 2; ++step) {
     void* block = malloc(big);
     ASSERT_NE(block, nullptr);
-    touch(block, big);
+    test::touch_bytes(block, big);
     free(block);
     const long long resident = test::resident_anonymous_kib();
     malloc_env::release_if_heap_grew();

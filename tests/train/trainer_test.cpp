@@ -175,7 +175,9 @@ TEST_F(TrainerTest, ResumeEqualsAnUninterruptedRun) {
     };
     const std::string whole = "whole_" + variant, parts = "parts_" + variant;
     Trainer a(make(whole, 5), scorers());
-    if (variant == "adamw_bf16") EXPECT_TRUE(a.has_reference_model());
+    if (variant == "adamw_bf16") {
+      EXPECT_TRUE(a.has_reference_model());
+    }
     a.fit();
     {
       Trainer b(make(parts, 3), scorers());
