@@ -644,8 +644,7 @@ void packings_reuse_the_heap() {
   }
   {
     void* room = std::malloc(96u << 20);  // resident free memory in the heap, as an update leaves
-    std::memset(room, 1, 96u << 20);
-    asm volatile("" : : "r"(room) : "memory");  // else GCC drops the malloc / memset / free
+    rpg::test::touch_bytes(room, 96u << 20);
     std::free(room);
     ASSERT_GE(mallinfo2().fordblks, 96u << 20);
     const size_t heap_before = mallinfo2().arena;

@@ -23,10 +23,7 @@ bool& keeping() {
 // tcmalloc's MallocExtension_ReleaseFreeMemory (gperftools/malloc_extension_c.h) when tcmalloc
 // is the malloc in use. Looked up in the process, not linked: core does not depend on it, and
 // a preloaded tcmalloc is found the same way as the one rpg-torch links.
-void (*&tcmalloc_release())() {
-  static void (*release)() = nullptr;
-  return release;
-}
+void (*tcmalloc_release)() = nullptr;
 // The heap's largest size (every arena) seen at a release. Measured before trimming: a step
 // that grows the heap back to where it was before the last release is not growth.
 size_t heap_high_water = 0;
@@ -57,12 +54,12 @@ std::string other_allocator() {
 
 std::string keep_freed_memory() {
   keeping() = false;
-  tcmalloc_release() = nullptr;
+  tcmalloc_release = nullptr;
   // Whose malloc first: with another allocator's, glibc's variables tune nothing in use.
   if (const std::string other = other_allocator(); !other.empty()) {
     if (other.starts_with("libtcmalloc"))
       if (void* release = dlsym(RTLD_DEFAULT, "MallocExtension_ReleaseFreeMemory")) {
-        tcmalloc_release() = reinterpret_cast<void (*)()>(release);
+        tcmalloc_release = reinterpret_cast<void (*)()>(release);
         return chosen() = "tcmalloc's own settings (" + other + ")";
       }
     return chosen() = "another allocator's own settings (" + other + ")";
@@ -80,7 +77,7 @@ const std::string& choice() { return chosen(); }
 bool glibc_heap_kept() { return keeping(); }
 
 void release_free_memory() {
-  if (tcmalloc_release()) return tcmalloc_release()();
+  if (tcmalloc_release) return tcmalloc_release();
   if (!keeping()) return;
   heap_high_water = std::max(heap_high_water, mallinfo2().arena);
   malloc_trim(0);

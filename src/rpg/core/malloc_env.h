@@ -2,8 +2,8 @@
 // (activations, logits chunks, gradients, dtype conversions) thousands of times.
 //
 // rpg-torch links tcmalloc (gperftools' tcmalloc_minimal; cmake's RPG_MALLOC, default
-// tcmalloc). It reuses a freed block while its lines are still in the caches, hands free spans
-// back to the kernel gradually (its release rate) and keeps its own free lists short. Measured
+// tcmalloc). It hands free spans back to the kernel gradually (its release rate), and its
+// malloc and free cost less than glibc's walk of a kept heap's free lists. Measured
 // on SmolLM2-135M, 2 threads, against glibc's malloc tuned as below (docs/benchmarks.md,
 // "2026-12-07 (eighth session)"): the bf16 update pass 8.0-8.2 s -> 6.7-7.1 s (glibc's malloc
 // and free were 8 % of its samples), the bf16 RL step -2 to -17 % (mean -10 %), the fp32 one
