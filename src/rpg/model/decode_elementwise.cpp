@@ -15,6 +15,7 @@
 #include "rpg/core/cpu_clones.h"
 #include "rpg/core/fast_exp.h"
 #include "rpg/model/cpu_kernels.h"
+#include "rpg/model/elementwise_loops.h"
 
 // at::parallel_for's OpenMP region is compiled into this file (src/rpg/model/CMakeLists.txt).
 #if !defined(_OPENMP)
@@ -22,36 +23,11 @@
 #endif
 
 namespace rpg::model::detail {
+
+using namespace loops;
+
 namespace {
 
-// Fixed 16-lane loops and a scalar tail: GCC's -O2 vectorizer (its very-cheap cost model)
-// takes these, not a loop of unknown trip count.
-constexpr int64_t kLanes = 16;
-
-// Elements as the loops see them: fp32 as is, bf16 (its bits, uint16_t) widened exactly and
-// stored back rounded (cpu_kernels.h). round_to<T>(v): v as T would hold it, where an ATen op on
-// T tensors rounds its result.
-// (Every helper here is always_inline: called, not inlined, from the CPU clones, it kept GCC
-// from vectorising their loops.)
-#define RPG_INLINE inline __attribute__((always_inline))
-#define RPG_INLINE_LAMBDA __attribute__((always_inline))
-RPG_INLINE float load(float x) { return x; }
-RPG_INLINE float load(uint16_t h) { return bf16_to_float(h); }
-RPG_INLINE void store(float* y, float v) { *y = v; }
-RPG_INLINE void store(uint16_t* y, float v) { *y = float_to_bf16(v); }
-template <class T>
-RPG_INLINE float round_to(float v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    T t;
-    store(&t, v);
-    return load(t);
-  }
-}
-
-// bf16: transformers' rounding points, each where its ATen form rounds a bf16 tensor
-// (x * inv rounded, then times the weight).
 template <class T>
 inline __attribute__((always_inline)) void rms_norm_rows_t(const T* __restrict x, const T* __restrict w,
                                                            T* __restrict y, int64_t rows, int64_t C, float eps) {
@@ -65,11 +41,7 @@ inline __attribute__((always_inline)) void rms_norm_rows_t(const T* __restrict x
     float sum = 0.0f;
     for (int64_t j = 0; j < kLanes; ++j) sum += acc[j];
     for (; i < C; ++i) sum += load(xr[i]) * load(xr[i]);
-    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(C) + eps);
-    int64_t k = 0;
-    for (; k + kLanes <= C; k += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) store(yr + k + j, load(w[k + j]) * round_to<T>(load(xr[k + j]) * inv));
-    for (; k < C; ++k) store(yr + k, load(w[k]) * round_to<T>(load(xr[k]) * inv));
+    scale_row(xr, w, yr, C, 1.0f / std::sqrt(sum / static_cast<float>(C) + eps));
   }
 }
 RPG_CPU_CLONES void rms_norm_f32(const float* x, const float* w, float* y, int64_t rows, int64_t C, float eps) {
@@ -80,44 +52,13 @@ RPG_CPU_CLONES void rms_norm_bf16(const uint16_t* x, const uint16_t* w, uint16_t
   rms_norm_rows_t(x, w, y, rows, C, eps);
 }
 
-// y[i] = x[i] * c[i] + partner[i] * s[i] for i < n (bf16: each product rounded, then the sum,
-// as t * cos + swap_halves(t) * sin rounds them: the same bits as those ATen ops).
-template <class T>
-inline __attribute__((always_inline)) void rotate(const T* __restrict x, const T* __restrict partner,
-                                                  const T* __restrict c, const T* __restrict s, T* __restrict y,
-                                                  int64_t n) {
-  auto one = [](T xi, T pi, T ci, T si) __attribute__((always_inline)) {
-    return round_to<T>(load(xi) * load(ci)) + round_to<T>(load(pi) * load(si));
-  };
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) store(y + i + j, one(x[i + j], partner[i + j], c[i + j], s[i + j]));
-  for (; i < n; ++i) store(y + i, one(x[i], partner[i], c[i], s[i]));
-}
-
 template <class T>
 inline __attribute__((always_inline)) void rope_rows_t(const T* __restrict x, const T* __restrict cos,
                                                        const T* __restrict sin, T* __restrict y, int64_t positions,
                                                        int64_t H, int64_t D) {
-  const int64_t half = D / 2;
-  for (int64_t p = 0; p < positions; ++p) {
-    const T* c = cos + p * D;
-    const T* s = sin + p * D;
-    for (int64_t h = 0; h < H; ++h) {
-      const T* xh = x + (p * H + h) * D;
-      T* yh = y + (p * H + h) * D;
-      rotate(xh, xh + half, c, s, yh, half);
-      rotate(xh + half, xh, c + half, s + half, yh + half, half);
-    }
-  }
+  for (int64_t p = 0; p < positions; ++p)
+    for (int64_t h = 0; h < H; ++h) rotate_head(x + (p * H + h) * D, cos + p * D, sin + p * D, y + (p * H + h) * D, D);
 }
-
-// Rows (of `width` elements) per task: below ~16k elements a step's kernel runs on the calling
-// thread (the threads' start costs more than the pass). Above, both threads take a share, so
-// that no thread spins idle at its barrier beside a serial pass: on the shared VMs that spin
-// sometimes slowed the serial pass itself 3-4x (swiglu at 64 rows: 93 ms or 229-268 ms per
-// 64-token rollout, between runs of one binary).
-int64_t grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, width)); }
 
 }  // namespace
 
@@ -184,20 +125,6 @@ RPG_CPU_CLONES void dot_f32(const float* a, const float* b, float* out, int64_t 
   }
 }
 
-namespace {
-
-// f(pointer) with x's data as float or as bf16 bits (uint16_t).
-template <typename F>
-void with_elements(const at::Tensor& x, const F& f) {
-  if (x.scalar_type() == at::kFloat) f(x.data_ptr<float>());
-  else f(reinterpret_cast<uint16_t*>(x.data_ptr<c10::BFloat16>()));
-}
-template <class T>
-const T* elements(const at::Tensor& x) {
-  if constexpr (std::is_same_v<T, float>) return x.data_ptr<float>();
-  else return reinterpret_cast<const uint16_t*>(x.data_ptr<c10::BFloat16>());
-}
-}  // namespace
 
 at::Tensor new_cpu_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
   return at::Tensor(at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, std::nullopt));

@@ -1,7 +1,8 @@
 // Internal: a decode step's RMSNorm, RoPE and SwiGLU as one pass each over fp32 or bf16 CPU
 // rows, instead of the 7-9 ATen ops (each with its own dispatch, allocation and pass) of
 // layer.cpp's forms. Only decode uses them (DecodingScope): the training forward keeps
-// transformers' op-by-op arithmetic, bit for bit. Equal to those forms up to fp32 rounding (the
+// transformers' op-by-op values, bit for bit (fused_elementwise.h makes RMSNorm's and RoPE's
+// in fewer passes). Equal to those forms up to fp32 rounding (the
 // sum of squares is accumulated in another order; SwiGLU's exp is core/fast_exp.h's). bf16 rows
 // are computed in fp32 and rounded to bf16 where the ATen forms round their bf16 tensors (RoPE:
 // the same bits as those forms).

@@ -17,6 +17,7 @@
 #include "rpg/core/log.h"
 #include "rpg/model/decode_attention.h"
 #include "rpg/model/decode_elementwise.h"
+#include "rpg/model/fused_elementwise.h"
 #include "rpg/model/packed_gemm.h"
 #include "rpg/model/skinny_linear.h"
 
@@ -117,10 +118,13 @@ at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at
 }
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
-// Decode's fp32 and bf16 rows take the fused pass (decode_elementwise.h).
+// Decode's fp32 and bf16 rows take the fused pass (decode_elementwise.h); every other forward
+// on the CPU the same values in fewer passes, with a fused backward (fused_elementwise.h).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (t_decoding && decode_elementwise_applies(x) && weight.scalar_type() == x.scalar_type() && weight.is_contiguous())
     return rms_norm_rows(x, weight, eps);
+  if (fused_elementwise_applies(x) && fused_elementwise_applies(weight) && weight.scalar_type() == x.scalar_type())
+    return rms_norm_fused(x, weight, eps);
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
   return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
@@ -177,11 +181,15 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
     r.k = rms_norm(r.k, w.k_norm, c.rms_norm_eps);
   }
   if (!rope) return r;
-  // Decode's fp32 and bf16 rows: the fused pass (decode_elementwise.h), the same formula.
+  // Decode's fp32 and bf16 rows: the fused pass (decode_elementwise.h), the same formula;
+  // every other CPU forward: the same bits with a fused backward (fused_elementwise.h).
   auto rotate = [&](const at::Tensor& t) {
-    if (t_decoding && decode_elementwise_applies(t) && cos.scalar_type() == t.scalar_type() &&
-        sin.scalar_type() == t.scalar_type() && cos.is_contiguous() && sin.is_contiguous())
-      return rope_rows(t, cos, sin);
+    const bool tables = cos.scalar_type() == t.scalar_type() && sin.scalar_type() == t.scalar_type() &&
+                        cos.is_contiguous() && sin.is_contiguous();
+    if (t_decoding && decode_elementwise_applies(t) && tables) return rope_rows(t, cos, sin);
+    if (fused_elementwise_applies(t) && fused_elementwise_applies(cos) && tables && cos.size(2) == 1 &&
+        cos.size(0) == t.size(0) && cos.size(1) == t.size(1))
+      return rope_fused(t, cos, sin);
     return t * cos + swap_halves(t) * sin;
   };
   if (with_q) r.q = rotate(r.q);

@@ -1,0 +1,220 @@
+#include "rpg/model/fused_elementwise.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "rpg/core/cpu_clones.h"
+#include "rpg/model/elementwise_loops.h"
+
+// at::parallel_for's OpenMP region is compiled into this file (src/rpg/model/CMakeLists.txt).
+#if !defined(_OPENMP)
+#error "this kernel file must be compiled with -fopenmp"
+#endif
+
+namespace rpg::model::detail {
+
+using namespace loops;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+namespace {
+
+// ---- RMSNorm ------------------------------------------------------------------------------
+
+template <class T>
+RPG_INLINE void rms_norm_forward_t(const T* x, const T* w, const float* inv, T* y, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) scale_row(x + r * C, w, y + r * C, C, inv[r]);
+}
+
+// The backward of y = w * n, n = (x * inv).to(T), inv = rsqrt(mean(x^2) + eps), per row, as
+// ATen's chain computes it: dn = dy * w (rounded to T), d_inv = sum(dn * x),
+// d_var = -0.5 * d_inv * inv^3, dx = dn * inv + (d_var / C) * (2 * x) (rounded to T); and
+// dw += dy * n (each product rounded to T, as MulBackward's tensor is) into the fp32 row sums.
+template <class T, bool kWeightGrad>
+RPG_INLINE void rms_norm_backward_t(const T* __restrict dy, const T* __restrict x, const T* __restrict w,
+                                    const float* __restrict inv, T* __restrict dx, float* __restrict dw, int64_t rows,
+                                    int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *dyr = dy + r * C, *xr = x + r * C;
+    T* dxr = dx + r * C;
+    const float ir = inv[r];
+    auto dn = [&](int64_t i) RPG_INLINE_LAMBDA { return round_to<T>(load(dyr[i]) * load(w[i])); };
+    float acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= C; i += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += dn(i + j) * load(xr[i + j]);
+    float d_inv = 0.0f;
+    for (int64_t j = 0; j < kLanes; ++j) d_inv += acc[j];
+    for (; i < C; ++i) d_inv += dn(i) * load(xr[i]);
+    const float d_var_per_c = ((-0.5f * d_inv) * (ir * ir * ir)) / static_cast<float>(C);
+    auto one = [&](int64_t k) RPG_INLINE_LAMBDA {
+      store(dxr + k, dn(k) * ir + d_var_per_c * (2.0f * load(xr[k])));
+      if constexpr (kWeightGrad) dw[k] += round_to<T>(load(dyr[k]) * round_to<T>(load(xr[k]) * ir));
+    };
+    int64_t k = 0;
+    for (; k + kLanes <= C; k += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) one(k + j);
+    for (; k < C; ++k) one(k);
+  }
+}
+
+RPG_CPU_CLONES void rms_norm_forward_f32(const float* x, const float* w, const float* inv, float* y, int64_t rows,
+                                         int64_t C) {
+  rms_norm_forward_t(x, w, inv, y, rows, C);
+}
+RPG_CPU_CLONES void rms_norm_forward_bf16(const uint16_t* x, const uint16_t* w, const float* inv, uint16_t* y,
+                                          int64_t rows, int64_t C) {
+  rms_norm_forward_t(x, w, inv, y, rows, C);
+}
+RPG_CPU_CLONES void rms_norm_backward_f32(const float* dy, const float* x, const float* w, const float* inv, float* dx,
+                                          float* dw, int64_t rows, int64_t C) {
+  if (dw) rms_norm_backward_t<float, true>(dy, x, w, inv, dx, dw, rows, C);
+  else rms_norm_backward_t<float, false>(dy, x, w, inv, dx, dw, rows, C);
+}
+RPG_CPU_CLONES void rms_norm_backward_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* inv,
+                                           uint16_t* dx, float* dw, int64_t rows, int64_t C) {
+  if (dw) rms_norm_backward_t<uint16_t, true>(dy, x, w, inv, dx, dw, rows, C);
+  else rms_norm_backward_t<uint16_t, false>(dy, x, w, inv, dx, dw, rows, C);
+}
+
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    RECORD_FUNCTION("rpg::rms_norm_fused", std::vector<c10::IValue>());
+    // inv by ATen's own ops on the [rows, 1] statistics: mean's summation order is ATen's.
+    const int64_t C = x.size(-1), rows = x.numel() / C;
+    const at::Tensor inv = at::rsqrt(x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true) + eps).contiguous();
+    at::Tensor y = at::empty_like(x);
+    const float* ip = inv.data_ptr<float>();
+    with_elements(y, [&](auto* yp) {
+      using T = std::remove_pointer_t<decltype(yp)>;
+      const T *xp = elements<T>(x), *wp = elements<T>(weight);
+      at::parallel_for(0, rows, grain(C), [&](int64_t b, int64_t e) {
+        if constexpr (std::is_same_v<T, float>) rms_norm_forward_f32(xp + b * C, wp, ip + b, yp + b * C, e - b, C);
+        else rms_norm_forward_bf16(xp + b * C, wp, ip + b, yp + b * C, e - b, C);
+      });
+    });
+    ctx->save_for_backward({x, weight, inv});
+    return y;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_FUNCTION("rpg::rms_norm_fused_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &inv = saved[2];
+    const at::Tensor dy = grads[0].contiguous();
+    const int64_t C = x.size(-1), rows = x.numel() / C;
+    const bool weight_grad = ctx->needs_input_grad(1);
+    at::Tensor dx = at::empty_like(x);
+    // One fp32 row of weight-gradient sums per thread, added up after.
+    at::Tensor dw_parts = weight_grad ? at::zeros({at::get_num_threads(), C}, x.options().dtype(at::kFloat)) : at::Tensor();
+    float* dwp = weight_grad ? dw_parts.data_ptr<float>() : nullptr;
+    const float* ip = inv.data_ptr<float>();
+    with_elements(dx, [&](auto* dxp) {
+      using T = std::remove_pointer_t<decltype(dxp)>;
+      const T *dyp = elements<T>(dy), *xp = elements<T>(x), *wp = elements<T>(weight);
+      at::parallel_for(0, rows, grain(C), [&](int64_t b, int64_t e) {
+        float* part = dwp ? dwp + at::get_thread_num() * C : nullptr;
+        if constexpr (std::is_same_v<T, float>)
+          rms_norm_backward_f32(dyp + b * C, xp + b * C, wp, ip + b, dxp + b * C, part, e - b, C);
+        else
+          rms_norm_backward_bf16(dyp + b * C, xp + b * C, wp, ip + b, dxp + b * C, part, e - b, C);
+      });
+    });
+    at::Tensor dw = weight_grad ? dw_parts.sum(0).to(weight.scalar_type()) : at::Tensor();
+    return {ctx->needs_input_grad(0) ? dx : at::Tensor(), dw, at::Tensor()};
+  }
+};
+
+// ---- RoPE ---------------------------------------------------------------------------------
+
+// y [positions, H, D] (contiguous) = rotate_head of x's head rows, x strided by (bt_outer,
+// bt_inner, head) over positions p = outer * inner_size + inner: the backward's gradient comes
+// as a transposed view of SDPA's [B, H, T, D] one.
+template <class T>
+RPG_INLINE void rope_strided_t(const T* x, int64_t outer_stride, int64_t inner_stride, int64_t head_stride,
+                               int64_t inner_size, const T* cos, const T* sin, T* y, int64_t p0, int64_t p1,
+                               int64_t H, int64_t D) {
+  for (int64_t p = p0; p < p1; ++p) {
+    const T* xp = x + (p / inner_size) * outer_stride + (p % inner_size) * inner_stride;
+    for (int64_t h = 0; h < H; ++h) rotate_head(xp + h * head_stride, cos + p * D, sin + p * D, y + (p * H + h) * D, D);
+  }
+}
+RPG_CPU_CLONES void rope_strided_f32(const float* x, int64_t so, int64_t si, int64_t sh, int64_t inner, const float* c,
+                                     const float* s, float* y, int64_t p0, int64_t p1, int64_t H, int64_t D) {
+  rope_strided_t(x, so, si, sh, inner, c, s, y, p0, p1, H, D);
+}
+RPG_CPU_CLONES void rope_strided_bf16(const uint16_t* x, int64_t so, int64_t si, int64_t sh, int64_t inner,
+                                      const uint16_t* c, const uint16_t* s, uint16_t* y, int64_t p0, int64_t p1,
+                                      int64_t H, int64_t D) {
+  rope_strided_t(x, so, si, sh, inner, c, s, y, p0, p1, H, D);
+}
+
+// x * cos + swap_halves(x) * sin for x [B, T, H, D] whose last dimension is contiguous.
+at::Tensor rope_pass(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  at::Tensor y = at::empty({B, T, H, D}, x.options());
+  with_elements(y, [&](auto* yp) {
+    using E = std::remove_pointer_t<decltype(yp)>;
+    const E *xp = elements<E>(x), *cp = elements<E>(cos), *sp = elements<E>(sin);
+    at::parallel_for(0, B * T, grain(H * D), [&](int64_t b, int64_t e) {
+      if constexpr (std::is_same_v<E, float>)
+        rope_strided_f32(xp, x.stride(0), x.stride(1), x.stride(2), T, cp, sp, yp, b, e, H, D);
+      else
+        rope_strided_bf16(xp, x.stride(0), x.stride(1), x.stride(2), T, cp, sp, yp, b, e, H, D);
+    });
+  });
+  return y;
+}
+
+// y_j = x_j c_j + x_p(j) s_j (p swaps the halves), so dx_j = dy_j c_j + dy_p(j) s_p(j): the
+// forward's pass with the sine table's halves swapped, rounded where ATen's chain rounds
+// (dy * cos, dy * sin, their sum): the same bits as that chain.
+struct RopeFn : public torch::autograd::Function<RopeFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    RECORD_FUNCTION("rpg::rope_fused", std::vector<c10::IValue>());
+    ctx->save_for_backward({cos, sin});
+    return rope_pass(x, cos, sin);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_FUNCTION("rpg::rope_fused_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &cos = saved[0], &sin = saved[1];
+    const int64_t D = sin.size(-1);
+    const at::Tensor sin_swapped = sin.view({-1, 2, D / 2}).flip(1).reshape(sin.sizes()).contiguous();
+    at::Tensor dy = grads[0];
+    if (dy.stride(3) != 1) dy = dy.contiguous();
+    return {rope_pass(dy, cos, sin_swapped), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool fused_elementwise_applies(const at::Tensor& x) {
+  return x.defined() && x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+         x.is_contiguous();
+}
+
+at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(fused_elementwise_applies(x) && fused_elementwise_applies(weight) &&
+                  weight.scalar_type() == x.scalar_type() && weight.dim() == 1 && x.dim() >= 1 &&
+                  x.size(-1) == weight.size(0),
+              "rms_norm_fused: contiguous float32 or bfloat16 CPU x [..., C] and weight [C] of its dtype");
+  return RmsNormFn::apply(x, weight, eps);
+}
+
+at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(fused_elementwise_applies(x) && x.dim() == 4 && x.size(-1) % 2 == 0 &&
+                  fused_elementwise_applies(cos) && fused_elementwise_applies(sin) &&
+                  cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.dim() == 4 &&
+                  cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == 1 &&
+                  cos.size(3) == x.size(3) && sin.sizes() == cos.sizes(),
+              "rope_fused: contiguous float32 or bfloat16 CPU x [B, T, H, D] and cos, sin [B, T, 1, D] of its dtype");
+  return RopeFn::apply(x, cos, sin);
+}
+
+}  // namespace rpg::model::detail

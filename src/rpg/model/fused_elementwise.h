@@ -1,0 +1,25 @@
+// Internal: RMSNorm and RoPE for every forward that is not a decode step (the update's
+// forward and backward, old / ref scoring), on contiguous fp32 or bf16 CPU tensors. Their values
+// are bit for bit those of layer.cpp's ATen forms (transformers' op-by-op arithmetic), made in
+// fewer passes; under autograd each is one node whose backward is one fused pass, where ATen's
+// chain records 5-10 nodes (MulBackward, ToCopyBackward, PowBackward, ...), each a pass over the
+// activations with its own temporary. The backward keeps that chain's bf16 rounding points
+// (every product the chain rounds to bf16 is rounded here) and sums in another order.
+// SwiGLU keeps ATen's silu, mul and their backward: a fused backward built by GCC 12 from
+// these loops (exp and a division per element) ran at half the rate of ATen's three passes.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace rpg::model::detail {
+
+// True when the fused forms take x: fp32 or bf16, CPU, contiguous.
+bool fused_elementwise_applies(const at::Tensor& x);
+// weight * (x.float() * rsqrt(mean(x.float()^2, -1) + eps)).to(x.dtype) for x [..., C] and
+// weight [C] of x's dtype.
+at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps);
+// x * cos + swap_halves(x) * sin (rope_tables' sign-folded sine) for x [B, T, H, D] and
+// contiguous cos, sin [B, T, 1, D] of x's dtype.
+at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace rpg::model::detail
