@@ -4,7 +4,9 @@
 // fewer passes; under autograd each is one node whose backward is one fused pass, where ATen's
 // chain records 5-10 nodes (MulBackward, ToCopyBackward, PowBackward, ...), each a pass over the
 // activations with its own temporary. The backward keeps that chain's bf16 rounding points
-// (every product the chain rounds to bf16 is rounded here) and sums in another order.
+// (every product the chain rounds to bf16 is rounded here) and sums in another order; RoPE's
+// backward has no sum and is that chain's bits. layer.cpp takes RMSNorm's fused backward for
+// bf16 only (fp32 gradients stay ATen's, bit for bit: see rms_norm there).
 // SwiGLU keeps ATen's silu, mul and their backward: a fused backward built by GCC 12 from
 // these loops (exp and a division per element) ran at half the rate of ATen's three passes.
 #pragma once
