@@ -125,7 +125,6 @@ RPG_CPU_CLONES void dot_f32(const float* a, const float* b, float* out, int64_t 
   }
 }
 
-
 at::Tensor new_cpu_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
   return at::Tensor(at::detail::empty_cpu(sizes, dtype, /*pin_memory=*/false, std::nullopt));
 }
