@@ -1,6 +1,7 @@
 #include "rpg/model/fused_elementwise.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -31,35 +32,65 @@ RPG_INLINE void rms_norm_forward_t(const T* x, const T* w, const float* inv, T* 
   for (int64_t r = 0; r < rows; ++r) scale_row(x + r * C, w, y + r * C, C, inv[r]);
 }
 
-// The backward of y = w * n, n = (x * inv).to(T), inv = rsqrt(mean(x^2) + eps), per row, as
-// ATen's chain computes it: dn = dy * w (rounded to T), d_inv = sum(dn * x),
-// d_var = -0.5 * d_inv * inv^3, dx = dn * inv + (d_var / C) * (2 * x) (rounded to T); and
-// dw += dy * n (each product rounded to T, as MulBackward's tensor is) into the fp32 row sums.
-template <class T, bool kWeightGrad>
-RPG_INLINE void rms_norm_backward_t(const T* __restrict dy, const T* __restrict x, const T* __restrict w,
-                                    const float* __restrict inv, T* __restrict dx, float* __restrict dw, int64_t rows,
-                                    int64_t C) {
+// The backward of y = w * n, n = (x * inv).to(T), inv = rsqrt(mean(x^2) + eps), as ATen's chain
+// computes it. Its two sums are ATen's own (at::sum_to, as MulBackward reduces a broadcast
+// operand's gradient), over the very tensors the chain sums, written by the first pass:
+//   prod = float(dn) * x, dn = dy * w rounded to T, summed per row into d_inv;
+//   dwn = dy * n rounded to T, summed over the rows into dw.
+// The second pass makes x's two gradient terms, each operation where the chain makes it (no
+// contraction: -ffp-contract=off): through x * inv, dn * inv; through x^2,
+// (d_var / C) * (2 * x) with d_var = (-0.5 * d_inv) * inv^3. bf16: their sum, rounded (the
+// chain's fp32 copy of x receives both, then its ToCopyBackward rounds); fp32: apart (see
+// RmsNormFn).
+template <class T>
+RPG_INLINE void rms_norm_backward_terms_t(const T* __restrict dy, const T* __restrict x, const T* __restrict w,
+                                          const float* __restrict inv, float* __restrict prod, T* __restrict dwn,
+                                          int64_t rows, int64_t C) {
   for (int64_t r = 0; r < rows; ++r) {
     const T *dyr = dy + r * C, *xr = x + r * C;
-    T* dxr = dx + r * C;
+    float* pr = prod + r * C;
+    T* nr = dwn ? dwn + r * C : nullptr;
     const float ir = inv[r];
-    auto dn = [&](int64_t i) RPG_INLINE_LAMBDA { return round_to<T>(load(dyr[i]) * load(w[i])); };
-    float acc[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= C; i += kLanes)
-      for (int64_t j = 0; j < kLanes; ++j) acc[j] += dn(i + j) * load(xr[i + j]);
-    float d_inv = 0.0f;
-    for (int64_t j = 0; j < kLanes; ++j) d_inv += acc[j];
-    for (; i < C; ++i) d_inv += dn(i) * load(xr[i]);
-    const float d_var_per_c = ((-0.5f * d_inv) * (ir * ir * ir)) / static_cast<float>(C);
     auto one = [&](int64_t k) RPG_INLINE_LAMBDA {
-      store(dxr + k, dn(k) * ir + d_var_per_c * (2.0f * load(xr[k])));
-      if constexpr (kWeightGrad) dw[k] += round_to<T>(load(dyr[k]) * round_to<T>(load(xr[k]) * ir));
+      pr[k] = round_to<T>(load(dyr[k]) * load(w[k])) * load(xr[k]);
+    };
+    auto weight_term = [&](int64_t k) RPG_INLINE_LAMBDA {
+      store(nr + k, load(dyr[k]) * round_to<T>(load(xr[k]) * ir));
     };
     int64_t k = 0;
     for (; k + kLanes <= C; k += kLanes)
       for (int64_t j = 0; j < kLanes; ++j) one(k + j);
     for (; k < C; ++k) one(k);
+    if (!nr) continue;
+    for (k = 0; k + kLanes <= C; k += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) weight_term(k + j);
+    for (; k < C; ++k) weight_term(k);
+  }
+}
+
+// dx = the two terms summed (bf16), or dx = the x * inv term and dx_pow = the x^2 term (fp32).
+template <class T>
+RPG_INLINE void rms_norm_backward_dx_t(const T* __restrict dy, const T* __restrict x, const T* __restrict w,
+                                       const float* __restrict inv, const float* __restrict d_inv, T* __restrict dx,
+                                       T* __restrict dx_pow, int64_t rows, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T *dyr = dy + r * C, *xr = x + r * C;
+    T* dxr = dx + r * C;
+    const float ir = inv[r];
+    const float d_var_per_c = ((-0.5f * d_inv[r]) * (ir * ir * ir)) / static_cast<float>(C);
+    auto through_scale = [&](int64_t k) RPG_INLINE_LAMBDA { return round_to<T>(load(dyr[k]) * load(w[k])) * ir; };
+    auto through_square = [&](int64_t k) RPG_INLINE_LAMBDA { return d_var_per_c * (2.0f * load(xr[k])); };
+    int64_t k = 0;
+    if (dx_pow) {
+      T* pr = dx_pow + r * C;
+      for (; k + kLanes <= C; k += kLanes)
+        for (int64_t j = 0; j < kLanes; ++j) store(dxr + k + j, through_scale(k + j)), store(pr + k + j, through_square(k + j));
+      for (; k < C; ++k) store(dxr + k, through_scale(k)), store(pr + k, through_square(k));
+    } else {
+      for (; k + kLanes <= C; k += kLanes)
+        for (int64_t j = 0; j < kLanes; ++j) store(dxr + k + j, through_scale(k + j) + through_square(k + j));
+      for (; k < C; ++k) store(dxr + k, through_scale(k) + through_square(k));
+    }
   }
 }
 
@@ -71,19 +102,32 @@ RPG_CPU_CLONES void rms_norm_forward_bf16(const uint16_t* x, const uint16_t* w, 
                                           int64_t rows, int64_t C) {
   rms_norm_forward_t(x, w, inv, y, rows, C);
 }
-RPG_CPU_CLONES void rms_norm_backward_f32(const float* dy, const float* x, const float* w, const float* inv, float* dx,
-                                          float* dw, int64_t rows, int64_t C) {
-  if (dw) rms_norm_backward_t<float, true>(dy, x, w, inv, dx, dw, rows, C);
-  else rms_norm_backward_t<float, false>(dy, x, w, inv, dx, dw, rows, C);
+RPG_CPU_CLONES void rms_norm_backward_terms_f32(const float* dy, const float* x, const float* w, const float* inv,
+                                                float* prod, float* dwn, int64_t rows, int64_t C) {
+  rms_norm_backward_terms_t(dy, x, w, inv, prod, dwn, rows, C);
 }
-RPG_CPU_CLONES void rms_norm_backward_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w, const float* inv,
-                                           uint16_t* dx, float* dw, int64_t rows, int64_t C) {
-  if (dw) rms_norm_backward_t<uint16_t, true>(dy, x, w, inv, dx, dw, rows, C);
-  else rms_norm_backward_t<uint16_t, false>(dy, x, w, inv, dx, dw, rows, C);
+RPG_CPU_CLONES void rms_norm_backward_terms_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w,
+                                                 const float* inv, float* prod, uint16_t* dwn, int64_t rows, int64_t C) {
+  rms_norm_backward_terms_t(dy, x, w, inv, prod, dwn, rows, C);
+}
+RPG_CPU_CLONES void rms_norm_backward_dx_f32(const float* dy, const float* x, const float* w, const float* inv,
+                                             const float* d_inv, float* dx, float* dx_pow, int64_t rows, int64_t C) {
+  rms_norm_backward_dx_t(dy, x, w, inv, d_inv, dx, dx_pow, rows, C);
+}
+RPG_CPU_CLONES void rms_norm_backward_dx_bf16(const uint16_t* dy, const uint16_t* x, const uint16_t* w,
+                                              const float* inv, const float* d_inv, uint16_t* dx, int64_t rows,
+                                              int64_t C) {
+  rms_norm_backward_dx_t(dy, x, w, inv, d_inv, dx, static_cast<uint16_t*>(nullptr), rows, C);
 }
 
+// x comes in twice (x_again is x): in fp32 the chain's x feeds x^2 and x * inv directly, so x's
+// gradient buffer receives their two terms apart, after the residual's (whose AddBackward runs
+// first), and sums ((residual + scale term) + square term). One node output per use of x keeps
+// that association: the engine adds a node's outputs in order. bf16 returns one term (the
+// chain's ToCopyBackward's) and none for x_again.
 struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& /*x_again*/,
+                            const at::Tensor& weight, double eps) {
     RECORD_FUNCTION("rpg::rms_norm_fused", std::vector<c10::IValue>());
     // inv by ATen's own ops on the [rows, 1] statistics: mean's summation order is ATen's.
     const int64_t C = x.size(-1), rows = x.numel() / C;
@@ -108,25 +152,36 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const at::Tensor &x = saved[0], &weight = saved[1], &inv = saved[2];
     const at::Tensor dy = grads[0].contiguous();
     const int64_t C = x.size(-1), rows = x.numel() / C;
-    const bool weight_grad = ctx->needs_input_grad(1);
-    at::Tensor dx = at::empty_like(x);
-    // One fp32 row of weight-gradient sums per thread, added up after.
-    at::Tensor dw_parts = weight_grad ? at::zeros({at::get_num_threads(), C}, x.options().dtype(at::kFloat)) : at::Tensor();
-    float* dwp = weight_grad ? dw_parts.data_ptr<float>() : nullptr;
+    const bool weight_grad = ctx->needs_input_grad(2), fp32 = x.scalar_type() == at::kFloat;
+    at::Tensor prod = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    at::Tensor dwn = weight_grad ? at::empty_like(x) : at::Tensor();
+    at::Tensor dx = at::empty_like(x), dx_pow = fp32 ? at::empty_like(x) : at::Tensor();
     const float* ip = inv.data_ptr<float>();
+    float* pp = prod.data_ptr<float>();
     with_elements(dx, [&](auto* dxp) {
       using T = std::remove_pointer_t<decltype(dxp)>;
       const T *dyp = elements<T>(dy), *xp = elements<T>(x), *wp = elements<T>(weight);
+      T* np = weight_grad ? static_cast<T*>(dwn.data_ptr()) : nullptr;
       at::parallel_for(0, rows, grain(C), [&](int64_t b, int64_t e) {
-        float* part = dwp ? dwp + at::get_thread_num() * C : nullptr;
+        T* nb = np ? np + b * C : nullptr;
         if constexpr (std::is_same_v<T, float>)
-          rms_norm_backward_f32(dyp + b * C, xp + b * C, wp, ip + b, dxp + b * C, part, e - b, C);
+          rms_norm_backward_terms_f32(dyp + b * C, xp + b * C, wp, ip + b, pp + b * C, nb, e - b, C);
         else
-          rms_norm_backward_bf16(dyp + b * C, xp + b * C, wp, ip + b, dxp + b * C, part, e - b, C);
+          rms_norm_backward_terms_bf16(dyp + b * C, xp + b * C, wp, ip + b, pp + b * C, nb, e - b, C);
+      });
+      const at::Tensor d_inv = at::sum_to(prod, inv.sizes()).contiguous();
+      const float* dp = d_inv.data_ptr<float>();
+      at::parallel_for(0, rows, grain(C), [&](int64_t b, int64_t e) {
+        if constexpr (std::is_same_v<T, float>)
+          rms_norm_backward_dx_f32(dyp + b * C, xp + b * C, wp, ip + b, dp + b, dxp + b * C,
+                                   dx_pow.data_ptr<float>() + b * C, e - b, C);
+        else
+          rms_norm_backward_dx_bf16(dyp + b * C, xp + b * C, wp, ip + b, dp + b, dxp + b * C, e - b, C);
       });
     });
-    at::Tensor dw = weight_grad ? dw_parts.sum(0).to(weight.scalar_type()) : at::Tensor();
-    return {ctx->needs_input_grad(0) ? dx : at::Tensor(), dw, at::Tensor()};
+    at::Tensor dw = weight_grad ? at::sum_to(dwn, weight.sizes()) : at::Tensor();
+    const bool x_grad = ctx->needs_input_grad(0);
+    return {x_grad ? dx : at::Tensor(), x_grad ? dx_pow : at::Tensor(), dw, at::Tensor()};
   }
 };
 
@@ -204,7 +259,7 @@ at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double 
                   weight.scalar_type() == x.scalar_type() && weight.dim() == 1 && x.dim() >= 1 &&
                   x.size(-1) == weight.size(0),
               "rms_norm_fused: contiguous float32 or bfloat16 CPU x [..., C] and weight [C] of its dtype");
-  return RmsNormFn::apply(x, weight, eps);
+  return RmsNormFn::apply(x, x, weight, eps);
 }
 
 at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -1,12 +1,13 @@
-// Internal: RMSNorm and RoPE for every forward that is not a decode step (the update's
-// forward and backward, old / ref scoring), on contiguous fp32 or bf16 CPU tensors. Their values
-// are bit for bit those of layer.cpp's ATen forms (transformers' op-by-op arithmetic), made in
-// fewer passes; under autograd each is one node whose backward is one fused pass, where ATen's
-// chain records 5-10 nodes (MulBackward, ToCopyBackward, PowBackward, ...), each a pass over the
-// activations with its own temporary. The backward keeps that chain's bf16 rounding points
-// (every product the chain rounds to bf16 is rounded here) and sums in another order; RoPE's
-// backward has no sum and is that chain's bits. layer.cpp takes RMSNorm's fused backward for
-// bf16 only (fp32 gradients stay ATen's, bit for bit: see rms_norm there).
+// Internal: RMSNorm and RoPE for every forward that is not a decode step (the update's forward
+// and backward, old / ref scoring), on contiguous fp32 or bf16 CPU tensors. Their values and
+// gradients are bit for bit those of layer.cpp's ATen forms (transformers' op-by-op arithmetic)
+// and of ATen autograd's chain through them, made in fewer passes: under autograd each is one
+// node, where ATen's chain records 5-10 (MulBackward, ToCopyBackward, PowBackward, ...), each a
+// pass over the activations with its own temporary. Bit for bit because the fork-step test
+// holds rpg's gradients to transformers' (fp32 and bf16) within a few ulps, and Adam turns a
+// 1e-7 difference in a near-zero gradient into a 1e-3 one in the step (seen with a fused
+// RMSNorm backward that summed in its own order). So every rounding of the chain is made here
+// where the chain makes it, and its sums are ATen's own reductions over the same tensors.
 // SwiGLU keeps ATen's silu, mul and their backward: a fused backward built by GCC 12 from
 // these loops (exp and a division per element) ran at half the rate of ATen's three passes.
 #pragma once

@@ -119,16 +119,11 @@ at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at
 
 // transformers' RMSNorm: normalise in fp32, cast back, then scale in the weight's dtype.
 // Decode's fp32 and bf16 rows take the fused pass (decode_elementwise.h); every other forward
-// on the CPU the same values in fewer passes, with a fused backward (fused_elementwise.h) in
-// bf16. An fp32 gradient keeps ATen's chain: its sums run in ATen's order, so fp32 gradients
-// stay bit for bit those of transformers' autograd, which the fork-step test needs (Adam turns
-// a 1e-7 difference in a near-zero gradient into a 1e-3 one in the step).
+// on the CPU the same values and gradients, bit for bit, in fewer passes (fused_elementwise.h).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (t_decoding && decode_elementwise_applies(x) && weight.scalar_type() == x.scalar_type() && weight.is_contiguous())
     return rms_norm_rows(x, weight, eps);
-  const bool gradient = c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
-  if (fused_elementwise_applies(x) && fused_elementwise_applies(weight) && weight.scalar_type() == x.scalar_type() &&
-      (x.scalar_type() == at::kBFloat16 || !gradient))
+  if (fused_elementwise_applies(x) && fused_elementwise_applies(weight) && weight.scalar_type() == x.scalar_type())
     return rms_norm_fused(x, weight, eps);
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
