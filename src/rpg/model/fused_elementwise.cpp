@@ -152,10 +152,11 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
     const at::Tensor &x = saved[0], &weight = saved[1], &inv = saved[2];
     const at::Tensor dy = grads[0].contiguous();
     const int64_t C = x.size(-1), rows = x.numel() / C;
-    const bool weight_grad = ctx->needs_input_grad(2), fp32 = x.scalar_type() == at::kFloat;
+    const bool x_grad = ctx->needs_input_grad(0), weight_grad = ctx->needs_input_grad(2);
+    const bool fp32 = x.scalar_type() == at::kFloat;
     at::Tensor prod = at::empty(x.sizes(), x.options().dtype(at::kFloat));
     at::Tensor dwn = weight_grad ? at::empty_like(x) : at::Tensor();
-    at::Tensor dx = at::empty_like(x), dx_pow = fp32 ? at::empty_like(x) : at::Tensor();
+    at::Tensor dx = at::empty_like(x), dx_pow = fp32 && x_grad ? at::empty_like(x) : at::Tensor();
     const float* ip = inv.data_ptr<float>();
     float* pp = prod.data_ptr<float>();
     with_elements(dx, [&](auto* dxp) {
@@ -169,6 +170,7 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
         else
           rms_norm_backward_terms_bf16(dyp + b * C, xp + b * C, wp, ip + b, pp + b * C, nb, e - b, C);
       });
+      if (!x_grad) return;  // a frozen input (LoRA): the weight's gradient only
       const at::Tensor d_inv = at::sum_to(prod, inv.sizes()).contiguous();
       const float* dp = d_inv.data_ptr<float>();
       at::parallel_for(0, rows, grain(C), [&](int64_t b, int64_t e) {
@@ -180,7 +182,6 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
       });
     });
     at::Tensor dw = weight_grad ? at::sum_to(dwn, weight.sizes()) : at::Tensor();
-    const bool x_grad = ctx->needs_input_grad(0);
     return {x_grad ? dx : at::Tensor(), x_grad ? dx_pow : at::Tensor(), dw, at::Tensor()};
   }
 };
@@ -254,20 +255,26 @@ bool fused_elementwise_applies(const at::Tensor& x) {
          x.is_contiguous();
 }
 
+bool rms_norm_fused_applies(const at::Tensor& x, const at::Tensor& weight) {
+  return fused_elementwise_applies(x) && fused_elementwise_applies(weight) && weight.scalar_type() == x.scalar_type() &&
+         weight.dim() == 1 && x.dim() >= 1 && x.size(-1) == weight.size(0);
+}
+
+bool rope_fused_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return fused_elementwise_applies(x) && x.dim() == 4 && x.size(-1) % 2 == 0 && fused_elementwise_applies(cos) &&
+         fused_elementwise_applies(sin) && cos.scalar_type() == x.scalar_type() &&
+         sin.scalar_type() == x.scalar_type() && cos.dim() == 4 && cos.size(0) == x.size(0) &&
+         cos.size(1) == x.size(1) && cos.size(2) == 1 && cos.size(3) == x.size(3) && sin.sizes() == cos.sizes();
+}
+
 at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(fused_elementwise_applies(x) && fused_elementwise_applies(weight) &&
-                  weight.scalar_type() == x.scalar_type() && weight.dim() == 1 && x.dim() >= 1 &&
-                  x.size(-1) == weight.size(0),
+  TORCH_CHECK(rms_norm_fused_applies(x, weight),
               "rms_norm_fused: contiguous float32 or bfloat16 CPU x [..., C] and weight [C] of its dtype");
   return RmsNormFn::apply(x, x, weight, eps);
 }
 
 at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(fused_elementwise_applies(x) && x.dim() == 4 && x.size(-1) % 2 == 0 &&
-                  fused_elementwise_applies(cos) && fused_elementwise_applies(sin) &&
-                  cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type() && cos.dim() == 4 &&
-                  cos.size(0) == x.size(0) && cos.size(1) == x.size(1) && cos.size(2) == 1 &&
-                  cos.size(3) == x.size(3) && sin.sizes() == cos.sizes(),
+  TORCH_CHECK(rope_fused_applies(x, cos, sin),
               "rope_fused: contiguous float32 or bfloat16 CPU x [B, T, H, D] and cos, sin [B, T, 1, D] of its dtype");
   return RopeFn::apply(x, cos, sin);
 }

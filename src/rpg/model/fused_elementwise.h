@@ -19,10 +19,12 @@ namespace rpg::model::detail {
 // True when the fused forms take x: fp32 or bf16, CPU, contiguous.
 bool fused_elementwise_applies(const at::Tensor& x);
 // weight * (x.float() * rsqrt(mean(x.float()^2, -1) + eps)).to(x.dtype) for x [..., C] and
-// weight [C] of x's dtype.
+// weight [C] of x's dtype; rms_norm_fused_applies says whether it takes them.
+bool rms_norm_fused_applies(const at::Tensor& x, const at::Tensor& weight);
 at::Tensor rms_norm_fused(const at::Tensor& x, const at::Tensor& weight, double eps);
 // x * cos + swap_halves(x) * sin (rope_tables' sign-folded sine) for x [B, T, H, D] and
-// contiguous cos, sin [B, T, 1, D] of x's dtype.
+// contiguous cos, sin [B, T, 1, D] of x's dtype; rope_fused_applies says whether it takes them.
+bool rope_fused_applies(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace rpg::model::detail

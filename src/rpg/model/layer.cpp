@@ -123,8 +123,7 @@ at::Tensor project_add(const at::Tensor& residual, const at::Tensor& x, const at
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   if (t_decoding && decode_elementwise_applies(x) && weight.scalar_type() == x.scalar_type() && weight.is_contiguous())
     return rms_norm_rows(x, weight, eps);
-  if (fused_elementwise_applies(x) && fused_elementwise_applies(weight) && weight.scalar_type() == x.scalar_type())
-    return rms_norm_fused(x, weight, eps);
+  if (rms_norm_fused_applies(x, weight)) return rms_norm_fused(x, weight, eps);
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
   return weight * (xf * at::rsqrt(var + eps)).to(x.scalar_type());
@@ -187,9 +186,7 @@ Qkv project_qkv(const LayerWeights& w, const ModelConfig& c, const at::Tensor& x
     const bool tables = cos.scalar_type() == t.scalar_type() && sin.scalar_type() == t.scalar_type() &&
                         cos.is_contiguous() && sin.is_contiguous();
     if (t_decoding && decode_elementwise_applies(t) && tables) return rope_rows(t, cos, sin);
-    if (fused_elementwise_applies(t) && fused_elementwise_applies(cos) && tables && cos.size(2) == 1 &&
-        cos.size(0) == t.size(0) && cos.size(1) == t.size(1))
-      return rope_fused(t, cos, sin);
+    if (rope_fused_applies(t, cos, sin)) return rope_fused(t, cos, sin);
     return t * cos + swap_halves(t) * sin;
   };
   if (with_q) r.q = rotate(r.q);
